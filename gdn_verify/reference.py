@@ -1,0 +1,185 @@
+"""The float64 oracle: gated delta rule in recurrent and chunked (WY/UT) form.
+
+Both take FLA's ``chunk_gated_delta_rule`` arguments (see ``conventions``), accept any real
+input dtype (bfloat16 through ``ml_dtypes`` included), compute in float64 and return
+``(o [B, T, HV, V] float64, final_state or None)``.
+
+Per sequence and value head, with state ``S`` of shape ``[K, V]``::
+
+    S   = exp(g_t) * S
+    u   = beta_t * (v_t - S^T k_t)
+    S   = S + k_t u^T
+    o_t = scale * S^T q_t
+
+The implementation is vectorized over sequences and heads: the recurrent form loops over
+token positions only, the chunked form over chunks only (plus a row loop of the triangular
+solve), everything else is matrix products.  ``compute_dtype`` is float64 for the oracle;
+``gdn_verify.numpy_impl`` runs the same algebra in float32 as the shipped CPU implementation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gdn_verify.conventions import Packed, export_state, pack, unpack_output
+from gdn_verify.gating import gates_from_raw
+
+
+def _finish(packed: Packed, o: np.ndarray, state: np.ndarray, output_final_state: bool):
+    final_state = export_state(packed, state) if output_final_state else None
+    return unpack_output(packed, o), final_state
+
+
+def recurrent_core(p: Packed) -> tuple[np.ndarray, np.ndarray]:
+    """Token-by-token recurrence on a packed problem: ``(o [N, L, HV, V], S [N, HV, K, V])``."""
+    S = p.initial_state.copy()
+    N, L, HV, V = p.v.shape
+    o = np.empty((N, L, HV, V), S.dtype)
+    decay = np.exp(p.g)
+    for t in range(L):
+        S *= decay[:, t, :, None, None]
+        k_t = p.k[:, t, :, None, :]  # [N, HV, 1, K]
+        u = p.beta[:, t, :, None] * (p.v[:, t] - (k_t @ S)[:, :, 0])
+        S += k_t.swapaxes(-1, -2) * u[:, :, None, :]
+        o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
+    return o, S
+
+
+def segment_sums(g: np.ndarray) -> np.ndarray:
+    """``D[..., i, j] = g[j+1] + ... + g[i]`` for ``i >= j`` (0 above the diagonal).
+
+    Summing each segment directly, rather than differencing a cumulative sum, keeps
+    ``exp(D)`` accurate when a saturated gate makes the cumulative sum huge.
+    """
+    C = g.shape[-1]
+    strictly_lower = np.tril(np.ones((C, C), bool), -1)
+    terms = np.where(strictly_lower, g[..., :, None], 0.0).astype(g.dtype)
+    return np.cumsum(terms, axis=-2)
+
+
+def unit_lower_inverse(A: np.ndarray) -> np.ndarray:
+    """``(I + A)^-1`` for strictly lower-triangular ``A [..., C, C]``, by forward substitution."""
+    C = A.shape[-1]
+    T = np.broadcast_to(np.eye(C, dtype=A.dtype), A.shape).copy()
+    for i in range(1, C):
+        # Row i of (I + A) T = I: T[i] = e_i - A[i, :i] T[:i]; rows < i of T are final.
+        T[..., i, :i] = -(A[..., i : i + 1, :i] @ T[..., :i, :i])[..., 0, :]
+    return T
+
+
+def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """WY/UT chunked form on a packed problem whose length is a multiple of ``chunk_size``.
+
+    Work is batched over blocks of ``chunks_per_block`` chunks: the intra-chunk part (gates,
+    ``(I + A)^-1``, W, U) and the output are batched matrix products over the block, and only
+    the state passing loops over chunks. Bounded blocks keep temporaries in cache.
+    """
+    N, L, HV, V = p.v.shape
+    C, n_chunks = chunk_size, L // chunk_size
+    causal = np.tril(np.ones((C, C), bool))
+    S = p.initial_state.copy()
+    o = np.empty_like(p.v)
+
+    def block_of(x: np.ndarray, first: int, count: int) -> np.ndarray:
+        # [N, L, HV, ...] -> view [N, HV, count, C, ...]; the last axis stays unit-stride for BLAS
+        x = x[:, first * C : (first + count) * C]
+        return np.moveaxis(x.reshape((N, count, C) + x.shape[2:]), 3, 1)
+
+    for first in range(0, n_chunks, chunks_per_block):
+        count = min(chunks_per_block, n_chunks - first)
+        q, k, v, g, beta = (block_of(x, first, count) for x in (p.q, p.k, p.v, p.g, p.beta))
+        G = np.cumsum(g, axis=-1)  # [N, HV, n, C]
+        D = segment_sums(g)
+        Gamma = np.where(causal, np.exp(np.where(causal, D, 0.0)), 0.0).astype(q.dtype)
+        A = np.tril(beta[..., :, None] * (k @ k.swapaxes(-1, -2)) * Gamma, -1)
+        T = unit_lower_inverse(A)
+        W = T @ ((beta * np.exp(G))[..., None] * k)  # [N, HV, n, C, K]
+        U = T @ (beta[..., None] * v)  # [N, HV, n, C, V]
+        k_to_end = (k * np.exp(D[..., -1, :, None])).swapaxes(-1, -2)  # k_j exp(G_last - G_j), [.., K, C]
+        decay_chunk = np.exp(G[..., -1])
+        chunk_states = np.empty(W.shape[:3] + S.shape[-2:], S.dtype)  # state entering each chunk
+        v_new = np.empty_like(U)
+        for c in range(count):
+            chunk_states[:, :, c] = S
+            v_new[:, :, c] = U[:, :, c] - W[:, :, c] @ S
+            S = decay_chunk[:, :, c, None, None] * S + k_to_end[:, :, c] @ v_new[:, :, c]
+        o_block = p.scale * (np.exp(G)[..., None] * (q @ chunk_states) + ((q @ k.swapaxes(-1, -2)) * Gamma) @ v_new)
+        block_of(o, first, count)[...] = o_block
+    return o, S
+
+
+def recurrent_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale: float | None = None,
+    initial_state=None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens=None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Float64 token-by-token oracle. Returns ``(o [B, T, HV, V], final_state | None)``."""
+    p = pack(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
+    o, S = recurrent_core(p)
+    return _finish(p, o, S, output_final_state)
+
+
+def chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale: float | None = None,
+    initial_state=None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens=None,
+    chunk_size: int = 64,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Float64 chunked (WY/UT) oracle; ragged last chunks are zero-padded per sequence."""
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
+    p = pack(
+        q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
+        pad_to_multiple=int(chunk_size),
+    )
+    o, S = chunk_core(p, int(chunk_size))
+    return _finish(p, o, S, output_final_state)
+
+
+def decode_gated_delta_rule(
+    q,
+    k,
+    v,
+    state,
+    A_log,
+    a,
+    dt_bias,
+    b,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """FlashInfer / FlashInfer-Bench decode: raw gates, k-last state.
+
+    ``q, k`` ``[B, 1, H, K]``; ``v`` ``[B, 1, HV, V]``; ``state`` ``[B, HV, V, K]``;
+    ``A_log, dt_bias`` ``[HV]``; ``a, b`` ``[B, 1, HV]``. ``scale`` None or 0 means ``K**-0.5``.
+    Returns ``(o [B, 1, HV, V], new_state [B, HV, V, K])`` in float64.
+    """
+    for name, x in (("q", q), ("a", a), ("b", b)):
+        if np.ndim(x) < 2 or np.shape(x)[1] != 1:
+            raise ValueError(f"{name}: decode expects a single token, shape [B, 1, ...], got {np.shape(x)}")
+    if np.shape(a) != np.shape(b):
+        raise ValueError(f"b: expected shape {np.shape(a)} like a, got {np.shape(b)}")
+    g, beta = gates_from_raw(A_log, a, dt_bias, b)
+    if scale == 0.0:
+        scale = None
+    o, new_state = recurrent_gated_delta_rule(
+        q, k, v, g, beta, scale=scale, initial_state=state, output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm, state_v_first=True,
+    )
+    return o, new_state
