@@ -1,0 +1,37 @@
+"""The float32 NumPy implementation shipped with the toolkit (``--impl numpy``).
+
+It runs the oracle's algebra (``reference.recurrent_core`` / ``chunk_core``) in float32, the
+precision a GPU kernel's state has in this convention, and returns ``o`` in the input dtype and
+the final state in float32, like FLA. It is the CPU stand-in for a correct kernel: the
+tolerance model is calibrated so that it passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gdn_verify.conventions import export_state, pack, unpack_output
+from gdn_verify.reference import chunk_core, recurrent_core
+
+
+def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+         cu_seqlens, chunk_size: int | None):
+    p = pack(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
+             dtype=np.float32, pad_to_multiple=chunk_size or 1)
+    o, S = recurrent_core(p) if chunk_size is None else chunk_core(p, chunk_size)
+    final_state = export_state(p, S).astype(np.float32) if output_final_state else None
+    return unpack_output(p, o).astype(np.asarray(v).dtype), final_state
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False):
+    """Float32 token loop. Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 | None)``."""
+    return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                state_v_first, cu_seqlens, None)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, chunk_size=64):
+    """Float32 chunked (WY/UT) form with chunk size 16, 32 or 64."""
+    return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                state_v_first, cu_seqlens, chunk_size)

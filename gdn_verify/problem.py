@@ -1,0 +1,146 @@
+"""A GDN problem instance in the native convention, with saving, loading and a short summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+DTYPES: dict[str, np.dtype] = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+INPUT_FIELDS = ("q", "k", "v", "g", "beta")
+
+
+def dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Inputs of one call in FLA's convention, as NumPy arrays.
+
+    ``q, k`` ``[B, T, H, K]``, ``v`` ``[B, T, HV, V]``, ``g, beta`` ``[B, T, HV]`` in the input
+    dtype (bfloat16 via ``ml_dtypes``); ``initial_state`` float32 ``[N, HV, K, V]`` (or
+    ``[N, HV, V, K]`` with ``state_v_first``) or None; ``cu_seqlens`` int64 ``[N + 1]`` or None.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    g: np.ndarray
+    beta: np.ndarray
+    scale: float | None = None
+    initial_state: np.ndarray | None = None
+    output_final_state: bool = True
+    use_qk_l2norm_in_kernel: bool = False
+    cu_seqlens: np.ndarray | None = None
+    state_v_first: bool = False
+    notes: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.v.dtype
+
+    @property
+    def shape(self) -> dict[str, int]:
+        B, T, H, K = self.q.shape
+        return dict(B=B, T=T, H=H, HV=self.v.shape[2], K=K, V=self.v.shape[3], N=self.num_sequences)
+
+    @property
+    def num_sequences(self) -> int:
+        return self.q.shape[0] if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """``[N + 1]`` offsets of each sequence in the flattened ``B * T`` token axis."""
+        if self.cu_seqlens is not None:
+            return np.asarray(self.cu_seqlens, np.int64)
+        B, T = self.q.shape[:2]
+        return np.arange(B + 1, dtype=np.int64) * T
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.bounds)
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the native call (``state_v_first`` only when set)."""
+        kw = dict(
+            q=self.q, k=self.k, v=self.v, g=self.g, beta=self.beta, scale=self.scale,
+            initial_state=self.initial_state, output_final_state=self.output_final_state,
+            use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel, cu_seqlens=self.cu_seqlens,
+        )
+        if self.state_v_first:
+            kw["state_v_first"] = True
+        return kw
+
+    def replace(self, **changes) -> Problem:
+        return replace(self, **changes)
+
+    def astype(self, dtype) -> Problem:
+        """The same problem with ``q, k, v, g, beta`` rounded to ``dtype``."""
+        return self.replace(**{name: getattr(self, name).astype(dtype) for name in INPUT_FIELDS})
+
+    def describe(self) -> str:
+        """One paragraph: shapes, lengths, flags and the gate values that matter."""
+        s = self.shape
+        g = np.asarray(self.g, np.float64)
+        beta = np.asarray(self.beta, np.float64)
+        parts = [
+            f"B={s['B']} T={s['T']} H={s['H']} HV={s['HV']} K={s['K']} V={s['V']} dtype={dtype_name(self.dtype)}",
+            f"lengths={self.lengths.tolist()}" + (" (cu_seqlens)" if self.cu_seqlens is not None else " (batched)"),
+            f"g in [{g.min(initial=0):.4g}, {g.max(initial=0):.4g}]"
+            f" ({int((g <= -20).sum())} strong <= -20, {int((g == 0).sum())} zero)",
+            f"beta in [{beta.min(initial=0):.3g}, {beta.max(initial=0):.3g}]",
+            f"scale={self.scale!r} l2norm={self.use_qk_l2norm_in_kernel}",
+            "initial_state="
+            + ("None" if self.initial_state is None else f"norm {np.linalg.norm(self.initial_state):.3g}"),
+        ]
+        if self.state_v_first:
+            parts.append("state_v_first=True")
+        if not self.output_final_state:
+            parts.append("output_final_state=False")
+        return "; ".join(parts)
+
+    def save(self, path: str | Path, **metadata: Any) -> Path:
+        """Write the problem to ``.npz`` (bfloat16 stored as its bits) with JSON metadata."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {name: getattr(self, name) for name in INPUT_FIELDS}
+        arrays = {n: (a.view(np.uint16) if a.dtype == DTYPES["bfloat16"] else a) for n, a in arrays.items()}
+        if self.initial_state is not None:
+            arrays["initial_state"] = self.initial_state
+        if self.cu_seqlens is not None:
+            arrays["cu_seqlens"] = np.asarray(self.cu_seqlens, np.int64)
+        meta = dict(
+            dtype=dtype_name(self.dtype), scale=self.scale, output_final_state=self.output_final_state,
+            use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel, state_v_first=self.state_v_first,
+            metadata=metadata,
+        )
+        np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple[Problem, dict[str, Any]]:
+        """Read a problem saved by :meth:`save`; returns ``(problem, metadata)``."""
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            dtype = DTYPES[meta["dtype"]]
+            inputs = {n: data[n].view(dtype) if data[n].dtype == np.uint16 else data[n] for n in INPUT_FIELDS}
+            problem = cls(
+                **inputs,
+                scale=meta["scale"],
+                initial_state=data["initial_state"] if "initial_state" in data else None,
+                cu_seqlens=data["cu_seqlens"] if "cu_seqlens" in data else None,
+                output_final_state=meta["output_final_state"],
+                use_qk_l2norm_in_kernel=meta["use_qk_l2norm_in_kernel"],
+                state_v_first=meta["state_v_first"],
+            )
+        return problem, meta["metadata"]

@@ -1,0 +1,214 @@
+"""How far from the float64 oracle a correct implementation may land: metrics and tolerance model.
+
+Metrics (all relative, all maxima so that one bad sequence, head or token is not averaged away):
+
+- ``output_rms``: over (sequence, value head) blocks, ``||o - o_ref||_F / ||o_ref||_F``;
+- ``output_token``: over (token, value head), ``||o_t - o_ref_t||_2`` divided by the RMS token norm
+  of its block (a token's own norm can be ~0, e.g. a zero query row);
+- ``state``: over (sequence, value head), ``||S - S_ref||_F / ||S_ref||_F``.
+Denominators are floored at 1e-3 of the problem-wide typical magnitude so an all-zero block
+(zero queries, a sequence of length 0) is compared absolutely rather than divided by zero.
+
+Tolerance model. Inputs are exact (the oracle sees the same rounded inputs), so error comes
+from (1) rounding the output to its dtype, at most ``u_out`` per element, and (2) arithmetic
+in working precision: the convention's state is float32, so ``u_work = 2^-24`` whatever the
+input dtype, plus rounding of intermediates to the input dtype (``u_in``), which kernels such
+as FLA's chunked path do. Arithmetic error reaches the output through the problem's
+sensitivity, estimated by the condition number ``kappa``: the relative change of the oracle's
+outputs under a random relative perturbation of every input by ``eps`` (so cancellation,
+long undamped memory and large cumulative gates raise it). Per-step state rounding adds up
+like a random walk over the memory length, which the perturbation of every token's inputs
+already exercises, and a dot product of length n contributes ``sqrt(n)`` units; the longest
+run over the key dimension ``K`` (state products) or over a chunk of up to ``MAX_CHUNK``
+tokens (the WY/UT form), so ``n = max(K, MAX_CHUNK)``::
+
+    output_rms   <= u_out + (C_IN * u_in + C_WORK * sqrt(n) * u_work) * kappa_rms
+    output_token <= TOKEN_FACTOR * (u_out + (same) * kappa_token)
+    state        <=          (C_IN * u_in + C_WORK * sqrt(n) * u_work) * kappa_state
+
+Each metric has its own condition estimate; ``TOKEN_FACTOR`` covers the maximum of many
+per-token errors against their RMS (about sqrt(2 ln n) for n tokens, 4.4 at n = 4096).
+
+``C_IN``, ``C_WORK`` and ``TOKEN_FACTOR`` were calibrated once on the correct float32 NumPy
+implementations (recurrent and chunked, chunk sizes 16 to 64, all gate regimes, dtypes
+float32 to bfloat16): the largest ratio of measured error to bound seen there is recorded in
+``tests/test_tolerance.py``, which also checks that a kernel rounding its state to bfloat16
+every token exceeds the bound by a wide margin. The constants are not adjusted per test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import ml_dtypes
+import numpy as np
+
+from gdn_verify.problem import Problem
+from gdn_verify.reference import recurrent_gated_delta_rule
+
+C_IN = 2.0
+C_WORK = 16.0
+TOKEN_FACTOR = 8.0
+MAX_CHUNK = 64
+PERTURBATION = 2.0**-30
+FLOOR = 1e-3
+UNIT_ROUNDOFF_FP32 = 2.0**-24
+
+
+def unit_roundoff(dtype) -> float:
+    """Half the machine epsilon: float64 2^-53, float32 2^-24, float16 2^-11, bfloat16 2^-8."""
+    return float(ml_dtypes.finfo(np.dtype(dtype)).eps) / 2
+
+
+@dataclass(frozen=True)
+class Errors:
+    output_rms: float
+    output_token: float
+    state: float
+    worst_token: tuple[int, int] | None = None  # (flat token index, value head) of the worst token
+    worst_sequence: tuple[int, int] | None = None  # (sequence, value head) of the worst state block
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Kappa:
+    """Condition numbers of ``output_rms``, ``output_token`` and ``state`` (see :func:`condition`)."""
+
+    output_rms: float
+    output_token: float
+    state: float
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    output_rms: float
+    output_token: float
+    state: float
+    kappa_output: float
+    kappa_state: float
+
+    def violations(self, errors: Errors) -> list[str]:
+        """Human-readable list of the metrics that exceed their bound (empty when within)."""
+        out = []
+        for name in ("output_rms", "output_token", "state"):
+            err, tol = getattr(errors, name), getattr(self, name)
+            if not err <= tol:  # NaN counts as a violation
+                out.append(f"{name} error {err:.3g} > tolerance {tol:.3g}")
+        return out
+
+
+def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    return num / np.maximum(den, np.finfo(np.float64).tiny)
+
+
+def output_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> tuple[float, float, tuple[int, int] | None]:
+    """``(output_rms, output_token, worst (token, head))`` for ``o, ref`` ``[B, T, HV, V]``."""
+    HV = ref.shape[2]
+    o = np.asarray(o, np.float64).reshape(-1, HV, ref.shape[3])
+    ref = np.asarray(ref, np.float64).reshape(-1, HV, ref.shape[3])
+    if ref.shape[0] == 0:
+        return 0.0, 0.0, None
+    diff = np.linalg.norm(o - ref, axis=-1)  # [tokens, HV]; NaN propagates
+    norm = np.linalg.norm(ref, axis=-1)
+    typical = np.sqrt(np.mean(norm**2))
+    rms_worst, token_worst, where = 0.0, 0.0, None
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end == start:
+            continue
+        block_norm = np.sqrt(np.mean(norm[start:end] ** 2, axis=0))  # [HV] RMS token norm
+        den = np.maximum(block_norm, FLOOR * typical)
+        rms = _safe_ratio(np.sqrt(np.mean(diff[start:end] ** 2, axis=0)), den)
+        tok = _safe_ratio(diff[start:end], den)
+        rms_worst = max(rms_worst, float(np.max(rms)))
+        if np.isnan(tok).any():
+            t, h = np.argwhere(np.isnan(tok))[0]
+            return float("nan"), float("nan"), (int(start + t), int(h))
+        t, h = np.unravel_index(np.argmax(tok), tok.shape)
+        if tok[t, h] >= token_worst:
+            token_worst, where = float(tok[t, h]), (int(start + t), int(h))
+    if np.isnan(diff).any():
+        rms_worst = float("nan")
+    return rms_worst, token_worst, where
+
+
+def state_errors(state: np.ndarray, ref: np.ndarray, initial_state=None) -> tuple[float, tuple[int, int] | None]:
+    """Worst relative Frobenius error over (sequence, value head) blocks of ``[N, HV, *, *]``.
+
+    Relative to the larger of the final and the initial state: the delta rule can erase a
+    large initial state, and every correct algorithm carries error of the size of the
+    state it started from (the chunked form computes ``S0 - K^T W S0`` by cancellation).
+    """
+    state = np.asarray(state, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if ref.size == 0:
+        return 0.0, None
+    diff = np.linalg.norm(state - ref, axis=(-2, -1))
+    norm = np.linalg.norm(ref, axis=(-2, -1))
+    if initial_state is not None:
+        norm = np.maximum(norm, np.linalg.norm(np.asarray(initial_state, np.float64), axis=(-2, -1)))
+    den = np.maximum(norm, FLOOR * np.sqrt(np.mean(norm**2)))
+    rel = _safe_ratio(diff, den)
+    if np.isnan(rel).any():
+        n, h = np.argwhere(np.isnan(rel))[0]
+        return float("nan"), (int(n), int(h))
+    n, h = np.unravel_index(np.argmax(rel), rel.shape)
+    return float(rel[n, h]), (int(n), int(h))
+
+
+def measure(o, final_state, ref_o, ref_state, problem: Problem) -> Errors:
+    """Errors of an implementation's outputs against the oracle's, both as NumPy arrays."""
+    rms, token, where = output_errors(o, ref_o, problem.bounds)
+    if ref_state is None or final_state is None:
+        state, seq = 0.0, None
+    else:
+        state, seq = state_errors(final_state, ref_state, problem.initial_state)
+    return Errors(rms, token, state, where, seq)
+
+
+def oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 oracle outputs ``(o, final_state)``, the final state always computed."""
+    kw = problem.kwargs()
+    kw["output_final_state"] = True
+    kw.pop("state_v_first", None)
+    return recurrent_gated_delta_rule(**kw, state_v_first=problem.state_v_first)
+
+
+def condition(problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: int = 0) -> Kappa:
+    """Estimated relative condition numbers of the three metrics, each at least 1.
+
+    The oracle is rerun on inputs multiplied elementwise by ``1 + PERTURBATION * r`` with
+    random signs ``r``, and the relative change of each metric is divided by ``PERTURBATION``.
+    """
+    rng = np.random.default_rng(seed)
+
+    def nudge(x):
+        if x is None:
+            return None
+        x = np.asarray(x, np.float64)
+        return x * (1.0 + PERTURBATION * rng.choice([-1.0, 1.0], size=x.shape))
+
+    nudged = problem.replace(
+        **{name: nudge(getattr(problem, name)) for name in ("q", "k", "v", "g", "beta", "initial_state")}
+    )
+    if problem.scale is not None:
+        nudged = nudged.replace(scale=problem.scale * (1.0 + PERTURBATION))
+    o2, s2 = oracle(nudged)
+    errors = measure(o2, s2, reference[0], reference[1], problem)
+    return Kappa(*(max(1.0, getattr(errors, name) / PERTURBATION) for name in ("output_rms", "output_token", "state")))
+
+
+def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
+    """The bound a correct implementation meets on ``problem`` (see the module docstring)."""
+    dot_length = max(problem.q.shape[-1], MAX_CHUNK)
+    u_in = unit_roundoff(problem.dtype)
+    u_out = unit_roundoff(output_dtype if output_dtype is not None else problem.dtype)
+    arithmetic = C_IN * u_in + C_WORK * np.sqrt(dot_length) * UNIT_ROUNDOFF_FP32
+    return Tolerance(
+        output_rms=float(u_out + arithmetic * kappa.output_rms),
+        output_token=float(TOKEN_FACTOR * (u_out + arithmetic * kappa.output_token)),
+        state=float(arithmetic * kappa.state),
+        kappa_output=float(kappa.output_rms),
+        kappa_state=float(kappa.state),
+    )

@@ -1,0 +1,1 @@
+"""Hypothesis strategies (``strategies``) and named GDN properties (``checks``)."""

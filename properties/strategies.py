@@ -1,0 +1,143 @@
+"""Small composable Hypothesis strategies for GDN problems in the native (FLA) convention.
+
+Structure (shapes, lengths, gate regimes, special positions, flags) is drawn by Hypothesis
+so it shrinks to a minimal case; bulk values come from a NumPy generator seeded by a drawn
+integer, which keeps large arrays cheap. Problems are well posed: keys are unit-norm unless
+``use_qk_l2norm_in_kernel`` normalizes them, and ``beta`` lies in [0, 1].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from gdn_verify.problem import DTYPES, Problem
+
+CHUNK_SIZES = (16, 32, 64)
+AWKWARD_DIMS = (1, 3, 60, 100, 128)
+SMALL_DIMS = (2, 4, 8, 16, 32)
+GATE_REGIMES = ("none", "mild", "moderate", "strong", "spikes", "strong_run", "mixed")
+
+
+def head_counts(max_heads: int = 4, ratios=(1, 2, 4)) -> st.SearchStrategy[tuple[int, int]]:
+    """``(H, HV)`` with ``H`` in 1..max_heads and ``HV / H`` in ``ratios`` (GVA)."""
+    return st.tuples(st.integers(1, max_heads), st.sampled_from(ratios)).map(lambda t: (t[0], t[0] * t[1]))
+
+
+def head_dims(max_dim: int = 128) -> st.SearchStrategy[tuple[int, int]]:
+    """``(K, V)``, small or awkward sizes, ``K != V`` allowed."""
+    dims = st.sampled_from(tuple(d for d in SMALL_DIMS + AWKWARD_DIMS if d <= max_dim))
+    return st.tuples(dims, dims)
+
+
+def sequence_length(chunk_size: int, max_len: int) -> st.SearchStrategy[int]:
+    """Lengths where chunked kernels break: 0, 1, C-1, C, C+1, multiples of C, or any."""
+    C = chunk_size
+    special = [n for n in (0, 1, C - 1, C, C + 1, 2 * C, 3 * C - 1) if n <= max_len]
+    return st.one_of(st.sampled_from(special), st.integers(0, max_len))
+
+
+def varlen_lengths(max_sequences: int = 6, max_len: int = 130, min_sequences: int = 1) -> st.SearchStrategy:
+    """Per-sequence lengths of a ``cu_seqlens`` pack, biased to chunk boundaries of 16/32/64."""
+    return st.sampled_from(CHUNK_SIZES).flatmap(
+        lambda C: st.lists(sequence_length(C, max_len), min_size=min_sequences, max_size=max_sequences)
+    )
+
+
+@st.composite
+def layouts(draw, max_batch: int = 3, max_sequences: int = 6, max_len: int = 130, varlen: bool | None = None):
+    """``(B, T, cu_seqlens | None)``: batched ``B > 1`` or a varlen pack with ``B == 1``."""
+    use_varlen = draw(st.booleans()) if varlen is None else varlen
+    if use_varlen:
+        lengths = draw(varlen_lengths(max_sequences, max_len, min_sequences=2 if varlen else 1))
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        return 1, int(cu[-1]), cu
+    return draw(st.integers(1, max_batch)), draw(sequence_length(draw(st.sampled_from(CHUNK_SIZES)), max_len)), None
+
+
+def gate_values(rng: np.random.Generator, shape: tuple[int, ...], regime: str) -> np.ndarray:
+    """Log-space decays ``g [..., T, HV]`` for one regime (token axis second to last)."""
+    mild = np.log(rng.uniform(0.9, 1.0, shape))
+    if regime == "none":
+        return np.zeros(shape)
+    if regime == "mild":
+        return mild
+    if regime == "moderate":
+        return -rng.uniform(0.0, 3.0, shape)
+    if regime == "strong":
+        return -rng.uniform(20.0, 60.0, shape)
+    T = shape[-2]
+    if regime == "spikes":  # saturated single tokens
+        g = mild.copy()
+        if T:
+            g[..., rng.integers(0, T, size=max(1, T // 16)), :] = -1e4
+        return g
+    if regime == "strong_run":  # a run of strong decay inside one chunk
+        g = mild.copy()
+        start = int(rng.integers(0, max(T, 1)))
+        g[..., start : start + 40, :] = -rng.uniform(20.0, 40.0)
+        return g
+    # mixed: every regime somewhere, including exact zeros
+    choice = rng.integers(0, 4, shape)
+    return np.select([choice == 0, choice == 1, choice == 2], [0.0, mild, -rng.uniform(20, 60, shape)], -1e4)
+
+
+def beta_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """``beta`` in [0, 1], with exact 0 and 1 mixed in."""
+    beta = rng.uniform(0.0, 1.0, shape)
+    pick = rng.uniform(size=shape)
+    return np.where(pick < 0.1, 0.0, np.where(pick > 0.9, 1.0, beta))
+
+
+def unit_rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    x = rng.standard_normal(shape)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@st.composite
+def problems(
+    draw,
+    dtype: str | None = None,
+    max_len: int = 130,
+    max_dim: int = 128,
+    varlen: bool | None = None,
+    heads: st.SearchStrategy | None = None,
+    gate_regimes=GATE_REGIMES,
+    state_layouts: bool = False,
+    max_sequences: int = 6,
+) -> Problem:
+    """A well-posed GDN problem. ``dtype`` None draws one of float64/32/16 and bfloat16."""
+    H, HV = draw(heads if heads is not None else head_counts())
+    K, V = draw(head_dims(max_dim))
+    B, T, cu = draw(layouts(max_len=max_len, varlen=varlen, max_sequences=max_sequences))
+    regime = draw(st.sampled_from(gate_regimes))
+    l2norm = draw(st.booleans())
+    zero_rows = l2norm and draw(st.booleans())
+    state_kind = draw(st.sampled_from(("absent", "zero", "random", "large")))
+    scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
+    dtype_name = dtype if dtype is not None else draw(st.sampled_from(tuple(DTYPES)))
+    v_first = state_layouts and draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+    q = rng.standard_normal((B, T, H, K))
+    k = rng.standard_normal((B, T, H, K)) * (rng.uniform(0.1, 3.0) if l2norm else 1.0)
+    if not l2norm:
+        k = unit_rows(rng, (B, T, H, K))
+    if zero_rows and T:  # padding tokens are zeros: l2norm must map them to zero, not NaN
+        rows = rng.integers(0, T, size=max(1, T // 8))
+        q[:, rows] = 0.0
+        k[:, rows] = 0.0
+    v = rng.standard_normal((B, T, HV, V))
+    g = gate_values(rng, (B, T, HV), regime)
+    beta = beta_values(rng, (B, T, HV))
+    N = B if cu is None else len(cu) - 1
+    state_scale = {"absent": None, "zero": 0.0, "random": 1.0, "large": 100.0}[state_kind]
+    initial_state = None
+    if state_scale is not None:
+        initial_state = (rng.standard_normal((N, HV, K, V)) * state_scale).astype(np.float32)
+        if v_first:
+            initial_state = np.ascontiguousarray(initial_state.swapaxes(-1, -2))
+    problem = Problem(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu,
+                      use_qk_l2norm_in_kernel=l2norm, state_v_first=v_first,
+                      notes=dict(gate_regime=regime, state=state_kind))
+    return problem.astype(DTYPES[dtype_name])

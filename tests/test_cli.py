@@ -1,0 +1,104 @@
+"""The command line as a user meets it: exit codes, messages, plug-ins, replay."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args, cwd=ROOT, env_path=None):
+    env = None
+    if env_path is not None:
+        import os
+
+        env = {**os.environ, "PYTHONPATH": str(env_path)}
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600)
+
+
+@pytest.fixture
+def plugins(tmp_path):
+    (tmp_path / "my_kernels.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from gdn_verify import numpy_impl
+
+        def good(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                 use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+            return numpy_impl.recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
+                                                         output_final_state, use_qk_l2norm_in_kernel, cu_seqlens)
+
+        def no_varlen(q, k, v, g, beta, cu_seqlens=None, **kw):
+            if cu_seqlens is not None:
+                raise NotImplementedError("varlen")
+            return good(q, k, v, g, beta, **kw)
+
+        def wrong_shape(q, k, v, g, beta, **kw):
+            o, s = good(q, k, v, g, beta, **kw)
+            return o[:, :, :1], s
+
+        def crashes(*a, **kw):
+            raise RuntimeError("kernel exploded")
+    """))
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "--impl", "nonsense"], "unknown"),
+    (["check", "--impl", "no_such_module:fn"], "cannot import module"),
+    (["check", "--impl", "my_kernels:missing"], "has no function"),
+    (["check", "--impl", "numpy", "--dtype", "int8"], "--dtype"),
+    (["check", "--impl", "numpy", "--properties", "matches_reference,bogus"], "--properties"),
+    (["check", "--impl", "numpy", "--max-examples", "0"], "--max-examples"),
+    (["check", "--impl", "planted:not_a_bug"], "unknown bug"),
+    (["replay", "missing.npz", "--impl", "numpy"], "no case file"),
+    (["fuzz"], "not available"),
+])
+def test_misuse_exits_2_with_one_line(args, message, plugins):
+    result = cli(*args, cwd=plugins)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_plugin_passes_and_unsupported_features_are_reported(plugins):
+    good = cli("check", "--impl", "my_kernels:good", "--max-examples", "5", "--seed", "1", cwd=plugins)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "0 failed" in good.stdout
+    partial = cli("check", "--impl", "my_kernels:no_varlen", "--max-examples", "5", "--seed", "1",
+                  "--properties", "varlen_equals_separate,matches_reference", cwd=plugins)
+    assert partial.returncode == 0, partial.stdout + partial.stderr
+    assert "varlen_equals_separate   unsupported" in partial.stdout
+
+
+@pytest.mark.parametrize("fn, text", [("wrong_shape", "output contract"), ("crashes", "raised RuntimeError")])
+def test_broken_plugins_are_violations_not_crashes(fn, text, plugins):
+    result = cli("check", "--impl", f"my_kernels:{fn}", "--max-examples", "3", "--seed", "1",
+                 "--properties", "matches_reference", cwd=plugins)
+    assert result.returncode == 1
+    assert text in result.stdout and "Traceback" not in result.stderr
+    assert "replay: python cli.py replay" in result.stdout
+
+
+def test_failure_prints_minimal_example_and_replays(tmp_path):
+    result = cli("check", "--impl", "planted:off_by_one_final_state", "--seed", "3", "--json",
+                 str(tmp_path / "r.json"), "--properties", "matches_reference", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "FAILED matches_reference" in result.stdout and "minimal example: B=" in result.stdout
+    command = next(line for line in result.stdout.splitlines() if "replay:" in line).split("replay: ")[1]
+    case = command.split()[3]
+    assert cli("replay", case, "--impl", "planted:off_by_one_final_state", cwd=tmp_path).returncode == 1
+    fixed = cli("replay", case, "--impl", "numpy", cwd=tmp_path)
+    assert fixed.returncode == 0 and "passed" in fixed.stdout
+    assert (tmp_path / "r.json").exists()
+
+
+def test_default_impl_says_which(tmp_path):
+    result = cli("check", "--max-examples", "2", "--properties", "determinism", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "no --impl given" in result.stderr
