@@ -85,6 +85,10 @@ def run_property(prop: Property, impl: Implementation, options: CheckOptions,
                  progress: Callable[[str, int, Measurement | None], None] | None = None) -> PropertyResult:
     """Run one property; ``progress(name, examples_so_far, worst)`` is called after each example."""
     result = PropertyResult(prop.name, "passed")
+    reason = prop.unsupported_by(impl)
+    if reason is not None:
+        result.status, result.note = "unsupported", reason
+        return result
     failures: list[Failure] = []
     start = time.perf_counter()
 
@@ -115,10 +119,12 @@ def run_property(prop: Property, impl: Implementation, options: CheckOptions,
         report_multiple_bugs=False, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     )
     wrapped = config(hypothesis.given(strategy_for(prop, impl, options))(test))
-    if options.seed is not None:
+    if options.seed is not None and options.database is None:
+        # Hypothesis ignores its database under a fixed seed, so a database wins over a seed.
         wrapped = hypothesis.seed(options.seed)(wrapped)
-    # Hypothesis keys its database on the test function's identity; make it per property.
-    wrapped.hypothesis.inner_test.__qualname__ = f"gdn_verify.{prop.name}.{impl.name}"
+    # Hypothesis keys saved examples on the test's source; every property shares `test`, so
+    # give each (property, implementation) its own key.
+    wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = f"{prop.name}/{impl.name}".encode()
     try:
         wrapped()
     except Unsatisfiable:

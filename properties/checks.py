@@ -62,6 +62,7 @@ class Property:
     strategy: Callable[[Implementation, str], st.SearchStrategy]  # -> (problem, params)
     check: Callable[[Implementation, Problem, dict], Measurement]
     max_examples: int = 40
+    unsupported_by: Callable[[Implementation], str | None] = lambda impl: None  # reason, or None when it applies
 
 
 def output_contract_violations(result: Result, problem: Problem) -> list[str]:
@@ -486,7 +487,9 @@ PROPERTIES: dict[str, Property] = {
         Property("output_contract", "documented shapes and dtypes, final state exactly when asked",
                  strategy_contract, check_output_contract, 40),
         Property("chunk_equals_recurrent", "chunked and recurrent forms agree",
-                 lambda impl, dtype: _no_params(gs.problems(dtype=dtype)), check_chunk_equals_recurrent, 30),
+                 lambda impl, dtype: _no_params(gs.problems(dtype=dtype)), check_chunk_equals_recurrent, 30,
+                 lambda impl: None if {"chunk", "recurrent"} <= set(impl.forms)
+                 else f"{impl.name} has no chunk and recurrent forms to compare"),
     )
 }
 

@@ -19,3 +19,8 @@ def test_compiles_for_sm90(source, tmp_path):
     cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-c", str(source), "-o", str(tmp_path / "kernel.o")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
+
+
+def test_kernel_sources_exist():
+    names = {s.name for s in SOURCES}
+    assert {"recurrent.cu", "chunk.cu"} <= names, names

@@ -1,0 +1,512 @@
+// Chunked (WY/UT) Gated DeltaNet forward, FP32 arithmetic throughout.
+//
+// Three kernels, run in order by cupy_kernels/chunk.py (same algebra as
+// gdn_verify.reference.chunk_core; shapes per (chunk, value head), C = chunk size):
+//
+//   gdn_chunk_intra   one CTA per (chunk, value head):
+//                     G = cumsum(g), Gamma_ij = exp(g_{j+1} + ... + g_i) (a segment sum, never a
+//                     ratio of exps), A = tril(diag(beta) (K K^T * Gamma), -1), T = (I + A)^-1 in
+//                     shared memory, W = T diag(beta exp(G)) K [C, K], U = T diag(beta) V [C, V],
+//                     Kd = K * exp(G_last - G) [C, K], gates = (G, G_last - G) [2, C].
+//   gdn_chunk_state   one CTA per (sequence, value head, 16-column V tile), sequential over the
+//                     sequence's chunks: v_new = U - W S, S <- exp(G_last) S + Kd^T v_new.
+//                     Writes the state entering each chunk, v_new and the final state.
+//   gdn_chunk_output  one CTA per (chunk, value head):
+//                     O = scale (exp(G) * (Q S) + ((Q K^T) * Gamma, causal incl. diagonal) v_new).
+//
+// Scratch (W, U, Kd, gates, states, v_new) is fp32 and indexed by a global chunk id: chunks never
+// straddle sequences, so a ragged last chunk is masked (rows past the end read as zero, g = 0,
+// beta = 0) and no kernel touches another sequence's rows. Masked rows give zero rows in W, U,
+// Kd and v_new, so they leave the state exactly unchanged.
+//
+// Input element type T is float, __half or __nv_bfloat16; g and beta are float or T (gate_flags
+// bit 0: g is T, bit 1: beta is T). Head sizes K, V in 1..256 (any value: loads are guarded and
+// shared-memory tiles zero padded). All CTAs have 256 threads; block-level products use a 16 x 16
+// thread grid where thread (ty, tx) owns rows ty + 16 r and columns tx + 16 c of the result.
+//
+// Compiled at run time by cupy.RawModule (NVRTC, name_expressions) and, for CI, standalone by
+// nvcc, which instantiates every variant below so that all of them are checked.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace gdn_chunk {
+
+constexpr int kThreads = 256;
+constexpr int kGrid = 16;        // thread grid is kGrid x kGrid
+constexpr int kStateTile = 16;   // V columns per CTA in the state-passing kernel
+constexpr int kOutTile = 64;     // V columns per pass in the output kernel
+constexpr int kColsPerPass = 128;  // columns per pass of the W / U products (8 per thread)
+constexpr float kL2NormEps = 1e-6f;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// One gate value: the gate arrays are either fp32 or the input type T.
+template <typename T>
+__device__ __forceinline__ float load_gate(const void* p, size_t i, bool is_t) {
+    return is_t ? to_float(static_cast<const T*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+// Odd row stride: threads reading the same column of consecutive rows hit distinct banks.
+__device__ __forceinline__ int odd_stride(int n) { return n | 1; }
+
+// dst[r][d] = src[r * src_stride + d] for r < len, d < cols; rows len..C-1 are zero.
+// Consecutive threads take consecutive d, so global loads are coalesced along a row.
+template <typename T, int C>
+__device__ __forceinline__ void load_rows(float* dst, int dst_stride, const T* __restrict__ src,
+                                          size_t src_stride, int len, int cols) {
+    for (int e = threadIdx.x; e < C * cols; e += kThreads) {
+        const int r = e / cols, d = e - r * cols;
+        dst[r * dst_stride + d] = r < len ? to_float(src[r * src_stride + d]) : 0.f;
+    }
+}
+
+// x[r] /= sqrt(sum(x[r]^2) + 1e-6) for the C rows (all-zero rows stay zero). Every thread of the
+// CTA must call it; a row's 256 / C threads sit in one warp and reduce by shuffles.
+template <int C>
+__device__ __forceinline__ void l2norm_rows(float* x, int stride, int cols) {
+    constexpr int kPerRow = kThreads / C;
+    const int r = threadIdx.x / kPerRow, part = threadIdx.x % kPerRow;
+    float ss = 0.f;
+    for (int d = part; d < cols; d += kPerRow) {
+        const float v = x[r * stride + d];
+        ss = fmaf(v, v, ss);
+    }
+#pragma unroll
+    for (int off = kPerRow / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float norm = sqrtf(ss + kL2NormEps);
+    for (int d = part; d < cols; d += kPerRow) x[r * stride + d] /= norm;
+}
+
+// Gamma[i][j] = exp(g[j+1] + ... + g[i]) for i >= j (1 on the diagonal; the upper triangle is
+// not written). Thread j sums its column top-down, the order of reference.segment_sums, so a
+// saturated gate (g = -1e4) only zeroes the segments that contain it. Optionally thread C writes
+// G = cumsum(g) and thread j writes D_last[j] = g[j+1] + ... + g[C-1] (masked rows have g = 0).
+template <int C>
+__device__ __forceinline__ void gate_sums(const float* g, float* gamma, int stride, float* G, float* d_last) {
+    const int j = threadIdx.x;
+    if (j < C) {
+        float s = 0.f;
+        gamma[j * stride + j] = 1.f;
+        for (int i = j + 1; i < C; ++i) {
+            s += g[i];
+            gamma[i * stride + j] = expf(s);
+        }
+        if (d_last != nullptr) d_last[j] = s;
+    } else if (j == C && G != nullptr) {
+        float s = 0.f;
+        for (int i = 0; i < C; ++i) {
+            s += g[i];
+            G[i] = s;
+        }
+    }
+}
+
+// acc[r][c] += sum_d a[(ty + 16 r) * as + d] * b[(tx + 16 c) * bs + d]   (A B^T, d < depth)
+template <int RM, int RN>
+__device__ __forceinline__ void tile_nt(float (&acc)[RM][RN], const float* a, int as, const float* b, int bs,
+                                        int depth) {
+    const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+#pragma unroll 4
+    for (int d = 0; d < depth; ++d) {
+        float av[RM], bv[RN];
+#pragma unroll
+        for (int r = 0; r < RM; ++r) av[r] = a[(ty + kGrid * r) * as + d];
+#pragma unroll
+        for (int c = 0; c < RN; ++c) bv[c] = b[(tx + kGrid * c) * bs + d];
+#pragma unroll
+        for (int r = 0; r < RM; ++r)
+#pragma unroll
+            for (int c = 0; c < RN; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
+    }
+}
+
+// acc[r][c] += sum_m a[(ty + 16 r) * as + m] * b[m * bs + col0 + tx + 16 c]   (A B, m < depth);
+// columns col0 + tx + 16 c >= ncols read as zero (never past the valid width of b).
+template <int RM, int RN>
+__device__ __forceinline__ void tile_nn(float (&acc)[RM][RN], const float* a, int as, const float* b, int bs,
+                                        int depth, int col0, int ncols) {
+    const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+#pragma unroll 4
+    for (int m = 0; m < depth; ++m) {
+        float av[RM], bv[RN];
+#pragma unroll
+        for (int r = 0; r < RM; ++r) av[r] = a[(ty + kGrid * r) * as + m];
+#pragma unroll
+        for (int c = 0; c < RN; ++c) {
+            const int col = col0 + tx + kGrid * c;
+            bv[c] = col < ncols ? b[m * bs + col] : 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < RM; ++r)
+#pragma unroll
+            for (int c = 0; c < RN; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
+    }
+}
+
+// T = (I + A)^-1 for strictly lower-triangular A [C][C] (row stride C + 1), into t (same stride),
+// which must be zero on entry. Diagonal 16 x 16 blocks by forward substitution, one thread per
+// column (a column only depends on itself), then blocks are doubled:
+// [[T11, 0], [A21, T22]] -> [[T11, 0], [-T22 A21 T11, T22]]. tmp holds C * C / 4 floats.
+template <int C>
+__device__ __forceinline__ void unit_lower_inverse(const float* a, float* t, float* tmp) {
+    constexpr int S = C + 1;
+    if (threadIdx.x < C) {
+        const int o = (threadIdx.x / 16) * 16, j = threadIdx.x % 16;
+        t[(o + j) * S + o + j] = 1.f;
+        for (int i = j + 1; i < 16; ++i) {
+            // Row i of (I + A) T = I within the block: T[i][j] = -(A[i][j] + sum_{j<m<i} A[i][m] T[m][j]).
+            float s = a[(o + i) * S + o + j];
+            for (int m = j + 1; m < i; ++m) s = fmaf(a[(o + i) * S + o + m], t[(o + m) * S + o + j], s);
+            t[(o + i) * S + o + j] = -s;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int s = 16; s < C; s *= 2) {
+        const int work = (C / (2 * s)) * s * s;
+        for (int e = threadIdx.x; e < work; e += kThreads) {
+            const int p = e / (s * s), r = (e / s) % s, c = e % s;
+            const int c0 = 2 * p * s, r0 = c0 + s;
+            float acc = 0.f;
+            for (int m = 0; m < s; ++m) acc = fmaf(a[(r0 + r) * S + c0 + m], t[(c0 + m) * S + c0 + c], acc);
+            tmp[e] = acc;  // (A21 T11)[r][c]
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < work; e += kThreads) {
+            const int p = e / (s * s), r = (e / s) % s, c = e % s;
+            const int c0 = 2 * p * s, r0 = c0 + s;
+            float acc = 0.f;
+            for (int m = 0; m < s; ++m) acc = fmaf(t[(r0 + r) * S + r0 + m], tmp[p * s * s + m * s + c], acc);
+            t[(r0 + r) * S + c0 + c] = -acc;
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace gdn_chunk
+
+// ---------------------------------------------------------------------------------------------
+// Kernel a: intra-chunk. Grid (num_chunks, HV), 256 threads.
+// Shared memory (floats): xs C * XS (XS = max(K, V) | 1; K rows, later V rows), A and T
+// C * (C + 1) each, tmp C * C / 4, and 6 vectors of C.
+template <typename T, int C>
+__global__ void __launch_bounds__(gdn_chunk::kThreads)
+    gdn_chunk_intra(const T* __restrict__ k, const T* __restrict__ v, const void* __restrict__ g,
+                    const void* __restrict__ beta, int gate_flags, const long long* __restrict__ chunk_start,
+                    const int* __restrict__ chunk_len, int H, int HV, int K, int V, int l2norm,
+                    float* __restrict__ w_out, float* __restrict__ u_out, float* __restrict__ kd_out,
+                    float* __restrict__ gates_out) {
+    using namespace gdn_chunk;
+    static_assert(C == 16 || C == 32 || C == 64, "chunk size must be 16, 32 or 64");
+    constexpr int RM = C / kGrid;
+    constexpr int S = C + 1;
+    extern __shared__ float smem[];
+
+    const int chunk = blockIdx.x, hv = blockIdx.y, hk = hv / (HV / H);
+    const long long t0 = chunk_start[chunk];
+    const int len = chunk_len[chunk];
+    const int XS = odd_stride(K > V ? K : V);
+    float* xs = smem;
+    float* a = xs + C * XS;
+    float* tm = a + C * S;
+    float* tmp = tm + C * S;
+    float* gs = tmp + C * C / 4;
+    float* bs = gs + C;
+    float* G = bs + C;
+    float* d_last = G + C;
+    float* w_scale = d_last + C;   // beta exp(G)
+    float* kd_scale = w_scale + C;  // exp(G_last - G)
+    const size_t base = static_cast<size_t>(chunk) * HV + hv;
+
+    for (int i = threadIdx.x; i < C; i += kThreads) {
+        const size_t idx = static_cast<size_t>(t0 + i) * HV + hv;
+        gs[i] = i < len ? load_gate<T>(g, idx, gate_flags & 1) : 0.f;
+        bs[i] = i < len ? load_gate<T>(beta, idx, gate_flags & 2) : 0.f;
+    }
+    load_rows<T, C>(xs, XS, k + static_cast<size_t>(t0) * H * K + static_cast<size_t>(hk) * K,
+                    static_cast<size_t>(H) * K, len, K);
+    for (int e = threadIdx.x; e < C * S; e += kThreads) tm[e] = 0.f;
+    __syncthreads();
+
+    if (l2norm) l2norm_rows<C>(xs, XS, K);
+    gate_sums<C>(gs, a, S, G, d_last);  // Gamma goes into a's lower triangle
+    __syncthreads();
+
+    for (int i = threadIdx.x; i < C; i += kThreads) {
+        w_scale[i] = bs[i] * expf(G[i]);
+        kd_scale[i] = expf(d_last[i]);
+        gates_out[base * 2 * C + i] = G[i];
+        gates_out[base * 2 * C + C + i] = d_last[i];
+    }
+    {
+        // A = tril(diag(beta) (K K^T * Gamma), -1); every thread rewrites only its own entries.
+        float acc[RM][RM] = {};
+        tile_nt<RM, RM>(acc, xs, XS, xs, XS, K);
+        const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+#pragma unroll
+        for (int r = 0; r < RM; ++r)
+#pragma unroll
+            for (int c = 0; c < RM; ++c) {
+                const int i = ty + kGrid * r, j = tx + kGrid * c;
+                a[i * S + j] = i > j ? bs[i] * acc[r][c] * a[i * S + j] : 0.f;
+            }
+    }
+    __syncthreads();
+
+    unit_lower_inverse<C>(a, tm, tmp);  // ends with a barrier
+
+    // Kd = K exp(G_last - G) leaves before the rows of K are scaled by beta exp(G) for W.
+    for (int e = threadIdx.x; e < C * K; e += kThreads) {
+        const int i = e / K, d = e - i * K;
+        const float x = xs[i * XS + d];
+        kd_out[base * C * K + e] = x * kd_scale[i];
+        xs[i * XS + d] = x * w_scale[i];
+    }
+    __syncthreads();
+
+    const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+    constexpr int RN = kColsPerPass / kGrid;
+    for (int d0 = 0; d0 < K; d0 += kColsPerPass) {  // W = T (diag(beta exp(G)) K)
+        float acc[RM][RN] = {};
+        tile_nn<RM, RN>(acc, tm, S, xs, XS, C, d0, K);
+#pragma unroll
+        for (int r = 0; r < RM; ++r)
+#pragma unroll
+            for (int c = 0; c < RN; ++c) {
+                const int d = d0 + tx + kGrid * c;
+                if (d < K) w_out[(base * C + ty + kGrid * r) * K + d] = acc[r][c];
+            }
+    }
+    __syncthreads();  // xs is reused for V
+
+    const T* vp = v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V;
+    for (int e = threadIdx.x; e < C * V; e += kThreads) {
+        const int i = e / V, d = e - i * V;
+        xs[i * XS + d] = i < len ? to_float(vp[static_cast<size_t>(i) * HV * V + d]) * bs[i] : 0.f;
+    }
+    __syncthreads();
+    for (int d0 = 0; d0 < V; d0 += kColsPerPass) {  // U = T (diag(beta) V)
+        float acc[RM][RN] = {};
+        tile_nn<RM, RN>(acc, tm, S, xs, XS, C, d0, V);
+#pragma unroll
+        for (int r = 0; r < RM; ++r)
+#pragma unroll
+            for (int c = 0; c < RN; ++c) {
+                const int d = d0 + tx + kGrid * c;
+                if (d < V) u_out[(base * C + ty + kGrid * r) * V + d] = acc[r][c];
+            }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel b: state passing. Grid (N * ceil(V / 16), HV), 256 threads; CTA (n, tile, hv) owns
+// columns [16 tile, 16 tile + 16) of the [K, V] state of sequence n, value head hv, and walks the
+// sequence's chunks [seq_chunk_off[n], seq_chunk_off[n + 1]) in order (none for an empty
+// sequence: the final state is the initial state).
+// Shared memory (floats): W and Kd C * K each, U and v_new C * 16 each, S K * 16.
+template <int C>
+__global__ void __launch_bounds__(gdn_chunk::kThreads)
+    gdn_chunk_state(const float* __restrict__ w, const float* __restrict__ u, const float* __restrict__ kd,
+                    const float* __restrict__ gates, const int* __restrict__ seq_chunk_off,
+                    const float* __restrict__ initial_state, int has_initial, int state_v_first, int HV, int K,
+                    int V, float* __restrict__ states, float* __restrict__ v_new, float* __restrict__ final_state,
+                    int has_final) {
+    using namespace gdn_chunk;
+    static_assert(C == 16 || C == 32 || C == 64, "chunk size must be 16, 32 or 64");
+    constexpr int VT = kStateTile;
+    constexpr int RM = C / kGrid;
+    extern __shared__ float smem[];
+
+    const int tiles = (V + VT - 1) / VT;
+    const int n = blockIdx.x / tiles, v0 = (blockIdx.x % tiles) * VT, hv = blockIdx.y;
+    const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+    float* ws = smem;
+    float* ks = ws + C * K;
+    float* us = ks + C * K;
+    float* vn = us + C * VT;
+    float* st = vn + C * VT;  // st[kk * VT + c] = S[kk][v0 + c]
+    const size_t state_base = (static_cast<size_t>(n) * HV + hv) * K * V;
+
+    for (int e = threadIdx.x; e < K * VT; e += kThreads) {
+        const int kk = e / VT, vv = v0 + e % VT;
+        float x = 0.f;
+        if (has_initial && vv < V)
+            x = initial_state[state_base + (state_v_first ? static_cast<size_t>(vv) * K + kk
+                                                          : static_cast<size_t>(kk) * V + vv)];
+        st[e] = x;
+    }
+
+    const int first = seq_chunk_off[n], last = seq_chunk_off[n + 1];
+    for (int chunk = first; chunk < last; ++chunk) {
+        const size_t base = static_cast<size_t>(chunk) * HV + hv;
+        __syncthreads();  // st is complete; the previous chunk is done with ws, ks and vn
+        for (int e = threadIdx.x; e < K * VT; e += kThreads) {
+            const int kk = e / VT, vv = v0 + e % VT;
+            if (vv < V) states[base * K * V + static_cast<size_t>(kk) * V + vv] = st[e];
+        }
+        for (int e = threadIdx.x; e < C * K; e += kThreads) {
+            ws[e] = w[base * C * K + e];
+            ks[e] = kd[base * C * K + e];
+        }
+        for (int e = threadIdx.x; e < C * VT; e += kThreads) {
+            const int i = e / VT, vv = v0 + e % VT;
+            us[e] = vv < V ? u[(base * C + i) * V + vv] : 0.f;
+        }
+        const float decay = expf(gates[base * 2 * C + C - 1]);  // exp(G_last)
+        __syncthreads();
+
+        // v_new = U - W S: thread owns rows ty + 16 r, column tx.
+        float acc[RM][1] = {};
+        tile_nn<RM, 1>(acc, ws, K, st, VT, K, 0, VT);
+#pragma unroll
+        for (int r = 0; r < RM; ++r) {
+            const int i = ty + kGrid * r;
+            const float x = us[i * VT + tx] - acc[r][0];
+            vn[i * VT + tx] = x;
+            if (v0 + tx < V) v_new[(base * C + i) * V + v0 + tx] = x;
+        }
+        __syncthreads();
+
+        // S = exp(G_last) S + Kd^T v_new: thread owns state rows ty + 16 r, column tx, so it is
+        // the only reader and writer of those entries in this phase.
+        for (int kk = ty; kk < K; kk += kGrid) {
+            float s = 0.f;
+#pragma unroll 4
+            for (int i = 0; i < C; ++i) s = fmaf(ks[i * K + kk], vn[i * VT + tx], s);
+            st[kk * VT + tx] = decay * st[kk * VT + tx] + s;
+        }
+    }
+    if (!has_final) return;
+    __syncthreads();
+    for (int e = threadIdx.x; e < K * VT; e += kThreads) {
+        const int kk = e / VT, vv = v0 + e % VT;
+        if (vv < V)
+            final_state[state_base + (state_v_first ? static_cast<size_t>(vv) * K + kk
+                                                    : static_cast<size_t>(kk) * V + vv)] = st[e];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel c: output. Grid (num_chunks, HV), 256 threads.
+// Shared memory (floats): qs C * KS (KS = K | 1), xs max(C * KS, 64 K + 64 C) (K rows, later an
+// S tile [K][64] and a v_new tile [C][64]), P C * (C + 1), 2 vectors of C.
+template <typename T, int C>
+__global__ void __launch_bounds__(gdn_chunk::kThreads)
+    gdn_chunk_output(const T* __restrict__ q, const T* __restrict__ k, const void* __restrict__ g, int gate_flags,
+                     const long long* __restrict__ chunk_start, const int* __restrict__ chunk_len,
+                     const float* __restrict__ states, const float* __restrict__ v_new,
+                     const float* __restrict__ gates, int H, int HV, int K, int V, int l2norm, float scale,
+                     T* __restrict__ o) {
+    using namespace gdn_chunk;
+    static_assert(C == 16 || C == 32 || C == 64, "chunk size must be 16, 32 or 64");
+    constexpr int RM = C / kGrid;
+    constexpr int S = C + 1;
+    constexpr int VT = kOutTile;
+    extern __shared__ float smem[];
+
+    const int chunk = blockIdx.x, hv = blockIdx.y, hk = hv / (HV / H);
+    const long long t0 = chunk_start[chunk];
+    const int len = chunk_len[chunk];
+    const int KS = odd_stride(K);
+    const int x_size = C * KS > VT * (K + C) ? C * KS : VT * (K + C);
+    float* qs = smem;
+    float* xs = qs + C * KS;
+    float* p = xs + x_size;
+    float* gs = p + C * S;
+    float* eg = gs + C;
+    const size_t base = static_cast<size_t>(chunk) * HV + hv;
+    const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+
+    for (int i = threadIdx.x; i < C; i += kThreads) {
+        gs[i] = i < len ? load_gate<T>(g, static_cast<size_t>(t0 + i) * HV + hv, gate_flags & 1) : 0.f;
+        eg[i] = expf(gates[base * 2 * C + i]);  // exp(G), G as kernel a summed it
+    }
+    const size_t qk_off = static_cast<size_t>(t0) * H * K + static_cast<size_t>(hk) * K;
+    load_rows<T, C>(qs, KS, q + qk_off, static_cast<size_t>(H) * K, len, K);
+    load_rows<T, C>(xs, KS, k + qk_off, static_cast<size_t>(H) * K, len, K);
+    __syncthreads();
+
+    if (l2norm) {
+        l2norm_rows<C>(qs, KS, K);
+        l2norm_rows<C>(xs, KS, K);
+    }
+    gate_sums<C>(gs, p, S, nullptr, nullptr);
+    __syncthreads();
+    {
+        // P = (Q K^T) * Gamma on and below the diagonal, zero above.
+        float acc[RM][RM] = {};
+        tile_nt<RM, RM>(acc, qs, KS, xs, KS, K);
+#pragma unroll
+        for (int r = 0; r < RM; ++r)
+#pragma unroll
+            for (int c = 0; c < RM; ++c) {
+                const int i = ty + kGrid * r, j = tx + kGrid * c;
+                p[i * S + j] = j <= i ? acc[r][c] * p[i * S + j] : 0.f;
+            }
+    }
+
+    float* ss = xs;           // S tile [K][VT]
+    float* vs = xs + VT * K;  // v_new tile [C][VT]
+    constexpr int RN = VT / kGrid;
+    for (int v0 = 0; v0 < V; v0 += VT) {
+        __syncthreads();  // xs is free: Q K^T or the previous tile is done with it
+        for (int e = threadIdx.x; e < K * VT; e += kThreads) {
+            const int kk = e / VT, vv = v0 + e % VT;
+            ss[e] = vv < V ? states[base * K * V + static_cast<size_t>(kk) * V + vv] : 0.f;
+        }
+        for (int e = threadIdx.x; e < C * VT; e += kThreads) {
+            const int i = e / VT, vv = v0 + e % VT;
+            vs[e] = vv < V ? v_new[(base * C + i) * V + vv] : 0.f;
+        }
+        __syncthreads();
+        float inter[RM][RN] = {}, intra[RM][RN] = {};
+        tile_nn<RM, RN>(inter, qs, KS, ss, VT, K, 0, VT);
+        tile_nn<RM, RN>(intra, p, S, vs, VT, C, 0, VT);
+#pragma unroll
+        for (int r = 0; r < RM; ++r) {
+            const int i = ty + kGrid * r;
+            if (i >= len) continue;
+            T* orow = o + (static_cast<size_t>(t0 + i) * HV + hv) * V;
+#pragma unroll
+            for (int c = 0; c < RN; ++c) {
+                const int vv = v0 + tx + kGrid * c;
+                if (vv < V) orow[vv] = from_float<T>(scale * (eg[i] * inter[r][c] + intra[r][c]));
+            }
+        }
+    }
+}
+
+#ifndef __CUDACC_RTC__
+// Standalone nvcc build (CI): instantiate every variant so that each one is compiled and checked.
+#define GDN_CHUNK_INSTANTIATE(T, C)                                                                       \
+    template __global__ void gdn_chunk_intra<T, C>(const T*, const T*, const void*, const void*, int,     \
+                                                   const long long*, const int*, int, int, int, int, int, \
+                                                   float*, float*, float*, float*);                       \
+    template __global__ void gdn_chunk_output<T, C>(const T*, const T*, const void*, int, const long long*, \
+                                                    const int*, const float*, const float*, const float*, \
+                                                    int, int, int, int, int, float, T*);
+#define GDN_CHUNK_INSTANTIATE_ALL(C)                                                                        \
+    GDN_CHUNK_INSTANTIATE(float, C)                                                                         \
+    GDN_CHUNK_INSTANTIATE(__half, C)                                                                        \
+    GDN_CHUNK_INSTANTIATE(__nv_bfloat16, C)                                                                 \
+    template __global__ void gdn_chunk_state<C>(const float*, const float*, const float*, const float*,     \
+                                                const int*, const float*, int, int, int, int, int, float*,  \
+                                                float*, float*, int);
+GDN_CHUNK_INSTANTIATE_ALL(16)
+GDN_CHUNK_INSTANTIATE_ALL(32)
+GDN_CHUNK_INSTANTIATE_ALL(64)
+#undef GDN_CHUNK_INSTANTIATE_ALL
+#undef GDN_CHUNK_INSTANTIATE
+#endif

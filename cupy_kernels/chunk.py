@@ -1,0 +1,274 @@
+"""CuPy launcher for the chunked (WY/UT) GDN forward kernels in ``chunk.cu``.
+
+Native convention (FLA ``chunk_gated_delta_rule``): ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``,
+``g, beta [B, T, HV]``, ``initial_state [N, HV, K, V]`` fp32 (``[N, HV, V, K]`` with
+``state_v_first``), ``cu_seqlens [N + 1]`` with ``B == 1``. Inputs are CuPy arrays or DLPack
+tensors (torch): they are used in place, never copied when contiguous; torch bfloat16 travels as
+an int16 view. Outputs come back in the kind of ``q`` (torch in, torch out).
+
+Everything runs in FP32 on the GPU (no TF32), in three launches on the current stream (torch's
+current stream for torch inputs): intra-chunk (W, U), state passing, output. Scratch buffers come
+from CuPy's memory pool. CuPy is imported lazily, so importing this module needs no GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gdn_verify.conventions import sequence_bounds
+
+_SOURCE = Path(__file__).with_name("chunk.cu")
+CHUNK_SIZES = (16, 32, 64)
+MAX_HEAD_DIM = 256  # bounded by shared memory: the output kernel needs about 164 KiB at K = V = 256
+_THREADS = 256
+_STATE_TILE = 16  # kStateTile in chunk.cu
+_OUT_TILE = 64  # kOutTile in chunk.cu
+_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+# Tests set this to fill outputs and scratch with NaN before the launches, so any element a
+# kernel fails to write (or any scratch it reads before writing) shows up as NaN.
+_debug_poison = False
+
+
+@functools.cache
+def _kernels(ctype: str, chunk_size: int):
+    """Compiled ``(intra, state, output)`` kernels for one input type and chunk size."""
+    import cupy
+
+    names = (
+        f"gdn_chunk_intra<{ctype}, {chunk_size}>",
+        f"gdn_chunk_state<{chunk_size}>",
+        f"gdn_chunk_output<{ctype}, {chunk_size}>",
+    )
+    module = cupy.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=names)
+    return tuple(module.get_function(name) for name in names)
+
+
+class _Arg:
+    """One input on the GPU as a contiguous CuPy array, with its element type and origin."""
+
+    def __init__(self, name: str, x: Any):
+        import cupy
+
+        self.name = name
+        self.torch = False
+        bf16 = False
+        if isinstance(x, cupy.ndarray):
+            arr = x
+        elif type(x).__module__.split(".")[0] == "torch":
+            import torch
+
+            self.torch = True
+            x = x.detach()  # DLPack refuses tensors that require grad; detach shares the memory
+            if not x.is_cuda:
+                raise ValueError(f"{name}: expected a CUDA tensor, got one on {x.device}")
+            if x.dtype == torch.bfloat16:
+                # CuPy has no bfloat16: share the bits as int16 and tell the kernel the type.
+                x, bf16 = x.view(torch.int16), True
+            arr = cupy.from_dlpack(x)
+        elif hasattr(x, "__dlpack__"):
+            try:
+                arr = cupy.from_dlpack(x)
+            except Exception as exc:  # noqa: BLE001 - exporters raise many types
+                raise ValueError(f"{name}: cannot be shared through DLPack ({exc})") from None
+        else:
+            raise ValueError(f"{name}: expected a CuPy array or a DLPack GPU tensor, got {type(x).__name__}")
+        if bf16:
+            self.dtype = "bfloat16"
+        elif arr.dtype.name in _CTYPES:
+            self.dtype = arr.dtype.name
+        else:
+            raise ValueError(f"{name}: expected float32, float16 or bfloat16, got {arr.dtype}")
+        self.array = cupy.ascontiguousarray(arr)  # no copy when already contiguous
+        self.shape = tuple(arr.shape)
+
+
+def _host_ints(name: str, x: Any) -> np.ndarray:
+    """``cu_seqlens`` on the host (one small device-to-host copy for GPU arrays)."""
+    if hasattr(x, "get") and type(x).__module__.split(".")[0] == "cupy":
+        return x.get()
+    if type(x).__module__.split(".")[0] == "torch":
+        return x.detach().cpu().numpy()
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"{name}: cannot be read on the host ({exc})") from None
+
+
+def chunk_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sequence chunking of validated offsets ``bounds [N + 1]`` (int64).
+
+    Returns ``(chunk_start [NC] int64, chunk_len [NC] int32, seq_chunk_off [N + 1] int32)``:
+    chunk ``c`` covers flat tokens ``chunk_start[c] .. + chunk_len[c]`` (the last chunk of a
+    sequence is ragged, an empty sequence has none) and sequence ``n`` owns chunks
+    ``seq_chunk_off[n] .. seq_chunk_off[n + 1]``.
+    """
+    lengths = np.diff(bounds)
+    counts = -(-lengths // chunk_size)
+    seq_chunk_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    if seq_chunk_off[-1] >= 2**31:
+        raise ValueError("cu_seqlens: too many chunks for int32 chunk indices")
+    seq = np.repeat(np.arange(lengths.size), counts)
+    local = np.arange(seq_chunk_off[-1]) - seq_chunk_off[:-1][seq]
+    start = bounds[:-1][seq] + local * chunk_size
+    length = np.minimum(chunk_size, bounds[1:][seq] - start)
+    return start.astype(np.int64), length.astype(np.int32), seq_chunk_off.astype(np.int32)
+
+
+def _smem_bytes(chunk_size: int, K: int, V: int) -> tuple[int, int, int]:
+    """Dynamic shared memory of the (intra, state, output) kernels; mirrors the layouts in chunk.cu."""
+    C = chunk_size
+    xs = max(K, V) | 1
+    intra = C * xs + 2 * C * (C + 1) + C * C // 4 + 6 * C
+    state = 2 * C * K + 2 * C * _STATE_TILE + K * _STATE_TILE
+    ks = K | 1
+    output = C * ks + max(C * ks, _OUT_TILE * (K + C)) + C * (C + 1) + 2 * C
+    return 4 * intra, 4 * state, 4 * output
+
+
+def _launch(kernel, grid, args, smem: int) -> None:
+    if smem > 48 * 1024:  # beyond the default dynamic shared memory limit: opt in
+        kernel.max_dynamic_shared_size_bytes = smem
+    kernel(grid, (_THREADS,), args, shared_mem=smem)
+
+
+def chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale: float | None = None,
+    initial_state=None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens=None,
+    *,
+    chunk_size: int = 64,
+) -> tuple[Any, Any | None]:
+    """Chunked GDN forward on the GPU. Returns ``(o [B, T, HV, V] in q's dtype, final_state | None)``.
+
+    ``final_state`` is fp32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``).
+    ``chunk_size`` is 16, 32 or 64; head sizes ``K, V`` up to 256. Bad arguments raise
+    ``ValueError`` naming the argument.
+    """
+    import cupy
+
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    qa, ka, va, ga, ba = (_Arg(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
+    for a, rank, layout in ((qa, 4, "[B, T, H, K]"), (ka, 4, "[B, T, H, K]"), (va, 4, "[B, T, HV, V]"),
+                            (ga, 3, "[B, T, HV]"), (ba, 3, "[B, T, HV]")):
+        if len(a.shape) != rank:
+            raise ValueError(f"{a.name}: expected rank {rank} {layout}, got shape {a.shape}")
+    B, T, H, K = qa.shape
+    if ka.shape != qa.shape:
+        raise ValueError(f"k: expected shape {qa.shape} like q, got {ka.shape}")
+    if va.shape[:2] != (B, T):
+        raise ValueError(f"v: expected leading dims [B, T] = {(B, T)}, got {va.shape[:2]}")
+    HV, V = va.shape[2:]
+    if min(H, HV, K, V) < 1 or max(K, V) > MAX_HEAD_DIM:
+        raise ValueError(f"v: need H, HV >= 1 and 1 <= K, V <= {MAX_HEAD_DIM} (H={H}, HV={HV}, K={K}, V={V})")
+    if HV % H != 0 or HV > 65535:
+        raise ValueError(f"v: value heads HV = {HV} must be a multiple of H = {H} and at most 65535")
+    for a in (ga, ba):
+        if a.shape != (B, T, HV):
+            raise ValueError(f"{a.name}: expected shape [B, T, HV] = {(B, T, HV)}, got {a.shape}")
+    for a in (ka, va):
+        if a.dtype != qa.dtype:
+            raise ValueError(f"{a.name}: expected dtype {qa.dtype} like q, got {a.dtype}")
+    for a in (ga, ba):
+        if a.dtype not in ("float32", qa.dtype):
+            raise ValueError(f"{a.name}: expected float32 or q's dtype {qa.dtype}, got {a.dtype}")
+    if scale is None:
+        scale = K**-0.5
+    elif not math.isfinite(scale):
+        raise ValueError(f"scale: must be finite, got {scale}")
+
+    bounds = sequence_bounds(None if cu_seqlens is None else _host_ints("cu_seqlens", cu_seqlens), B, T)
+    N = bounds.size - 1
+    chunk_start, chunk_len, seq_chunk_off = chunk_tables(bounds, chunk_size)
+    NC = int(chunk_start.size)
+
+    init = None
+    if initial_state is not None:
+        init = _Arg("initial_state", initial_state)
+        want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        if init.shape != want or init.dtype != "float32":
+            layout = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
+            raise ValueError(f"initial_state: expected float32 {layout} = {want}, got {init.dtype} {init.shape}")
+
+    stream = None
+    if any(a.torch for a in (qa, ka, va, ga, ba)):
+        import torch
+
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(qa.array.device.id).cuda_stream)
+
+    with qa.array.device, stream if stream is not None else cupy.cuda.get_current_stream():
+        o, final_state = _run(
+            qa, ka, va, ga, ba, float(scale), init, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+            chunk_size, chunk_start, chunk_len, seq_chunk_off, N, NC,
+        )
+
+    if qa.torch:
+        import torch
+
+        o = torch.from_dlpack(o)
+        if qa.dtype == "bfloat16":
+            o = o.view(torch.bfloat16)
+        if final_state is not None:
+            final_state = torch.from_dlpack(final_state)
+    return o, final_state
+
+
+def _run(qa, ka, va, ga, ba, scale, init, output_final_state, l2norm, state_v_first, C, chunk_start, chunk_len,
+         seq_chunk_off, N, NC):
+    """Allocate outputs and scratch on the current device and stream, and run the three kernels."""
+    import cupy
+
+    B, T, H, K = qa.shape
+    HV, V = va.shape[2:]
+    intra, state, output = _kernels(_CTYPES[qa.dtype], C)
+    smem_intra, smem_state, smem_output = _smem_bytes(C, K, V)
+    empty = cupy.full if _debug_poison else (lambda shape, _fill, dtype: cupy.empty(shape, dtype))
+    nan = np.nan
+
+    o = empty((B, T, HV, V), nan if qa.array.dtype.kind == "f" else -1, qa.array.dtype)  # int16 = bf16 bits
+    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    final_state = empty(final_shape, nan, cupy.float32) if output_final_state else cupy.empty((1,), cupy.float32)
+    w = empty((NC, HV, C, K), nan, cupy.float32)
+    u = empty((NC, HV, C, V), nan, cupy.float32)
+    kd = empty((NC, HV, C, K), nan, cupy.float32)
+    gates = empty((NC, HV, 2, C), nan, cupy.float32)
+    states = empty((NC, HV, K, V), nan, cupy.float32)
+    v_new = empty((NC, HV, C, V), nan, cupy.float32)
+    d_start = cupy.asarray(chunk_start)
+    d_len = cupy.asarray(chunk_len)
+    d_off = cupy.asarray(seq_chunk_off)
+    gate_flags = int(ga.dtype != "float32") | (int(ba.dtype != "float32") << 1)
+    i32 = np.int32
+    init_array = init.array if init is not None else cupy.empty((1,), cupy.float32)
+
+    if NC > 0:
+        _launch(intra, (NC, HV), (
+            ka.array, va.array, ga.array, ba.array, i32(gate_flags), d_start, d_len,
+            i32(H), i32(HV), i32(K), i32(V), i32(l2norm), w, u, kd, gates,
+        ), smem_intra)
+    if NC > 0 or output_final_state:
+        tiles = -(-V // _STATE_TILE)
+        _launch(state, (N * tiles, HV), (
+            w, u, kd, gates, d_off, init_array, i32(init is not None), i32(state_v_first),
+            i32(HV), i32(K), i32(V), states, v_new, final_state, i32(output_final_state),
+        ), smem_state)
+    if NC > 0:
+        _launch(output, (NC, HV), (
+            qa.array, ka.array, ga.array, i32(gate_flags), d_start, d_len, states, v_new, gates,
+            i32(H), i32(HV), i32(K), i32(V), i32(l2norm), np.float32(scale), o,
+        ), smem_output)
+    return o, final_state if output_final_state else None

@@ -1,0 +1,66 @@
+"""The CuPy kernels as ``check`` implementations: ``cupy``, ``cupy-recurrent``, ``cupy-chunk``, ``cupy-oracle``.
+
+Importing this module needs CuPy and a CUDA device (``implementations.resolve`` turns the
+failure into a one-line "unavailable here"). Problems travel as torch tensors when PyTorch
+is installed, since CuPy has no bfloat16, else as CuPy arrays.
+"""
+
+from __future__ import annotations
+
+from gdn_verify import arrays
+from gdn_verify.implementations import Implementation
+
+arrays.check_kind("cupy")
+
+from cupy_kernels import chunk, recurrent  # noqa: E402 - only once a GPU is known to be usable
+
+# Longest sequence for which ``cupy`` takes the recurrent kernel: decode and speculative
+# decoding (a few tokens per request) read the state once; the chunked form pays off beyond.
+RECURRENT_MAX_TOKENS = 16
+
+
+def _array_kind() -> str:
+    try:
+        arrays.check_kind("torch")
+    except arrays.ArrayKindUnavailable:
+        return "cupy"
+    return "torch"
+
+
+def _longest_sequence(q, cu_seqlens) -> int:
+    if cu_seqlens is None:
+        return q.shape[1]
+    lengths = arrays.to_numpy(cu_seqlens)
+    return int((lengths[1:] - lengths[:-1]).max(initial=0))
+
+
+def auto(q, k, v, g, beta, cu_seqlens=None, **kw):
+    """Recurrent kernel for decode-sized sequences, chunked kernel for prefill."""
+    if _longest_sequence(q, cu_seqlens) <= RECURRENT_MAX_TOKENS:
+        return recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+    return chunk.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+
+
+def gpu_oracle(q, k, v, g, beta, **kw):
+    return recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, precision="float64", **kw)
+
+
+def cupy_recurrent() -> Implementation:
+    return Implementation("cupy-recurrent", {"recurrent": recurrent.recurrent_gated_delta_rule}, _array_kind(),
+                          "CuPy recurrent kernel, float32 state", "bfloat16")
+
+
+def cupy_chunk() -> Implementation:
+    return Implementation("cupy-chunk", {"chunk": chunk.chunk_gated_delta_rule}, _array_kind(),
+                          "CuPy chunked (WY/UT) kernel, C=64", "bfloat16")
+
+
+def cupy_auto() -> Implementation:
+    forms = {"auto": auto, "chunk": chunk.chunk_gated_delta_rule, "recurrent": recurrent.recurrent_gated_delta_rule}
+    return Implementation("cupy", forms, _array_kind(),
+                          f"CuPy kernels: recurrent up to {RECURRENT_MAX_TOKENS} tokens, else chunked", "bfloat16")
+
+
+def cupy_oracle() -> Implementation:
+    return Implementation("cupy-oracle", {"recurrent": gpu_oracle}, _array_kind(),
+                          "the recurrent kernel in float64: a GPU oracle (float64 outputs)", "float64")

@@ -1,0 +1,45 @@
+"""Adapters from the native convention to third-party kernels (translation only).
+
+``fla-chunk`` and ``fla-recurrent``: flash-linear-attention 0.6 (``fla-core``), torch CUDA
+tensors. FLA's own convention is the native one, so the adapter only renames nothing and
+passes ``cu_seqlens`` as a LongTensor,
+and every tensor by keyword.
+"""
+
+from __future__ import annotations
+
+from gdn_verify import arrays
+from gdn_verify.implementations import ConfigurationError, Implementation
+
+
+def _fla():
+    try:
+        import torch
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError as exc:
+        raise ConfigurationError(f"FLA is not installed (pip install fla-core==0.6.0): {exc}") from None
+    if not torch.cuda.is_available():
+        raise ConfigurationError("FLA's kernels need a CUDA GPU; none is visible")
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+def _wrap(fn):
+    def call(q, k, v, g, beta, cu_seqlens=None, **kw):
+        if cu_seqlens is not None:
+            cu_seqlens = cu_seqlens.long()
+        # by keyword: fused_recurrent_gated_delta_rule's positional order is (q, k, v, g, gk, gv, beta)
+        return fn(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, **kw)
+
+    return call
+
+
+def fla_chunk() -> Implementation:
+    chunk, _ = _fla()
+    arrays.check_kind("torch")
+    return Implementation("fla-chunk", {"chunk": _wrap(chunk)}, "torch", "FLA 0.6 chunk_gated_delta_rule", "bfloat16")
+
+
+def fla_recurrent() -> Implementation:
+    _, recurrent = _fla()
+    return Implementation("fla-recurrent", {"recurrent": _wrap(recurrent)}, "torch",
+                          "FLA 0.6 fused_recurrent_gated_delta_rule", "bfloat16")

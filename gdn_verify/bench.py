@@ -1,0 +1,284 @@
+"""Decode speed of our CuPy recurrent kernel against FLA and a device-to-device copy (GPU only).
+
+``decode_bench`` runs, side by side in one process on the same inputs, for each batch size:
+
+- ours: ``cupy_kernels.recurrent.recurrent_gated_delta_rule`` with T = 1, fp32 state (initial state
+  in, final state out), l2norm in kernel, bf16 q/k/v when torch is present (else fp32);
+- FLA's ``fused_recurrent_gated_delta_rule`` with the same torch tensors, when importable;
+- a device-to-device copy of the same number of state bytes: the bandwidth ceiling.
+
+Kernel times come from CUDA graphs (torch graphs when torch is present, CuPy stream capture
+otherwise) replaying one call per rotating input set (enough sets to overflow L2 three times),
+timed with CUDA events; the median over repetitions, divided by the calls in the graph.
+Effective state bandwidth = (state bytes read + written) / time. At batch 1 the host latency of
+one Python call to result (call + synchronize) is measured too. Nothing GPU is imported at import.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from collections.abc import Callable
+
+
+def _optional_torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _optional_fla():
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception:  # noqa: BLE001 - FLA missing or broken: benchmark without it
+        return None
+    return fused_recurrent_gated_delta_rule
+
+
+def _inputs(cupy, torch, B: int, H: int, HV: int, K: int, V: int, seed: int) -> dict:
+    """One decode step's tensors (torch bf16 q/k/v when torch is present, else CuPy fp32)."""
+    if torch is not None:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+
+        def randn(*shape, dtype=torch.float32):
+            return torch.randn(shape, generator=gen, device="cuda").to(dtype)
+
+        return dict(
+            q=randn(B, 1, H, K, dtype=torch.bfloat16),
+            k=randn(B, 1, H, K, dtype=torch.bfloat16),
+            v=randn(B, 1, HV, V, dtype=torch.bfloat16),
+            g=torch.log(torch.rand((B, 1, HV), generator=gen, device="cuda") * 0.5 + 0.5),
+            beta=torch.rand((B, 1, HV), generator=gen, device="cuda"),
+            initial_state=randn(B, HV, K, V) * 0.1,
+        )
+    rs = cupy.random.RandomState(seed)
+    return dict(
+        q=rs.standard_normal((B, 1, H, K), dtype=cupy.float32),
+        k=rs.standard_normal((B, 1, H, K), dtype=cupy.float32),
+        v=rs.standard_normal((B, 1, HV, V), dtype=cupy.float32),
+        g=cupy.log(rs.uniform(0.5, 1.0, (B, 1, HV)).astype(cupy.float32)),
+        beta=rs.uniform(0.0, 1.0, (B, 1, HV)).astype(cupy.float32),
+        initial_state=rs.standard_normal((B, HV, K, V), dtype=cupy.float32) * 0.1,
+    )
+
+
+def _time_torch_graph(torch, calls: list[Callable], min_ms: float = 20.0, samples: int = 15) -> float:
+    """Microseconds per call: one torch CUDA graph of all ``calls``, replayed back to back."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for call in calls:
+                call()  # warm-up: compiles, fills the allocator
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        keep = [call() for call in calls]  # noqa: F841 - outputs stay alive with the graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    replays = max(1, int(min_ms / max(start.elapsed_time(end), 1e-3)))
+    times = []
+    for _ in range(samples):
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * len(calls)))
+    return statistics.median(times)
+
+
+def _time_cupy_graph(cupy, calls: list[Callable], min_ms: float = 20.0, samples: int = 15) -> float:
+    """Microseconds per call: one CuPy stream-captured graph of all ``calls``, replayed back to back."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for _ in range(2):
+            for call in calls:
+                call()  # warm-up on this stream, so the pool has blocks to reuse while capturing
+        stream.synchronize()
+        stream.begin_capture()
+        keep = [call() for call in calls]  # noqa: F841
+        graph = stream.end_capture()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        replays = max(1, int(min_ms / max(cupy.cuda.get_elapsed_time(start, end), 1e-3)))
+        times = []
+        for _ in range(samples):
+            start.record(stream)
+            for _ in range(replays):
+                graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / (replays * len(calls)))
+    return statistics.median(times)
+
+
+def _host_latency_us(cupy, call: Callable, reps: int = 300) -> float:
+    """Median wall time of one Python call to result (call + synchronize), microseconds."""
+    stream = cupy.cuda.get_current_stream()
+    for _ in range(20):
+        call()
+    stream.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        stream.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def decode_bench(
+    batches=(1, 8, 64, 256, 1024),
+    H: int = 16,
+    HV: int = 32,
+    K: int = 128,
+    V: int = 128,
+    progress: Callable[[str], object] | None = print,
+) -> list[dict]:
+    """Decode timings per batch size: ours, FLA (if importable) and a copy of the state bytes.
+
+    Returns one dict per batch: ``batch``, ``state_bytes``, ``sets`` (rotating input sets),
+    ``ours_us``, ``fla_us`` (None without FLA), ``copy_us``, ``ours_gbps``, ``fla_gbps``,
+    ``copy_gbps``, ``ours_frac``, ``fla_frac`` (fractions of the copy bandwidth), ``dtype``, and at
+    batch 1 ``ours_host_us`` / ``fla_host_us`` (Python call to result).
+    """
+    import cupy
+
+    from cupy_kernels.recurrent import recurrent_gated_delta_rule as ours
+
+    say = progress or (lambda _msg: None)
+    torch = _optional_torch()
+    fla = _optional_fla() if torch is not None else None
+    l2_bytes = cupy.cuda.Device().attributes["L2CacheSize"]
+    rows = []
+    for B in batches:
+        state_bytes = B * HV * K * V * 4
+        sets = max(1, min(64, -(-3 * l2_bytes // (2 * state_bytes))))
+        data = [_inputs(cupy, torch, B, H, HV, K, V, seed) for seed in range(sets)]
+
+        def our_call(d):
+            return ours(**d, output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+        if torch is not None:
+
+            def on_torch_stream(d):
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                    return our_call(d)
+
+            ours_us = _time_torch_graph(torch, [lambda d=d: on_torch_stream(d) for d in data])
+            dst = [torch.empty_like(d["initial_state"]) for d in data]
+            copies = [lambda d=d, o=o: o.copy_(d["initial_state"]) for d, o in zip(data, dst)]
+            copy_us = _time_torch_graph(torch, copies)
+        else:
+            ours_us = _time_cupy_graph(cupy, [lambda d=d: our_call(d) for d in data])
+            dst = [cupy.empty_like(d["initial_state"]) for d in data]
+            copy_us = _time_cupy_graph(cupy, [lambda d=d, o=o: o.__setitem__(Ellipsis, d["initial_state"])
+                                              for d, o in zip(data, dst)])  # fmt: skip
+        fla_us = None
+        if fla is not None:
+            try:
+                fla_us = _time_torch_graph(
+                    torch,
+                    [lambda d=d: fla(**d, output_final_state=True, use_qk_l2norm_in_kernel=True) for d in data],
+                )
+            except Exception as exc:  # noqa: BLE001 - report and go on without FLA
+                say(f"FLA failed at batch {B}: {exc}")
+        traffic = 2 * state_bytes  # read once + written once
+        row = dict(
+            batch=B,
+            state_bytes=state_bytes,
+            sets=sets,
+            dtype="bfloat16" if torch is not None else "float32",
+            ours_us=ours_us,
+            fla_us=fla_us,
+            copy_us=copy_us,
+            ours_gbps=traffic / ours_us / 1e3,
+            fla_gbps=None if fla_us is None else traffic / fla_us / 1e3,
+            copy_gbps=traffic / copy_us / 1e3,
+        )
+        row["ours_frac"] = row["ours_gbps"] / row["copy_gbps"]
+        row["fla_frac"] = None if fla_us is None else row["fla_gbps"] / row["copy_gbps"]
+        if B == 1:
+            first = data[0]
+            row["ours_host_us"] = _host_latency_us(cupy, lambda d=first: our_call(d))
+            row["fla_host_us"] = None
+            if fla is not None and fla_us is not None:
+
+                def fla_to_result(d=first):
+                    fla(**d, output_final_state=True, use_qk_l2norm_in_kernel=True)
+                    torch.cuda.synchronize()
+
+                row["fla_host_us"] = _host_latency_us(cupy, fla_to_result)
+        rows.append(row)
+        fla_text = "n/a" if fla_us is None else f"{fla_us:.1f} us ({row['fla_frac']:.0%})"
+        say(f"B={B}: ours {ours_us:.1f} us ({row['ours_frac']:.0%} of copy), FLA {fla_text}, copy {copy_us:.1f} us")
+        del data, dst
+    return rows
+
+
+def _fmt(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown table of ``decode_bench`` rows, naming the device and the date."""
+    import cupy
+
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    dtype = rows[0]["dtype"] if rows else "?"
+    lines = [
+        f"Decode (T = 1, fp32 state, {dtype} q/k/v, l2norm in kernel) on **{name}**, {datetime.date.today()}",
+        "",
+        "| batch | ours (us) | FLA (us) | copy (us) | ours GB/s | FLA GB/s | copy GB/s | ours / copy | FLA / copy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['ours_us']:.1f} | {_fmt(r['fla_us'], '.1f')} | {r['copy_us']:.1f} "
+            f"| {r['ours_gbps']:.0f} | {_fmt(r['fla_gbps'], '.0f')} | {r['copy_gbps']:.0f} "
+            f"| {r['ours_frac']:.0%} | {_fmt(r['fla_frac'], '.0%')} |"
+        )
+    for r in rows:
+        if "ours_host_us" in r:
+            lines.append("")
+            lines.append(
+                f"Batch {r['batch']}, Python call to result (median): ours {r['ours_host_us']:.1f} us, "
+                f"FLA {_fmt(r.get('fla_host_us'), '.1f')} us."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(args) -> int:
+    """``cli.py bench``: decode and/or prefill tables, side by side with FLA and a copy."""
+    from gdn_verify import arrays
+    from gdn_verify.implementations import ConfigurationError
+
+    try:
+        arrays.check_kind("cupy")
+    except arrays.ArrayKindUnavailable as exc:
+        raise ConfigurationError(f"bench needs a CUDA GPU: {exc}") from None
+    tables = []
+    if args.what in ("decode", "all"):
+        tables.append("## Decode (recurrent kernel)\n\n" + format_table(decode_bench()))
+    if args.what in ("prefill", "all"):
+        from gdn_verify import prefill_bench
+
+        tables.append("## Prefill (chunked kernel)\n\n" + prefill_bench.format_table(prefill_bench.prefill_bench()))
+    text = "\n\n".join(tables)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    return 0

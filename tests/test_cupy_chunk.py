@@ -1,0 +1,259 @@
+"""GPU tests of the CuPy chunked kernel (``cupy_kernels/chunk.py``) against the float64 oracle.
+
+Skipped, with the reason, where CuPy or a CUDA device is missing. Every test runs with the
+launcher's debug poisoning on: outputs and scratch start as NaN, so an element no kernel writes
+(or scratch read before it is written) fails the finiteness checks. Cases stay small so the file
+also runs under ``compute-sanitizer --tool memcheck``.
+
+Bounds: the kernel is FP32 throughout (no TF32), so with fp32 inputs its only error is fp32
+rounding of O(K + C) term sums carried through a few dozen chunk steps, about 1e-7 relative RMS;
+``FP32_TOL = 1e-5`` leaves two orders of margin while still catching any algebra or masking
+slip (those show up at 1e-3 or worse). With bf16 inputs the oracle sees the same rounded inputs,
+so the output error is the bf16 rounding of o (about 1.7e-3 RMS) plus the fp32 part; FLA's
+chunked kernel sits at 3.4e-3 and the bound is ``BF16_TOL = 4e-3``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn_verify.reference import chunk_gated_delta_rule as oracle_chunk
+from gdn_verify.reference import recurrent_gated_delta_rule as oracle_recurrent
+
+pytestmark = pytest.mark.gpu
+
+FP32_TOL = 1e-5
+FP16_TOL = 1e-3  # fp16 output rounding is about 3e-4 RMS
+BF16_TOL = 4e-3
+
+
+@pytest.fixture(scope="module")
+def cp():
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install '.[cuda13]' or '.[cuda12]')")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDA driver errors come in many types
+        pytest.skip(f"no usable CUDA device ({exc})")
+    if count < 1:
+        pytest.skip("no CUDA device visible")
+    return cupy
+
+
+@pytest.fixture
+def chunk(cp, monkeypatch):
+    from cupy_kernels import chunk as module
+
+    monkeypatch.setattr(module, "_debug_poison", True)
+    return module
+
+
+def rel_rms(x, ref) -> float:
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(np.asarray(x, np.float64) - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def make_case(seed, B=1, T=64, H=1, HV=2, K=16, V=16, cu_seqlens=None, with_state=False, state_v_first=False,
+              gate=None, dtype=np.float32):
+    """Inputs in ``dtype`` (NumPy, host): unit-norm keys, g = log U(0.5, 1), beta = U(0, 1)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, T, H, K))
+    k = rng.standard_normal((B, T, H, K))
+    k /= np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
+    v = rng.standard_normal((B, T, HV, V))
+    g = np.log(rng.uniform(0.5, 1.0, (B, T, HV))) if gate is None else gate(rng, (B, T, HV))
+    beta = rng.uniform(0.0, 1.0, (B, T, HV))
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    state = None
+    if with_state:
+        state = rng.standard_normal((N, HV, V, K) if state_v_first else (N, HV, K, V)).astype(np.float32)
+    arrays = {name: x.astype(dtype) for name, x in dict(q=q, k=k, v=v, g=g, beta=beta).items()}
+    return dict(**arrays, initial_state=state, cu_seqlens=cu_seqlens, state_v_first=state_v_first)
+
+
+def run_gpu(chunk, cp, case, chunk_size=64, l2norm=False):
+    """Our kernel on CuPy copies of a host case; returns host ``(o, final_state)``."""
+    dev = {n: cp.asarray(case[n]) for n in ("q", "k", "v", "g", "beta")}
+    state = None if case["initial_state"] is None else cp.asarray(case["initial_state"])
+    o, s = chunk.chunk_gated_delta_rule(
+        **dev, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=case["state_v_first"], cu_seqlens=case["cu_seqlens"], chunk_size=chunk_size,
+    )
+    o, s = cp.asnumpy(o), cp.asnumpy(s)
+    assert np.isfinite(o).all(), "o has NaN/Inf: an element was not written or the kernel overflowed"
+    assert np.isfinite(s).all(), "final state has NaN/Inf"
+    return o, s
+
+
+def run_oracle(case, l2norm=False, oracle=oracle_chunk):
+    return oracle(
+        case["q"], case["k"], case["v"], case["g"], case["beta"], initial_state=case["initial_state"],
+        output_final_state=True, use_qk_l2norm_in_kernel=l2norm, state_v_first=case["state_v_first"],
+        cu_seqlens=case["cu_seqlens"],
+    )
+
+
+def check(chunk, cp, case, chunk_size=64, l2norm=False, tol=FP32_TOL):
+    o, s = run_gpu(chunk, cp, case, chunk_size, l2norm)
+    o_ref, s_ref = run_oracle(case, l2norm)
+    assert o.shape == o_ref.shape and s.shape == s_ref.shape
+    assert rel_rms(o, o_ref) < tol, f"o rel RMS {rel_rms(o, o_ref):.2e}"
+    assert rel_rms(s, s_ref) < tol, f"state rel RMS {rel_rms(s, s_ref):.2e}"
+    return o, s
+
+
+RAGGED = [0, 1, 64, 128, 193, 193, 200]  # lengths 1, 63, 64, 65, 0, 7
+
+CASES = {
+    "ragged_c64": dict(T=200, cu_seqlens=RAGGED, with_state=True),
+    "ragged_c32": dict(T=200, cu_seqlens=RAGGED, with_state=True, chunk_size=32),
+    "ragged_c16": dict(T=200, cu_seqlens=RAGGED, with_state=True, chunk_size=16),
+    "batched": dict(B=3, T=70, H=2, HV=4, chunk_size=32),
+    "gva1": dict(T=100, H=2, HV=2),
+    "gva4": dict(T=100, H=2, HV=8, l2norm=True),
+    "k1_v3": dict(T=90, K=1, V=3),
+    "k3_v100": dict(T=90, K=3, V=100, with_state=True, chunk_size=16),
+    "k60_v128": dict(T=90, K=60, V=128, l2norm=True),
+    "k100_v60": dict(T=90, K=100, V=60, with_state=True, state_v_first=True),
+    "k128_v1": dict(T=90, K=128, V=1, cu_seqlens=[0, 30, 90]),
+    "k128_v128": dict(T=130, K=128, V=128, with_state=True, l2norm=True),
+    "state_v_first": dict(T=150, cu_seqlens=[0, 0, 65, 150], with_state=True, state_v_first=True, chunk_size=32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_oracle(chunk, cp, name):
+    spec = dict(CASES[name])
+    chunk_size, l2norm = spec.pop("chunk_size", 64), spec.pop("l2norm", False)
+    check(chunk, cp, make_case(sum(map(ord, name)), **spec), chunk_size, l2norm)
+
+
+def test_matches_recurrent_oracle(chunk, cp):
+    case = make_case(1, T=300, H=2, HV=4, K=32, V=48, cu_seqlens=[0, 100, 101, 300], with_state=True)
+    o, s = run_gpu(chunk, cp, case, 64, True)
+    o_ref, s_ref = run_oracle(case, True, oracle_recurrent)
+    assert rel_rms(o, o_ref) < FP32_TOL and rel_rms(s, s_ref) < FP32_TOL
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_many_sequences(chunk, cp, chunk_size):
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 140, 40)
+    lengths[:6] = [0, 1, 63, 64, 65, 0]
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    check(chunk, cp, make_case(8, T=int(cu[-1]), H=1, HV=2, K=24, V=20, cu_seqlens=cu, with_state=True),
+          chunk_size, l2norm=True)
+
+
+def test_empty_sequences_keep_initial_state(chunk, cp):
+    case = make_case(3, T=70, cu_seqlens=[0, 0, 70, 70], with_state=True)
+    _, s = check(chunk, cp, case)
+    assert np.array_equal(s[[0, 2]], case["initial_state"][[0, 2]])
+
+
+def test_no_tokens_at_all(chunk, cp):
+    case = make_case(4, T=0, cu_seqlens=[0, 0, 0], with_state=True)
+    o, s = run_gpu(chunk, cp, case)
+    assert o.shape == (1, 0, 2, 16)
+    assert np.array_equal(s, case["initial_state"])
+
+
+def test_l2norm_all_zero_rows(chunk, cp):
+    case = make_case(5, T=100, HV=2, K=32, V=32, cu_seqlens=[0, 40, 100])
+    case["q"][0, 3:9] = 0.0
+    case["k"][0, 5:12] = 0.0
+    case["k"][0, 60:64] = 0.0
+    check(chunk, cp, case, 64, l2norm=True)
+
+
+def spikes(rng, shape):
+    g = np.log(rng.uniform(0.5, 1.0, shape))
+    g.flat[rng.choice(g.size, g.size // 6, replace=False)] = -1e4
+    return g
+
+
+def runs(rng, shape):
+    g = np.log(rng.uniform(0.5, 1.0, shape))
+    g[:, 10:40] = -30.0  # a run of strong decay inside the first chunk
+    g[:, 70:75] = -30.0
+    return g
+
+
+@pytest.mark.parametrize("gate", ["zero", "spikes", "runs"])
+@pytest.mark.parametrize("chunk_size", [32, 64])
+def test_saturated_gates(chunk, cp, gate, chunk_size):
+    gates = {"zero": lambda rng, shape: np.zeros(shape), "spikes": spikes, "runs": runs}
+    case = make_case(6, T=160, H=1, HV=2, K=32, V=32, cu_seqlens=[0, 17, 160], with_state=True, gate=gates[gate])
+    check(chunk, cp, case, chunk_size, l2norm=True)
+
+
+def test_no_cross_sequence_leak(chunk, cp):
+    cu = [0, 50, 64, 129, 200]
+    case = make_case(9, T=200, H=1, HV=2, K=32, V=32, cu_seqlens=cu, with_state=True)
+    o, s = run_gpu(chunk, cp, case)
+    bumped = {**case, **{n: case[n].copy() for n in ("q", "k", "v", "g", "beta")}}
+    lo, hi = cu[2], cu[3]  # perturb every input of the third sequence
+    for name in ("q", "k", "v"):
+        bumped[name][0, lo:hi] *= -1.5
+    bumped["g"][0, lo:hi] = -1e4
+    bumped["beta"][0, lo:hi] = 1.0
+    bumped["initial_state"] = case["initial_state"].copy()
+    bumped["initial_state"][2] += 1.0
+    o2, s2 = run_gpu(chunk, cp, bumped)
+    others = np.r_[0:lo, hi:200]
+    assert np.array_equal(o2[0, others], o[0, others]), "another sequence's output changed"
+    assert np.array_equal(s2[[0, 1, 3]], s[[0, 1, 3]]), "another sequence's final state changed"
+    assert not np.array_equal(o2[0, lo:hi], o[0, lo:hi])
+
+
+def test_fp16_inputs(chunk, cp):
+    case = make_case(10, T=150, H=2, HV=4, K=64, V=64, cu_seqlens=[0, 70, 150], dtype=np.float16)
+    o, _ = check(chunk, cp, case, 64, l2norm=True, tol=FP16_TOL)
+    assert o.dtype == np.float16
+
+
+def test_bf16_torch(chunk):
+    torch = pytest.importorskip("torch", reason="bf16 goes through torch, which is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    case = make_case(11, T=512, H=2, HV=4, K=128, V=128, cu_seqlens=[0, 100, 512], with_state=True)
+    dev = {n: torch.from_numpy(case[n]).cuda() for n in ("q", "k", "v", "g", "beta")}
+    for n in ("q", "k", "v", "beta"):  # g stays fp32, as models feed it
+        dev[n] = dev[n].to(torch.bfloat16)
+    state = torch.from_numpy(case["initial_state"]).cuda()
+    cu = torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
+    o, s = chunk.chunk_gated_delta_rule(**dev, initial_state=state, output_final_state=True,
+                                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and o.shape == (1, 512, 4, 128)
+    assert s.dtype == torch.float32
+    host = {**case, **{n: dev[n].float().cpu().numpy() for n in dev}}  # the oracle sees the rounded inputs
+    o_ref, s_ref = run_oracle(host, l2norm=True)
+    o, s = o.float().cpu().numpy(), s.cpu().numpy()
+    assert np.isfinite(o).all() and np.isfinite(s).all()
+    assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
+    assert rel_rms(s, s_ref) < FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"  # fp32 all the way
+
+
+@pytest.mark.parametrize(
+    "change, name",
+    [
+        (dict(chunk_size=48), "chunk_size"),
+        (dict(q=np.zeros((1, 8, 1), np.float32)), "q"),
+        (dict(k=np.zeros((1, 8, 1, 4), np.float32)), "k"),
+        (dict(v=np.zeros((1, 7, 2, 4), np.float32)), "v"),
+        (dict(v=np.zeros((1, 8, 2, 4), np.float16)), "v"),
+        (dict(g=np.zeros((1, 8, 3), np.float32)), "g"),
+        (dict(beta=np.zeros((1, 8, 2), np.float64)), "beta"),
+        (dict(initial_state=np.zeros((1, 2, 4, 5), np.float32)), "initial_state"),
+        (dict(cu_seqlens=[0, 3, 9]), "cu_seqlens"),
+        (dict(scale=float("inf")), "scale"),
+    ],
+)
+def test_bad_arguments(chunk, cp, change, name):
+    args = dict(q=np.zeros((1, 8, 1, 16), np.float32), k=np.zeros((1, 8, 1, 16), np.float32),
+                v=np.zeros((1, 8, 2, 4), np.float32), g=np.zeros((1, 8, 2), np.float32),
+                beta=np.zeros((1, 8, 2), np.float32))
+    args.update(change)
+    args = {n: cp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in args.items()}
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        chunk.chunk_gated_delta_rule(**args)
