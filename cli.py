@@ -87,6 +87,12 @@ def resolve_impl(args) -> implementations.Implementation:
 
 
 def cmd_check(args) -> int:
+    if args.convention == "spec":
+        from gdn_verify.spec_runner import check_spec
+
+        if args.impl is None:
+            raise ConfigurationError("--convention spec needs --impl (spec-numpy or MODULE:FUNCTION)")
+        return check_spec(args.impl, args.array, args.dtype, args.max_examples, args.seed, args.database)
     impl = resolve_impl(args)
     dtype = args.dtype or impl.default_dtype
     if dtype not in DTYPES:
@@ -152,6 +158,12 @@ def cmd_selftest(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    if args.convention == "spec":
+        from gdn_verify.spec_runner import replay_spec
+
+        if args.impl is None:
+            raise ConfigurationError("--convention spec needs --impl")
+        return replay_spec(args.case, args.impl, args.array)
     impl = resolve_impl(args)
     if not Path(args.case).is_file():
         raise ConfigurationError(f"replay: no case file {args.case!r}")
@@ -162,6 +174,10 @@ def cmd_replay(args) -> int:
     print(f"replay {args.case} with {impl.name}: {status}")
     if m is not None and m.bound:
         print(f"  error {m.error:.3e}, bound {m.bound:.3e} ({m.detail})")
+    if args.diagnose:
+        from gdn_verify.diagnose import replay_diagnosis
+
+        print(replay_diagnosis(args.case, impl))
     return 1 if status.startswith("failed") else 0
 
 
@@ -173,8 +189,19 @@ def cmd_bench(args) -> int:
     return bench.main(args)
 
 
-def cmd_unavailable(args) -> int:
-    raise ConfigurationError(f"{args.command}: not available in this version yet")
+def cmd_fuzz(args) -> int:
+    from gdn_verify import fuzz
+
+    if args.impl is None:
+        raise ConfigurationError("fuzz needs --impl")
+    return fuzz.main(args.impl, args.budget, dtype=args.dtype, database=args.database, cases=args.cases,
+                     properties=args.properties, max_tokens=args.max_tokens, seed=args.seed, array=args.array)
+
+
+def cmd_report(args) -> int:
+    from gdn_verify import report
+
+    return report.main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
     check.add_argument("--json", help="write the results as JSON to this path")
+    check.add_argument("--convention", choices=("native", "spec"), default="native",
+                       help="calling convention of --impl: native (FLA) or spec (vLLM speculative decoding)")
     check.set_defaults(func=cmd_check)
 
     selftest = sub.add_parser("selftest", help="check the planted-bug implementations; all must be caught")
@@ -204,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--impl")
     rp.add_argument("--array", choices=("numpy", "torch", "cupy"))
     rp.add_argument("--property", help="property to rerun (default: the one saved in the case)")
+    rp.add_argument("--diagnose", action="store_true",
+                    help="also name the first token, chunk, head and sequence where the error crosses the tolerance")
+    rp.add_argument("--convention", choices=("native", "spec"), default="native", help="convention of --impl")
     rp.set_defaults(func=cmd_replay)
 
     bench = sub.add_parser("bench", help="GPU benchmarks: decode and prefill, side by side with FLA and a copy")
@@ -211,9 +243,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="write the Markdown table to this file")
     bench.set_defaults(func=cmd_bench)
 
-    for name, help_text in (("report", "error and precision report"), ("fuzz", "long fuzzing campaign")):
-        p = sub.add_parser(name, help=help_text + " (not available yet)")
-        p.set_defaults(func=cmd_unavailable)
+    fz = sub.add_parser("fuzz", help="long Hypothesis campaign with a persistent example database")
+    fz.add_argument("--impl", help=f"{', '.join(implementations.names())}, or MODULE:FUNCTION")
+    fz.add_argument("--array", choices=("numpy", "torch", "cupy"), help="array type a MODULE:FUNCTION takes")
+    fz.add_argument("--budget", default="30m", help="time to spend: 90s, 30m, 1h (default 30m)")
+    fz.add_argument("--dtype", help="input dtype: float64, float32, float16, bfloat16")
+    fz.add_argument("--database", help="example database directory (default .gdn_verify/hypothesis)")
+    fz.add_argument("--cases", help="directory for failing cases (default .gdn_verify/cases)")
+    fz.add_argument("--properties", help="comma-separated subset of: " + ", ".join(PROPERTIES))
+    fz.add_argument("--max-tokens", type=int, default=2048, help="longest T for error_growth (default 2048)")
+    fz.add_argument("--seed", type=int, help="reproducible run (Hypothesis then ignores the database)")
+    fz.set_defaults(func=cmd_fuzz)
+
+    from gdn_verify.report import add_arguments as add_report_arguments
+
+    rep = sub.add_parser("report", help="error and precision report: index.html, report.md, results.json, figures")
+    add_report_arguments(rep)
+    rep.set_defaults(func=cmd_report)
     return parser
 
 

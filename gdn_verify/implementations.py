@@ -123,6 +123,8 @@ LAZY: dict[str, str] = {
     "cupy-oracle": "cupy_kernels.registry:cupy_oracle",
     "fla-chunk": "gdn_verify.adapters:fla_chunk",
     "fla-recurrent": "gdn_verify.adapters:fla_recurrent",
+    "flashinfer-prefill": "gdn_verify.flashinfer_adapters:flashinfer_prefill",
+    "flashinfer-decode": "gdn_verify.flashinfer_adapters:flashinfer_decode",
 }
 
 

@@ -57,7 +57,8 @@ def plugins(tmp_path):
     (["check", "--impl", "numpy", "--max-examples", "0"], "--max-examples"),
     (["check", "--impl", "planted:not_a_bug"], "unknown bug"),
     (["replay", "missing.npz", "--impl", "numpy"], "no case file"),
-    (["fuzz"], "not available"),
+    (["fuzz"], "needs --impl"),
+    (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
 ])
 def test_misuse_exits_2_with_one_line(args, message, plugins):
     result = cli(*args, cwd=plugins)

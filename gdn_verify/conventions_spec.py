@@ -1,0 +1,92 @@
+"""The vLLM-style speculative-decoding convention (``--convention spec``) and its NumPy reference.
+
+A plug-in in this convention is called as::
+
+    fn(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+       scale=None, use_qk_l2norm_in_kernel=False) -> o
+
+- ``q, k`` ``[1, T, H, K]``, ``v`` ``[1, T, HV, V]``, ``g, beta`` ``[1, T, HV]`` (native meaning),
+  tokens of ``N`` requests packed by ``cu_seqlens`` ``[N + 1]`` (int64);
+- ``state_pool`` ``[slots, HV, K, V]`` float32, updated in place;
+- ``ssm_state_indices`` ``[N, C]`` int32 (``C`` = speculative tokens + 1), ``num_accepted_tokens``
+  ``[N]`` int32 in ``1..C``.
+
+Request ``n`` starts from slot ``ssm_state_indices[n, num_accepted_tokens[n] - 1]`` (the state
+after the last accepted token of the previous step) and, for each of its ``L_n <= C`` tokens,
+writes the state after token ``t`` to slot ``ssm_state_indices[n, t]``. A request whose start
+slot is negative is padding: its outputs are zero and it reads and writes no slot. Columns
+``t >= L_n`` are not written. ``o`` is ``[1, T, HV, V]`` in the input dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from gdn_verify import numpy_impl
+from gdn_verify.implementations import ConfigurationError, Implementation, load_plugin
+
+
+def start_slots(ssm_state_indices: np.ndarray, num_accepted_tokens: np.ndarray) -> np.ndarray:
+    """``[N]`` slot each request reads: ``ssm_state_indices[n, num_accepted_tokens[n] - 1]``."""
+    rows = np.arange(len(num_accepted_tokens))
+    return np.asarray(ssm_state_indices)[rows, np.asarray(num_accepted_tokens) - 1]
+
+
+def _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale=None,
+                use_qk_l2norm_in_kernel=False, *, read_column: Callable | None = None):
+    cu = np.asarray(cu_seqlens, np.int64)
+    indices = np.asarray(ssm_state_indices)
+    accepted = np.asarray(num_accepted_tokens)
+    o = np.zeros(np.shape(v), np.asarray(v).dtype)
+    for n in range(len(cu) - 1):
+        column = accepted[n] - 1 if read_column is None else read_column(n, accepted[n])
+        slot = indices[n, column]
+        if slot < 0:
+            continue  # padding request
+        state = state_pool[slot][None].astype(np.float32)
+        for t in range(int(cu[n]), int(cu[n + 1])):
+            token = {name: x[:, t : t + 1] for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
+            o_t, state = numpy_impl.recurrent_gated_delta_rule(
+                **token, scale=scale, initial_state=state, output_final_state=True,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+            o[:, t] = o_t[:, 0]
+            state_pool[indices[n, t - cu[n]]] = state[0]
+    return o
+
+
+def spec_reference(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+                   scale=None, use_qk_l2norm_in_kernel=False) -> np.ndarray:
+    """The convention in float32 NumPy, one token step at a time (``numpy_impl``'s recurrence)."""
+    return _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale,
+                       use_qk_l2norm_in_kernel)
+
+
+def spec_reads_first_slot(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+                          scale=None, use_qk_l2norm_in_kernel=False) -> np.ndarray:
+    """Planted bug: every request starts from ``ssm_state_indices[n, 0]``, ignoring the accepted count."""
+    return _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale,
+                       use_qk_l2norm_in_kernel, read_column=lambda n, accepted: 0)
+
+
+BUILTIN: dict[str, tuple[Callable, str]] = {
+    "spec-numpy": (spec_reference, "float32 NumPy reference of the speculative-decoding convention"),
+    "spec-planted:reads_first_slot": (spec_reads_first_slot, "planted bug: reads ssm_state_indices[n, 0]"),
+}
+
+
+def resolve_spec(name: str, array: str | None = None) -> Implementation:
+    """A spec-convention implementation: a built-in name above or ``MODULE:FUNCTION``.
+
+    The callable is the implementation's only form, ``"spec"``.
+    """
+    if name in BUILTIN:
+        fn, description = BUILTIN[name]
+        return Implementation(name, {"spec": fn}, description=description)
+    if ":" not in name or name.startswith("spec-"):
+        raise ConfigurationError(f"--impl {name!r} with --convention spec: choose from {', '.join(BUILTIN)} "
+                                 "or MODULE:FUNCTION")
+    plugin = load_plugin(name, array or "numpy")
+    return Implementation(plugin.name, {"spec": plugin.forms["default"]}, plugin.array, plugin.description,
+                          plugin.default_dtype)

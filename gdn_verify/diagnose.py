@@ -1,0 +1,386 @@
+"""Diagnosis of a failure: where the error first crosses the tolerance, and which chunked stage breaks.
+
+(a) :func:`localise` runs an implementation on a problem and names the first token (in
+sequence order), its sequence, position, 64-token chunk and value head where the per-token
+output error (``tolerance.output_errors``'s metric) exceeds the ``output_token`` tolerance, or
+else the worst final-state block above the ``state`` tolerance.
+
+(b) :func:`diagnose` compares the stages of a chunked (WY/UT, FLA-style) implementation with
+float64 stage references. Every stage is fed the *reference* outputs of the stages before it,
+so an error is attributed to the stage that introduces it. Stage layout (:class:`StagedImplementation`),
+per-sequence padded like ``conventions.pack(pad_to_multiple=C)``, heads expanded to ``HV``,
+``q, k`` already l2-normalised when the problem asks:
+
+==============  =====================================  ====================================================
+stage           FLA function                            output
+==============  =====================================  ====================================================
+``cumsum``      ``chunk_local_cumsum``                  ``G [N, L, HV]`` in-chunk cumulative ``g``
+``kkt``         ``chunk_scaled_dot_kkt_fwd``            ``A [N, L, HV, C]``: ``beta_i k_i.k_j exp(G_i - G_j)``, j < i
+``solve_tril``  ``solve_tril``                          ``Ai [N, L, HV, C]`` = ``(I + A)^-1`` per chunk
+``w_u``         ``recompute_w_u_fwd``                   ``W = Ai (beta exp(G) k)``, ``U = Ai (beta v)``
+``fwd_h``       ``chunk_gated_delta_rule_fwd_h``        ``h [N, L/C, HV, K, V]`` (state entering each chunk),
+                                                        ``v_new = U - W h``, final state ``[N, HV, K, V]``
+``fwd_o``       ``chunk_fwd_o``                         ``o = scale (exp(G) q h + (q k^T * Gamma) v_new)``
+==============  =====================================  ====================================================
+
+Stage error: ``||x - x_ref||_F / ||M||_F`` (worst sequence and head), where ``M`` is the
+magnitude of the terms summed to form ``x`` (``|A| |B|`` for a product ``A B``; for the gates
+``exp`` of a difference of rounded cumulative sums, ``(1 + |G_i| + |G_j|)`` times the factor).
+A correct implementation in working precision ``u`` keeps it below ``n u`` for sums of ``n``
+terms (the classical ``gamma_n`` bound); the per-stage tolerance is ``STAGE_FACTOR * n * u``
+with ``n`` the stage's longest sum (``C``, ``K`` or ``K + C``; times the chunk count for the
+sequential ``fwd_h``). ``solve_tril`` is judged by its backward error
+``||(I + A) Ai - I|| / || |I + A| |Ai| ||``, bounded by ``C u`` for forward substitution whatever
+the conditioning of ``I + A``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from gdn_verify import tolerance as tol
+from gdn_verify.conventions import Packed, pack
+from gdn_verify.implementations import Implementation
+from gdn_verify.problem import Problem
+from gdn_verify.reference import unit_lower_inverse
+
+STAGES = ("cumsum", "kkt", "solve_tril", "w_u", "fwd_h", "fwd_o")
+STAGE_FACTOR = 4.0  # covers rounding the float64 stage inputs to the working precision too
+LOCALISE_CHUNK = 64
+
+
+# (a) localisation ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Localisation:
+    kind: str  # "output", "state" or "none"
+    error: float
+    bound: float
+    token: int | None = None  # flat B*T index
+    sequence: int | None = None
+    position: int | None = None  # token index within its sequence
+    chunk: int | None = None  # position // 64
+    head: int | None = None  # value head
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return f"no token or state crosses the tolerance (worst {self.error:.3g} vs {self.bound:.3g})"
+        if self.kind == "state":
+            return (f"outputs within tolerance; final state of sequence {self.sequence}, value head {self.head} "
+                    f"off by {self.error:.3g} > {self.bound:.3g}")
+        return (f"first token over the tolerance: sequence {self.sequence}, token {self.position} (flat {self.token}),"
+                f" chunk {self.chunk} ({LOCALISE_CHUNK}-token chunks), value head {self.head}: "
+                f"error {self.error:.3g} > {self.bound:.3g}")
+
+
+def token_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``[tokens, HV]`` per-token error, normalised like ``tolerance.output_errors`` (NaN kept)."""
+    HV, V = ref.shape[2], ref.shape[3]
+    o = np.asarray(o, np.float64).reshape(-1, HV, V)
+    ref = np.asarray(ref, np.float64).reshape(-1, HV, V)
+    diff = np.linalg.norm(o - ref, axis=-1)
+    norm = np.linalg.norm(ref, axis=-1)
+    typical = np.sqrt(np.mean(norm**2)) if norm.size else 0.0
+    out = np.zeros_like(diff)
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            block = np.sqrt(np.mean(norm[start:end] ** 2, axis=0))
+            out[start:end] = diff[start:end] / np.maximum(np.maximum(block, tol.FLOOR * typical), 1e-300)
+    return out
+
+
+def localise(impl: Implementation, problem: Problem) -> Localisation:
+    """Where ``impl``'s outputs on ``problem`` first leave the tolerance of the float64 oracle."""
+    reference = tol.oracle(problem)
+    tolerance = tol.tolerance(problem, tol.condition(problem, reference))
+    result = impl.run(problem)
+    errors = token_errors(result.o, reference[0], problem.bounds)
+    over = ~(errors <= tolerance.output_token)  # NaN counts as over
+    if over.any():
+        token, head = (int(x) for x in np.argwhere(over)[0])  # row-major: earliest token, then lowest head
+        sequence = int(np.searchsorted(problem.bounds, token, side="right") - 1)
+        position = token - int(problem.bounds[sequence])
+        return Localisation("output", float(errors[token, head]), tolerance.output_token, token, sequence, position,
+                            position // LOCALISE_CHUNK, head)
+    if problem.output_final_state and result.final_state is not None:
+        state = np.asarray(result.final_state, np.float64)
+        ref_state = reference[1]
+        if problem.state_v_first:
+            state, ref_state = state.swapaxes(-1, -2), ref_state.swapaxes(-1, -2)
+        err, where = tol.state_errors(state, ref_state, problem.initial_state)
+        if not err <= tolerance.state:
+            return Localisation("state", err, tolerance.state, sequence=where[0], head=where[1])
+    worst = float(np.nanmax(errors, initial=0.0))
+    return Localisation("none", worst, tolerance.output_token)
+
+
+def replay_diagnosis(case: str, impl: Implementation) -> str:
+    """The localisation of a saved case, as one line for ``replay --diagnose``."""
+    problem, _ = Problem.load(case)
+    return "diagnosis: " + localise(impl, problem).describe()
+
+
+# (b) stages ----------------------------------------------------------------------------------------
+class StagedImplementation(Protocol):
+    """A chunked implementation exposing its stages (layouts in the module docstring)."""
+
+    chunk_size: int
+    working_unit_roundoff: float
+
+    def cumsum(self, g: np.ndarray) -> np.ndarray: ...
+    def kkt(self, k: np.ndarray, beta: np.ndarray, G: np.ndarray) -> np.ndarray: ...
+    def solve_tril(self, A: np.ndarray) -> np.ndarray: ...
+    def w_u(self, k, v, beta, Ai, G) -> tuple[np.ndarray, np.ndarray]: ...
+    def fwd_h(self, k, W, U, G, initial_state) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def fwd_o(self, q, k, v_new, h, G, scale: float) -> np.ndarray: ...
+
+
+def _chunks(x: np.ndarray, C: int) -> np.ndarray:
+    """``[N, L, HV, ...]`` -> ``[N, HV, n, C, ...]`` (chunk-major per head)."""
+    N, L, HV = x.shape[:3]
+    return np.moveaxis(x.reshape((N, L // C, C, HV) + x.shape[3:]), 3, 1)
+
+
+def _unchunks(x: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_chunks`."""
+    N, HV, n, C = x.shape[:4]
+    return np.moveaxis(x, 1, 3).reshape((N, n * C, HV) + x.shape[4:])
+
+
+class StageAlgebra:
+    """The stages written from the oracle's algebra, in any floating dtype (NumPy, no element loops)."""
+
+    def __init__(self, chunk_size: int = 64, dtype=np.float32):
+        self.chunk_size = chunk_size
+        self.dtype = np.dtype(dtype)
+        self.working_unit_roundoff = tol.unit_roundoff(self.dtype)
+
+    def _as(self, *xs):
+        return [np.asarray(x, self.dtype) for x in xs]
+
+    def _gamma(self, G):
+        """``exp(G_i - G_j)`` on and below the diagonal, 0 above (``G`` chunked ``[N, HV, n, C]``)."""
+        C = self.chunk_size
+        causal = np.tril(np.ones((C, C), bool))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.where(causal, np.exp(np.where(causal, G[..., :, None] - G[..., None, :], 0.0)), 0.0)
+
+    def cumsum(self, g):
+        (g,) = self._as(g)
+        return _unchunks(np.cumsum(_chunks(g, self.chunk_size), axis=-1))
+
+    def kkt(self, k, beta, G):
+        k, beta, G = self._as(k, beta, G)
+        C = self.chunk_size
+        kc, bc = _chunks(k, C), _chunks(beta, C)
+        A = bc[..., :, None] * (kc @ kc.swapaxes(-1, -2)) * self._gamma(_chunks(G, C))
+        return _unchunks(np.tril(A, -1).astype(self.dtype))
+
+    def solve_tril(self, A):
+        (A,) = self._as(A)
+        return _unchunks(unit_lower_inverse(_chunks(A, self.chunk_size)))
+
+    def w_u(self, k, v, beta, Ai, G):
+        k, v, beta, Ai, G = self._as(k, v, beta, Ai, G)
+        C = self.chunk_size
+        Aic, bc, Gc = _chunks(Ai, C), _chunks(beta, C), _chunks(G, C)
+        W = Aic @ ((bc * np.exp(Gc))[..., None] * _chunks(k, C))
+        U = Aic @ (bc[..., None] * _chunks(v, C))
+        return _unchunks(W), _unchunks(U)
+
+    def fwd_h(self, k, W, U, G, initial_state):
+        k, W, U, G, S = self._as(k, W, U, G, initial_state)
+        C = self.chunk_size
+        kc, Wc, Uc, Gc = (_chunks(x, C) for x in (k, W, U, G))
+        N, HV, n = Gc.shape[:3]
+        h = np.empty((N, HV, n) + S.shape[-2:], self.dtype)
+        v_new = np.empty_like(Uc)
+        for c in range(n):  # sequential over chunks only
+            h[:, :, c] = S
+            v_new[:, :, c] = Uc[:, :, c] - Wc[:, :, c] @ S
+            k_to_end = kc[:, :, c] * np.exp(Gc[:, :, c, -1:] - Gc[:, :, c])[..., None]
+            S = np.exp(Gc[:, :, c, -1])[..., None, None] * S + k_to_end.swapaxes(-1, -2) @ v_new[:, :, c]
+        return np.moveaxis(h, 1, 2), _unchunks(v_new), S
+
+    def fwd_o(self, q, k, v_new, h, G, scale):
+        q, k, v_new, h, G = self._as(q, k, v_new, h, G)
+        C = self.chunk_size
+        qc, kc, vc, Gc = (_chunks(x, C) for x in (q, k, v_new, G))
+        hc = np.moveaxis(h, 2, 1)
+        o = scale * (np.exp(Gc)[..., None] * (qc @ hc) + ((qc @ kc.swapaxes(-1, -2)) * self._gamma(Gc)) @ vc)
+        return _unchunks(o.astype(self.dtype))
+
+
+class NumpyStaged(StageAlgebra):
+    """The float32 NumPy staged implementation (``StageAlgebra`` in float32)."""
+
+    def __init__(self, chunk_size: int = 64):
+        super().__init__(chunk_size, np.float32)
+
+
+class FlaStaged:
+    """FLA 0.6's stage functions on a CUDA GPU (torch); imports FLA on construction."""
+
+    chunk_size = 64
+    working_unit_roundoff = 2.0**-24
+
+    def __init__(self):
+        try:
+            import torch
+            from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+            from fla.ops.common.chunk_o import chunk_fwd_o
+            from fla.ops.common.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt_fwd
+            from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd
+            from fla.ops.utils import chunk_local_cumsum, solve_tril
+        except ImportError as exc:
+            from gdn_verify.implementations import ConfigurationError
+
+            raise ConfigurationError(f"FLA is not installed (pip install fla-core==0.6.0): {exc}") from None
+        self.torch = torch
+        self.f = dict(cumsum=chunk_local_cumsum, kkt=chunk_scaled_dot_kkt_fwd, solve=solve_tril,
+                      wu=recompute_w_u_fwd, h=chunk_gated_delta_rule_fwd_h, o=chunk_fwd_o)
+
+    def _t(self, x):
+        return self.torch.from_numpy(np.ascontiguousarray(x, np.float32)).cuda()
+
+    def _n(self, x):
+        return x.float().cpu().numpy()
+
+    def cumsum(self, g):
+        return self._n(self.f["cumsum"](self._t(g), chunk_size=64))
+
+    def kkt(self, k, beta, G):
+        return self._n(self.f["kkt"](k=self._t(k), g=self._t(G), beta=self._t(beta),
+                                     output_dtype=self.torch.float32))
+
+    def solve_tril(self, A):
+        return self._n(self.f["solve"](A=self._t(A), output_dtype=self.torch.float32))
+
+    def w_u(self, k, v, beta, Ai, G):
+        w, u = self.f["wu"](k=self._t(k), v=self._t(v), beta=self._t(beta), A=self._t(Ai), g=self._t(G))
+        return self._n(w), self._n(u)
+
+    def fwd_h(self, k, W, U, G, initial_state):
+        h, v_new, final = self.f["h"](k=self._t(k), w=self._t(W), u=self._t(U), g=self._t(G),
+                                      initial_state=self._t(initial_state), output_final_state=True)
+        return self._n(h), self._n(v_new), self._n(final)
+
+    def fwd_o(self, q, k, v_new, h, G, scale):
+        return self._n(self.f["o"](q=self._t(q), k=self._t(k), v=self._t(v_new), h=self._t(h), g=self._t(G),
+                                   scale=scale))
+
+
+# float64 references with magnitudes ------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageReport:
+    stage: str
+    error: float
+    bound: float
+
+    @property
+    def diverges(self) -> bool:
+        return not self.error <= self.bound
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    stages: list[StageReport]
+
+    @property
+    def first_divergent(self) -> str | None:
+        return next((s.stage for s in self.stages if s.diverges), None)
+
+    def describe(self) -> str:
+        lines = [f"  {s.stage:<11} error {s.error:.3g}  bound {s.bound:.3g}  {'DIVERGES' if s.diverges else 'ok'}"
+                 for s in self.stages]
+        head = f"first divergent stage: {self.first_divergent}" if self.first_divergent else "all stages within bound"
+        return "\n".join([head] + lines)
+
+
+def _block_error(x, ref, mag, head_axis: int = 2) -> float:
+    """Worst (sequence, head) ``||x - ref|| / ||mag||``; ``head_axis`` is HV's axis (NaN -> inf)."""
+    diff = np.moveaxis(np.asarray(x, np.float64) - ref, head_axis, 1)
+    mag = np.moveaxis(np.asarray(mag, np.float64), head_axis, 1)
+    axes = tuple(range(2, diff.ndim))
+    num = np.sqrt(np.sum(diff**2, axis=axes))
+    den = np.sqrt(np.sum(mag**2, axis=axes))
+    den = np.maximum(den, max(tol.FLOOR * float(np.sqrt(np.mean(den**2))), 1e-300))
+    rel = num / den
+    return float("inf") if np.isnan(rel).any() else float(rel.max(initial=0.0))
+
+
+def _packed(problem: Problem, C: int) -> Packed:
+    return pack(problem.q, problem.k, problem.v, problem.g, problem.beta, problem.scale, problem.initial_state,
+                problem.use_qk_l2norm_in_kernel, problem.state_v_first, problem.cu_seqlens, pad_to_multiple=C)
+
+
+def diagnose(staged: StagedImplementation, problem: Problem) -> Diagnosis:
+    """Compare each stage of ``staged`` on ``problem`` with the float64 references (see module doc)."""
+    C, u = staged.chunk_size, staged.working_unit_roundoff
+    p = _packed(problem, C)
+    K = p.q.shape[-1]
+    ref = StageAlgebra(C, np.float64)
+    n_chunks = p.q.shape[1] // C
+    bound = {"cumsum": C, "kkt": K, "solve_tril": C, "w_u": C, "fwd_h": (K + C) * n_chunks, "fwd_o": K + C}
+    reports = []
+
+    def report(stage, err):
+        reports.append(StageReport(stage, err, STAGE_FACTOR * bound[stage] * u))
+
+    absk, absq, absv = np.abs(p.k), np.abs(p.q), np.abs(p.v)
+
+    G = ref.cumsum(p.g)
+    report("cumsum", _block_error(staged.cumsum(p.g), G, ref.cumsum(np.abs(p.g))))
+
+    A = ref.kkt(p.k, p.beta, G)
+    Gc = _chunks(np.abs(G), C)
+    gate_slack = _unchunks(1.0 + Gc[..., :, None] + Gc[..., None, :])  # exp of a difference of rounded sums
+    report("kkt", _block_error(staged.kkt(p.k, p.beta, G), A, ref.kkt(absk, p.beta, G) * gate_slack))
+
+    Ai = ref.solve_tril(A)
+    Ai_got = _chunks(np.asarray(staged.solve_tril(A), np.float64), C)
+    eye = np.eye(C)
+    lhs = eye + _chunks(A, C)
+    residual = lhs @ Ai_got - eye
+    report("solve_tril", _block_error(_unchunks(residual), 0.0, _unchunks(np.abs(lhs) @ np.abs(Ai_got))))
+
+    W, U = ref.w_u(p.k, p.v, p.beta, Ai, G)
+    W_got, U_got = staged.w_u(p.k, p.v, p.beta, Ai, G)
+    W_mag, U_mag = ref.w_u(absk * (1.0 + np.abs(G))[..., None], absv, p.beta, np.abs(Ai), G)
+    report("w_u", max(_block_error(W_got, W, W_mag), _block_error(U_got, U, U_mag)))
+
+    h, v_new, final = ref.fwd_h(p.k, W, U, G, p.initial_state)
+    h_got, v_new_got, final_got = staged.fwd_h(p.k, W, U, G, p.initial_state)
+    h_mag, v_mag, final_mag = _fwd_h_magnitudes(ref, absk, np.abs(W), np.abs(U), G, np.abs(p.initial_state))
+    report("fwd_h", max(_block_error(h_got, h, h_mag), _block_error(v_new_got, v_new, v_mag),
+                        _block_error(final_got, final, final_mag, head_axis=1)))
+
+    o = ref.fwd_o(p.q, p.k, v_new, h, G, p.scale)
+    o_mag = ref.fwd_o(absq * (1.0 + np.abs(G))[..., None], absk, np.abs(v_new), np.abs(h), G, abs(p.scale))
+    report("fwd_o", _block_error(staged.fwd_o(p.q, p.k, v_new, h, G, p.scale), o, o_mag * gate_slack.max(axis=-1,
+                                                                                                      keepdims=True)))
+    return Diagnosis(reports)
+
+
+def _fwd_h_magnitudes(ref: StageAlgebra, absk, absW, absU, G, absS):
+    """Magnitudes of the state recurrence: the same recurrence with |.| inputs and ``U + W h`` for ``v_new``.
+
+    The gate factors ``exp(G_C - G_j)`` carry the slack ``1 + |G_C| + |G_j|`` of exponentiating a
+    difference of rounded cumulative sums (FLA's form; large after a saturated gate).
+    """
+    C = ref.chunk_size
+    kc, Wc, Uc, Gc = (_chunks(x, C) for x in (absk, absW, absU, G))
+    slack = 1.0 + np.abs(Gc[..., -1:]) + np.abs(Gc)  # [N, HV, n, C]
+    N, HV, n = Gc.shape[:3]
+    h = np.empty((N, HV, n) + absS.shape[-2:])
+    v_new = np.empty_like(Uc)
+    S = absS.astype(np.float64)
+    for c in range(n):
+        h[:, :, c] = S
+        v_new[:, :, c] = Uc[:, :, c] + Wc[:, :, c] @ S
+        k_to_end = kc[:, :, c] * (np.exp(Gc[:, :, c, -1:] - Gc[:, :, c]) * slack[:, :, c])[..., None]
+        decay = np.exp(Gc[:, :, c, -1]) * slack[:, :, c, -1]
+        S = decay[..., None, None] * S + k_to_end.swapaxes(-1, -2) @ v_new[:, :, c]
+    return np.moveaxis(h, 1, 2), _unchunks(v_new), S

@@ -1,0 +1,227 @@
+"""The report's PNG figures (matplotlib, Agg canvas; no pyplot state), drawn from the results dict
+of ``gdn_verify.experiments`` and its per-token error maps.
+
+Colour names the implementation, line style and marker the dtype, so a figure reads the same
+way in every report. Errors of exactly 0 or not finite cannot sit on a log axis and are left
+out of the lines (results.json keeps them, as 0 or null).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+
+COLORS = tuple(matplotlib.colormaps["tab10"].colors)
+DTYPE_STYLE = {"float32": ("-", "o"), "bfloat16": ("--", "s"), "float16": (":", "^"), "float64": ("-.", "D")}
+DPI = 110
+
+
+def _style(dtype: str) -> tuple[str, str]:
+    return DTYPE_STYLE.get(dtype, ("-", "x"))
+
+
+def _positive(values) -> np.ndarray:
+    """Float array with None, 0, NaN and inf replaced by NaN (a gap on a log axis)."""
+    x = np.array([np.nan if v is None else v for v in values], np.float64)
+    return np.where(np.isfinite(x) & (x > 0), x, np.nan)
+
+
+def percent(x: float) -> str:
+    """``x`` as a percentage that never shows 100.0% or 0.0% unless it is exactly that."""
+    for digits in (1, 2, 3, 4):
+        text = f"{x:.{digits}%}"
+        if (text not in (f"{100:.{digits}f}%", f"{0:.{digits}f}%")) or x in (0.0, 1.0):
+            return text
+    return f"{x:.4%}"
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _color_of(impls: list[str]):
+    return {name: COLORS[i % len(COLORS)] for i, name in enumerate(impls)}
+
+
+def error_vs_length(results: dict, impls: list[str], path: Path) -> Path:
+    """Log-log relative RMS output error against T, fitted exponent in the legend, rounding floors dashed."""
+    color = _color_of(impls)
+    fig = Figure(figsize=(8.5, 5.2), layout="constrained")
+    ax = fig.add_subplot()
+    for dtype, floor in results["rounding_floor"].items():
+        ls, _ = _style(dtype)
+        ax.plot(floor["lengths"], _positive(floor["output_rms"]), color="0.55", ls=ls, lw=2.5, alpha=0.6,
+                label=f"{dtype} rounding floor")
+    for e in results["error_vs_length"]:
+        if not e["lengths"]:
+            continue
+        ls, marker = _style(e["dtype"])
+        exponent = "n/a" if e.get("exponent") is None else f"{e['exponent']:.2f}"
+        ax.plot(e["lengths"], _positive(e["output_rms"]), color=color[e["impl"]], ls=ls, marker=marker,
+                label=f"{e['impl']} / {e['dtype']}: T^{exponent}")
+    ax.set_xscale("log", base=2)
+    lengths = results["rounding_floor"][next(iter(results["rounding_floor"]))]["lengths"] if results["rounding_floor"] \
+        else []
+    ax.set_xticks(lengths, [str(T) for T in lengths])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length T (tokens)")
+    ax.set_ylabel("relative RMS output error (worst head)")
+    ax.set_title("Error against sequence length (fitted growth exponent in the legend)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, path)
+
+
+def distributions(results: dict, impls: list[str], path: Path) -> Path:
+    """Per dtype: histogram of per-element relative error (top) and of ULP distance (bottom)."""
+    color = _color_of(impls)
+    dtypes = list(dict.fromkeys(d["dtype"] for d in results["distributions"])) or ["(none)"]
+    fig = Figure(figsize=(6.5 * len(dtypes), 7.5), layout="constrained")
+    axes = fig.subplots(2, len(dtypes), squeeze=False)
+    for col, dtype in enumerate(dtypes):
+        entries = [d for d in results["distributions"] if d["dtype"] == dtype]
+        top, bottom = axes[0, col], axes[1, col]
+        for d in entries:
+            rel = d["relative_error"]
+            fraction = np.array(rel["counts"], float) / max(rel["total"], 1)
+            exact = percent(rel["exact"] / max(rel["total"], 1))
+            top.stairs(fraction, rel["log10_edges"], color=color[d["impl"]], lw=1.8,
+                       label=f"{d['impl']} (median {rel['median']:.2g}, exact {exact})"
+                       if rel["median"] is not None else d["impl"])
+        top.set_yscale("log")
+        top.set_xlabel("log10 per-element relative error |o - ref| / |ref|")
+        top.set_ylabel("fraction of elements")
+        top.set_title(f"{dtype}: per-element relative error")
+        top.grid(True, alpha=0.3)
+        top.legend(fontsize=8)
+        width = 0.8 / max(len(entries), 1)
+        for i, d in enumerate(entries):
+            u = d["ulp"]
+            x = np.arange(len(u["labels"])) + (i - (len(entries) - 1) / 2) * width
+            fraction = np.array(u["counts"], float) / max(u["total"], 1)
+            share = u["correctly_rounded"]
+            rounded = "" if share is None else f" ({percent(share)} correctly rounded)"
+            bottom.bar(x, np.where(fraction > 0, fraction, np.nan), width=width, color=color[d["impl"]],
+                       label=f"{d['impl']}{rounded}")
+        if entries:
+            labels = entries[0]["ulp"]["labels"]
+            bottom.set_xticks(np.arange(len(labels)), labels, rotation=60, fontsize=7)
+        bottom.set_yscale("log")
+        out_dtype = entries[0]["output_dtype"] if entries else dtype
+        bottom.set_xlabel(f"ULPs of {out_dtype} from the correctly rounded exact output")
+        bottom.set_ylabel("fraction of elements")
+        bottom.set_title(f"{dtype}: ULP distance")
+        bottom.grid(True, axis="y", alpha=0.3)
+        bottom.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _log_scale(errors: np.ndarray) -> tuple[float, float]:
+    """Colour limits of one map: its largest error down to its 1st percentile (at most 10^4 below)."""
+    values = errors[np.isfinite(errors) & (errors > 0)]
+    if not values.size:
+        return 1e-8, 1.0
+    top = float(values.max())
+    low = float(np.percentile(values, 1))
+    return max(min(low, top / 10), top * 1e-4), top
+
+
+def error_map(results: dict, maps: dict, path: Path) -> Path:
+    """Heat map of per-token relative error over (token, value head) for the varlen pack.
+
+    Boundaries are drawn in margins above and below the map (blue, long: sequence starts;
+    grey, short: every ``chunk`` tokens from a sequence start) rather than across it, so that
+    a stripe of bad tokens right at a boundary is not hidden under the line that marks it.
+    Each panel has its own log colour scale: the map shows where one implementation's error
+    is; the summary table compares implementations.
+    """
+    section = results["error_map"]
+    entries = [e for e in section["entries"] if (e["impl"], e["dtype"]) in maps]
+    bounds = np.concatenate([[0], np.cumsum(section["lengths"])])
+    chunk_lines = [s + j for s, e in zip(bounds[:-1], bounds[1:]) for j in range(section["chunk"], e - s,
+                                                                                 section["chunk"])]
+    cmap = matplotlib.colormaps["magma"].with_extremes(bad="black", under="black")
+    fig = Figure(figsize=(13, 0.6 + 2.1 * max(len(entries), 1)), layout="constrained")
+    if not entries:
+        fig.text(0.5, 0.5, "no implementation produced an error map", ha="center")
+        return _save(fig, path)
+    axes = fig.subplots(len(entries), 1, squeeze=False)[:, 0]
+    for ax, e in zip(axes, entries):
+        errors = maps[(e["impl"], e["dtype"])]
+        heads = errors.shape[1]
+        image = ax.imshow(np.where(errors > 0, errors, np.nan).T, aspect="auto", interpolation="nearest", cmap=cmap,
+                          norm=LogNorm(*_log_scale(errors)), extent=(0, errors.shape[0], heads - 0.5, -0.5))
+        margin, top, bottom = 0.14 * heads, -0.5, heads - 0.5  # y grows downwards: head 0 on top
+        ax.vlines(bounds[1:-1], top - margin, top, color="tab:blue", lw=1.4)
+        ax.vlines(bounds[1:-1], bottom, bottom + margin, color="tab:blue", lw=1.4)
+        ax.vlines(chunk_lines, top - margin / 2, top, color="0.45", lw=0.9)  # half as long: chunks
+        ax.vlines(chunk_lines, bottom, bottom + margin / 2, color="0.45", lw=0.9)
+        ax.set_ylim(heads - 0.5 + margin, -0.5 - margin)
+        ax.set_xlim(0, errors.shape[0])
+        w = e["worst"]
+        ax.set_title(f"{e['impl']} / {e['dtype']}: worst {w['error']:.2g} at token {w['token']} "
+                     f"(sequence {w['sequence']}, position {w['position']}), head {w['head']}"
+                     if w["error"] is not None else f"{e['impl']} / {e['dtype']}: non-finite output at token "
+                     f"{w['token']}, head {w['head']}", fontsize=9, loc="left")
+        ax.set_ylabel("value head")
+        ax.set_yticks(range(heads))
+        ax.tick_params(axis="y", labelsize=7)
+        fig.colorbar(image, ax=ax, pad=0.01, fraction=0.03, label="rel. error")
+    axes[-1].set_xlabel(f"token (flat index in the varlen pack of lengths {section['lengths']}); marks above and "
+                        f"below: blue = sequence boundary, grey = every {section['chunk']} tokens of a sequence")
+    return _save(fig, path)
+
+
+def gate_beta(results: dict, impls: list[str], path: Path) -> Path:
+    """Relative RMS output error against constant gate g (left) and constant beta (right)."""
+    color = _color_of(impls)
+    fig = Figure(figsize=(13, 5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, key in zip(axes, ("gate_sweep", "beta_sweep")):
+        section = results[key]
+        x = np.arange(len(section["labels"])) if key == "gate_sweep" else np.array(section["values"], float)
+        for dtype, floor in section["rounding_floor"].items():
+            ax.plot(x, _positive(floor), color="0.55", ls=_style(dtype)[0], lw=2.5, alpha=0.6,
+                    label=f"{dtype} rounding floor")
+        for e in section["entries"]:
+            ls, marker = _style(e["dtype"])
+            y = _positive(e["output_rms"])
+            ax.plot(x[: len(y)], y, color=color[e["impl"]], ls=ls, marker=marker, label=f"{e['impl']} / {e['dtype']}")
+        if key == "gate_sweep":
+            ax.set_xticks(x, section["labels"], rotation=30, fontsize=8)
+            ax.set_xlabel("log decay g on every token (last: mild decay with -1e4 spikes on 1/16 of the tokens)")
+            ax.set_title(f"Error against gate strength (T={section['tokens']}, random initial state)")
+        else:
+            ax.set_xlabel("beta on every token")
+            ax.set_title(f"Error against beta (T={section['tokens']}, per-head decays, random initial state)")
+        ax.set_yscale("log")
+        ax.set_ylabel("relative RMS output error (worst head)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+FIGURES = {
+    "error_vs_length.png": "Error against sequence length",
+    "distributions.png": "Distribution of relative error and ULP distance",
+    "error_map.png": "Where the error is: per-token error over the varlen pack",
+    "gate_beta.png": "Error against gate strength and beta",
+}
+
+
+def draw_all(results: dict, maps: dict, impls: list[str], out: Path) -> list[Path]:
+    """Write the four figures into ``out``; returns their paths in ``FIGURES`` order."""
+    return [
+        error_vs_length(results, impls, out / "error_vs_length.png"),
+        distributions(results, impls, out / "distributions.png"),
+        error_map(results, maps, out / "error_map.png"),
+        gate_beta(results, impls, out / "gate_beta.png"),
+    ]

@@ -1,0 +1,196 @@
+"""The FlashInfer adapters' translation, with the float64 oracle standing in for FlashInfer.
+
+The stand-ins take FlashInfer's own convention (packed ``[T, H, D]`` tokens, int64 ``cu_seqlens``,
+linear-space float32 ``alpha``, float32 ``beta``, k-last state; decode: raw gates, one token,
+state updated in place) and check it, so a translation that hands them the native convention
+fails. Problems are float64 with ``beta`` and ``exp(g)`` exactly representable in float32, so
+a correct translation loses nothing and must match the native oracle to 1e-12.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn_verify import flashinfer_adapters as fi
+from gdn_verify import reference
+from gdn_verify.check import CheckOptions, run_property
+from gdn_verify.implementations import ConfigurationError, Implementation
+from gdn_verify.problem import Problem
+from properties.checks import PROPERTIES
+from properties.strategies import beta_values, gate_values, unit_rows
+
+
+def standin_prefill(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
+                    cu_seqlens=None, use_qk_l2norm_in_kernel=False):
+    """FlashInfer's ``chunk_gated_delta_rule`` convention, computed by the float64 oracle."""
+    assert q.ndim == 3 and k.shape == q.shape and v.ndim == 3, "packed [T, H, D] tokens"
+    assert cu_seqlens is not None and cu_seqlens.dtype == np.int64 and cu_seqlens[-1] == q.shape[0]
+    assert g.dtype == np.float32 and beta.dtype == np.float32, "gates are float32"
+    assert np.all((g >= 0) & (g <= 1)), "alpha is a decay in linear space, in [0, 1]"
+    N, HV, D = len(cu_seqlens) - 1, v.shape[1], q.shape[2]
+    if initial_state is not None:
+        assert initial_state.shape == (N, HV, D, D)
+    with np.errstate(divide="ignore"):
+        log_alpha = np.maximum(np.log(g.astype(np.float64)), -1e4)  # alpha == 0: saturated decay
+    o, state = reference.chunk_gated_delta_rule(
+        q[None], k[None], v[None], log_alpha[None], beta[None], scale=scale or None, initial_state=initial_state,
+        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=True,
+        cu_seqlens=cu_seqlens)
+    return (o[0], state) if output_final_state else o[0]
+
+
+def standin_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None, use_qk_l2norm=True):
+    """FlashInfer's decode convention (raw gates, k-last state updated in place), by the oracle."""
+    B, one, H, K = q.shape
+    assert one == 1 and state.shape == (B, v.shape[2], v.shape[3], K)
+    assert A_log.dtype == np.float32 and A_log.shape == (v.shape[2],)
+    o, new_state = reference.decode_gated_delta_rule(q, k, v, state, A_log, a, dt_bias, b, scale=scale,
+                                                     use_qk_l2norm=use_qk_l2norm)
+    state[...] = new_state
+    return o, state
+
+
+def float32_exact(problem: Problem) -> Problem:
+    """The problem with ``beta`` and ``exp(g)`` exactly representable in float32 (g kept where exp underflows)."""
+    alpha = np.exp(problem.g).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        g = np.where(alpha > 0, np.log(alpha.astype(np.float64)), problem.g)
+    return problem.replace(g=g, beta=problem.beta.astype(np.float32).astype(np.float64))
+
+
+def make_problem(seed=0, varlen=True, H=2, HV=4, K=8, V=8, regime="mixed", state="random", v_first=False,
+                 l2norm=False, lengths=(5, 0, 70), batch=2, T=33) -> Problem:
+    rng = np.random.default_rng(seed)
+    if varlen:
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        B, T, N = 1, int(cu[-1]), len(lengths)
+    else:
+        cu, B, N = None, batch, batch
+    k = rng.standard_normal((B, T, H, K)) if l2norm else unit_rows(rng, (B, T, H, K))
+    S0 = None if state is None else rng.standard_normal((N, HV, K, V))
+    if S0 is not None and v_first:
+        S0 = np.ascontiguousarray(S0.swapaxes(-1, -2))
+    problem = Problem(q=rng.standard_normal((B, T, H, K)), k=k, v=rng.standard_normal((B, T, HV, V)),
+                      g=gate_values(rng, (B, T, HV), regime), beta=beta_values(rng, (B, T, HV)), initial_state=S0,
+                      cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm, state_v_first=v_first, scale=0.5 if seed else None)
+    return float32_exact(problem)
+
+
+CASES = [
+    dict(),
+    dict(varlen=False),
+    dict(v_first=True, regime="spikes"),
+    dict(l2norm=True, regime="strong_run", H=1, HV=1),
+    dict(state=None, varlen=False, regime="none", K=16, V=16),
+    dict(seed=3, regime="moderate", H=4, HV=4),
+]
+
+
+def native(problem: Problem, adapter) -> tuple:
+    return adapter(**problem.kwargs())
+
+
+def assert_close(got, want, tol=1e-12):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want), initial=0.0) <= tol * max(1.0, np.max(np.abs(want), initial=0.0))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_prefill_translation_matches_the_oracle(case):
+    problem = make_problem(**case)
+    o, state = native(problem, fi.prefill_adapter(standin_prefill))
+    want_o, want_state = reference.recurrent_gated_delta_rule(**problem.kwargs())
+    assert_close(o, want_o)
+    assert_close(state, want_state)
+    o2, none = native(problem.replace(output_final_state=False), fi.prefill_adapter(standin_prefill))
+    assert none is None and np.array_equal(o2, o)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_decode_translation_matches_the_oracle(case):
+    # Decode steps one token at a time; a float64 initial state keeps the carried state exact.
+    problem = make_problem(**case)
+    if problem.initial_state is None:
+        problem = problem.replace(initial_state=np.zeros((problem.num_sequences, 4, 16, 16)))
+    o, state = native(problem, fi.decode_adapter(standin_decode))
+    want_o, want_state = reference.recurrent_gated_delta_rule(**problem.kwargs())
+    assert_close(o, want_o)
+    assert_close(state, want_state)
+
+
+def test_decode_leaves_the_callers_state_alone():
+    problem = make_problem(lengths=(3, 1))
+    before = problem.initial_state.copy()
+    native(problem, fi.decode_adapter(standin_decode))
+    assert np.array_equal(problem.initial_state, before)
+
+
+def test_raw_gates_round_trip_including_the_unrepresentable_extremes():
+    g = np.array([0.0, -1e-12, -1e-6, -0.3, -5.0, -60.0, -1e4])
+    beta = np.array([0.0, 1e-9, 0.25, 0.5, 0.999, 1.0, 1.0])
+    a, b = fi.raw_gates(fi.NumpyOps(), g, beta)
+    assert np.all(np.isfinite(a)) and np.all(np.isfinite(b))
+    from gdn_verify.gating import gates_from_raw
+
+    g2, beta2 = gates_from_raw(np.zeros(7), a, np.zeros(7), b)
+    assert np.all(np.abs(np.exp(g2) - np.exp(g)) <= 1e-15)
+    assert np.all(np.abs(beta2 - beta) <= 5e-17 + 1e-15 * beta)
+
+
+def test_float32_problems_pass_the_property_suite_through_both_adapters(tmp_path):
+    for name, adapter in (("prefill", fi.prefill_adapter(standin_prefill)),
+                          ("decode", fi.decode_adapter(standin_decode))):
+        impl = Implementation(f"standin-{name}", {"default": adapter})
+        options = CheckOptions(dtype="float32", max_examples=25, seed=5, cases_dir=tmp_path)
+        result = run_property(PROPERTIES["matches_reference"], impl, options)
+        # K != V is unsupported by FlashInfer's prefill; everything else must pass.
+        assert result.status == "passed", result.failure and result.failure.message
+
+
+def test_unsupported_conventions_are_reported_as_such():
+    with pytest.raises(NotImplementedError, match="head_size"):
+        native(make_problem(K=8, V=4), fi.prefill_adapter(standin_prefill))
+    for adapter in (fi.prefill_adapter(standin_prefill), fi.decode_adapter(standin_decode)):
+        with pytest.raises(NotImplementedError, match="scale=0"):
+            native(make_problem().replace(scale=0.0), adapter)
+
+
+def test_log_gate_passed_as_alpha_is_caught():
+    def log_space_alpha(**kw):  # what an adapter forgetting exp(g) would hand FlashInfer
+        return standin_prefill(**{**kw, "g": np.log(kw["g"].astype(np.float64)).astype(np.float32)})
+
+    with pytest.raises(AssertionError, match="linear space"), np.errstate(divide="ignore"):
+        native(make_problem(regime="mild"), fi.prefill_adapter(log_space_alpha))
+
+
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_forgotten_state_transpose_is_caught(which, tmp_path):
+    def transposed(kernel, key):
+        def call(**kw):
+            kw[key] = np.ascontiguousarray(kw[key].swapaxes(-1, -2))  # k-first handed over as k-last
+            return kernel(**kw)
+        return call
+
+    adapter = (fi.prefill_adapter(transposed(standin_prefill, "initial_state")) if which == "prefill"
+               else fi.decode_adapter(transposed(standin_decode, "state")))
+    problem = make_problem(regime="mild")
+    o, _ = native(problem, adapter)
+    want_o, _ = reference.recurrent_gated_delta_rule(**problem.kwargs())
+    assert np.max(np.abs(o - want_o)) > 1e-2
+    impl = Implementation("wrong", {"default": adapter})
+    result = run_property(PROPERTIES["matches_reference"], impl,
+                          CheckOptions(dtype="float32", max_examples=40, seed=1, cases_dir=tmp_path))
+    assert result.status == "failed"
+
+
+def test_missing_flashinfer_is_a_configuration_error():
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        for factory in (fi.flashinfer_prefill, fi.flashinfer_decode):
+            with pytest.raises(ConfigurationError, match="FlashInfer is not installed"):
+                factory()
+    else:
+        pytest.skip("FlashInfer is installed here")

@@ -1,0 +1,326 @@
+"""``report``: precision metrics against hand-computed cases, the report on CPU at small size, and
+its HTML rendered by a real headless Chromium."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gdn_verify import numpy_impl, precision, report
+from gdn_verify.implementations import ConfigurationError, resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+BF16 = ml_dtypes.bfloat16
+FIGURE_NAMES = ("error_vs_length.png", "distributions.png", "error_map.png", "gate_beta.png")
+BUG = "tests.test_report:boundary_bug"
+
+
+def boundary_bug(q, k, v, g, beta, cu_seqlens=None, **kw):
+    """NumPy's chunked form with the output of every chunk's first token (each 64 from a sequence
+    start) 5 % too large: the kind of bug the error map must show as stripes."""
+    o, state = numpy_impl.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+    B, T, HV, V = o.shape
+    if cu_seqlens is None:
+        position = np.tile(np.arange(T), B)
+    else:
+        cu = np.asarray(cu_seqlens)
+        position = np.arange(B * T) - np.repeat(cu[:-1], np.diff(cu))
+    flat = o.reshape(B * T, HV, V).astype(np.float32)
+    flat[position % 64 == 0] *= 1.05
+    return flat.reshape(o.shape).astype(o.dtype), state
+
+
+# Rounding, ULPs and the rounding floor ---------------------------------------------------------
+def bits(x) -> list[int]:
+    return np.asarray(x).view(np.uint16).tolist()
+
+
+def test_round_exact_bfloat16_rounds_once_to_nearest_even():
+    one = 0x3F80  # bfloat16 1.0; the next value up is 1 + 2^-7 (0x3F81)
+    x = np.array([1 + 2**-8 + 2**-30, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-30), 1 + 2**-9])
+    assert bits(precision.round_exact(x, BF16)) == [one + 1, one, one + 2, 0x8000 | (one + 1), one]
+    tiny = 2.0**-133  # the smallest bfloat16 subnormal
+    assert precision.round_exact(np.array([1.5 * tiny, 2.5 * tiny, 0.4 * tiny]), BF16).astype(float).tolist() == [
+        2 * tiny, 2 * tiny, 0.0]
+    assert np.isposinf(precision.round_exact(np.array([3.4e38]), BF16).astype(float)).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_round_exact_matches_numpy_where_numpy_rounds_correctly(dtype):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(20000) * np.exp(rng.uniform(-40, 40, 20000))
+    with np.errstate(over="ignore"):
+        assert np.array_equal(precision.round_exact(x, dtype), x.astype(dtype))
+
+
+def test_ulp_distance_counts_representable_values():
+    f32 = np.float32
+    up2 = np.nextafter(np.nextafter(f32(1), f32(2)), f32(2))
+    tiny = np.array([np.finfo(f32).smallest_subnormal], f32)
+    assert precision.ulp_distance(np.array([up2, f32(1), f32(-0.0)]), np.array([1.0, 1.0, 0.0])).tolist() == [2, 0, 0]
+    assert precision.ulp_distance(tiny, -tiny.astype(np.float64)).tolist() == [2]  # -tiny, 0, tiny
+    assert precision.ulp_distance(np.array([2.0], np.float16), np.array([1.0])).tolist() == [1024]  # 2^10 in [1, 2)
+    # bfloat16: 1.0 is one ULP from 1 + 2^-8 + 2^-30, whose correct rounding is 1 + 2^-7.
+    got = precision.ulp_distance(np.array([1.0, 1.0078125], BF16), np.array([1 + 2**-8 + 2**-30] * 2))
+    assert got.tolist() == [1, 0]
+    assert np.isnan(precision.ulp_distance(np.array([np.nan], f32), np.array([1.0]))).all()
+
+
+@pytest.mark.parametrize("dtype, value, expected", [
+    (BF16, 1 + 2**-10, 2**-10 / (1 + 2**-10)),  # rounds to 1
+    (np.float32, 1 + 2**-30, 2**-30 / (1 + 2**-30)),  # rounds to 1
+    (np.float16, 1 + 2**-12, 2**-12 / (1 + 2**-12)),
+    (np.float64, 1 + 2**-30, 0.0),
+])
+def test_rounding_floor_hand_cases(dtype, value, expected):
+    ref = np.full((1, 6, 2, 3), value)
+    assert precision.rounding_floor(ref, dtype, np.array([0, 6])) == pytest.approx(expected, rel=1e-12)
+
+
+def test_rounding_floor_of_random_outputs_is_a_fraction_of_the_unit_roundoff():
+    ref = np.random.default_rng(1).standard_normal((1, 200, 4, 16))
+    for dtype, u in ((np.float32, 2.0**-24), (BF16, 2.0**-8)):
+        floor = precision.rounding_floor(ref, dtype, np.array([0, 200]))
+        assert u / 8 < floor < u  # between the mean and the worst case of one rounding
+
+
+def test_ulp_histogram_bins_are_closed_and_cover_everything():
+    h = precision.ulp_histogram(np.array([0, 0, 1, 3, 4, 5, 2**20, 2**20 + 1, np.nan]))
+    counts = dict(zip(h["labels"], h["counts"]))
+    assert (counts["0"], counts["1"], counts["2"], counts["3-4"], counts["5-8"]) == (2, 1, 0, 2, 1)
+    assert (counts[f"{2**19 + 1}-{2**20}"], counts[f">{2**20}"]) == (1, 1)
+    assert sum(h["counts"]) == 8 and h["nan"] == 1 and h["correctly_rounded"] == pytest.approx(2 / 8)
+
+
+def test_growth_exponent_and_token_errors():
+    T = np.array([64, 128, 256, 512])
+    assert precision.growth_exponent(T, 3e-7 * T**0.5) == pytest.approx(0.5)
+    assert precision.growth_exponent(T, [0.0, None, 1.0, 0.0]) is None
+    ref = np.random.default_rng(2).standard_normal((1, 10, 3, 4))
+    o = ref.copy()
+    o[0, 7, 2] *= 1.1
+    errors = precision.token_errors(o, ref, np.array([0, 5, 10]))
+    assert errors.shape == (10, 3)
+    assert np.unravel_index(np.argmax(errors), errors.shape) == (7, 2)
+    assert np.count_nonzero(errors) == 1
+
+
+# The report on CPU -----------------------------------------------------------------------------
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "cpu"
+    argv = ["--impl", "numpy", "--impl", "numpy-recurrent", "--impl", BUG, "--impl", "cupy-chunk",
+            "--dtype", "float32", "--dtype", "bfloat16", "--quick", "--max-tokens", "256", "--seed", "3",
+            "--properties", "matches_reference,determinism,varlen_equals_separate", "--max-examples", "5",
+            "--out", str(out)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        assert report.main(parse(*argv), ["cli.py", "report", *argv]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    return out, doc, stdout.getvalue() + stderr.getvalue()
+
+
+def walk_numbers(x, path="$"):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from walk_numbers(v, f"{path}.{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from walk_numbers(v, f"{path}[{i}]")
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        yield path, x
+
+
+def test_report_writes_every_file_with_valid_pngs(made):
+    out, _, _ = made
+    for name in ("index.html", "report.md", "results.json", "error_map.npz") + FIGURE_NAMES:
+        assert (out / name).is_file(), name
+    from PIL import Image
+
+    for name in FIGURE_NAMES:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(out / name) as image:
+            image.verify()
+        with Image.open(out / name) as image:
+            assert image.width > 400 and image.height > 300
+            assert len(np.unique(np.asarray(image.convert("L")))) > 20  # drawn, not blank
+
+
+def test_results_json_sections_and_finite_numbers(made):
+    out, _, _ = made
+    doc = json.loads((out / "results.json").read_text())
+    for section in ("environment", "config", "summary", "error_vs_length", "rounding_floor", "distributions",
+                    "error_map", "gate_sweep", "beta_sweep", "properties"):
+        assert section in doc, section
+    numbers = list(walk_numbers(doc))
+    assert len(numbers) > 500
+    assert all(math.isfinite(v) for _, v in numbers)
+    env = doc["environment"]
+    assert env["seed"] == 3 and "numpy" in env["packages"] and env["command"].startswith("python cli.py report")
+    names = [i["name"] for i in doc["config"]["implementations"]]
+    assert names[:3] == ["numpy", "numpy-recurrent", BUG]
+    try:
+        resolve("cupy-chunk")
+    except ConfigurationError:
+        assert [s["impl"] for s in doc["config"]["skipped"]] == ["cupy-chunk"]
+        assert "unavailable" in doc["config"]["skipped"][0]["reason"]
+    # Every implementation x dtype measured at every length, without a null.
+    assert {(e["impl"], e["dtype"]) for e in doc["error_vs_length"]} >= {(n, d) for n in names[:3]
+                                                                         for d in ("float32", "bfloat16")}
+    for e in doc["error_vs_length"]:
+        assert e["lengths"] == [64, 128, 256] and None not in e["output_rms"] and e["exponent"] is not None
+
+
+def test_no_output_beats_the_rounding_floor(made):
+    _, doc, _ = made
+    for e in doc["error_vs_length"]:
+        floor = doc["rounding_floor"][e["dtype"]]["output_rms"]
+        assert all(err >= f for err, f in zip(e["output_rms"], floor)), e
+        if e["impl"].startswith("numpy"):
+            assert max(e["output_rms"]) < (1e-5 if e["dtype"] == "float32" else 2e-2)
+    for section in ("gate_sweep", "beta_sweep"):
+        for e in doc[section]["entries"]:
+            assert len(e["output_rms"]) == len(doc[section]["labels"])
+            floors = doc[section]["rounding_floor"][e["dtype"]]
+            assert all(err >= f for err, f in zip(e["output_rms"], floors))
+
+
+def test_histograms_account_for_every_element(made):
+    _, doc, _ = made
+    for d in doc["distributions"]:
+        elements = 256 * 8 * 32
+        assert d["ulp"]["total"] == elements and sum(d["ulp"]["counts"]) + d["ulp"]["nan"] == elements
+        rel = d["relative_error"]
+        assert sum(rel["counts"]) + rel["exact"] + rel["undefined"] + rel["nonfinite"] == elements
+        if d["impl"] == "numpy" and d["dtype"] == "bfloat16":
+            assert d["ulp"]["median"] <= 1  # float32 arithmetic, one rounding to bfloat16
+
+
+def test_error_map_shows_the_boundary_bug_as_stripes(made):
+    _, doc, _ = made
+    entries = {(e["impl"], e["dtype"]): e for e in doc["error_map"]["entries"]}
+    for dtype in ("float32", "bfloat16"):
+        bug = entries[(BUG, dtype)]
+        assert bug["worst"]["position"] % 64 == 0
+        profile = bug["by_position_in_chunk"]
+        assert profile[0] > 5 * max(profile[1:])
+        fine = entries[("numpy", dtype)]
+        assert fine["worst"]["error"] < bug["worst"]["error"] / 3
+
+
+def test_property_table_has_failures_with_replay_commands(made):
+    out, doc, _ = made
+    by = {(p["impl"], p["dtype"]): {r["name"]: r for r in p["results"]} for p in doc["properties"]}
+    for dtype in ("float32", "bfloat16"):
+        assert all(r["status"] == "passed" for r in by[("numpy", dtype)].values())
+    failed = by[(BUG, "float32")]["matches_reference"]
+    assert failed["status"] == "failed"
+    replay = failed["failure"]["replay"]
+    assert replay.startswith("python cli.py replay ") and replay.endswith(f"--impl {BUG}")
+    case = Path(failed["failure"]["case"])
+    assert case.is_file() and case.parent == out / "cases"
+    rerun = subprocess.run([sys.executable, "cli.py", *replay.split()[2:]], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert rerun.returncode == 1 and "failed" in rerun.stdout
+    md = (out / "report.md").read_text()
+    page = (out / "index.html").read_text()
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6."):
+        assert heading in md
+    assert replay in md and replay.replace("'", "&#x27;") in page
+    assert "skipped: `cupy-chunk`" in md or "cupy-chunk" in [i["name"] for i in doc["config"]["implementations"]]
+
+
+def test_progress_and_summary_are_printed(made):
+    out, _, printed = made
+    percents = [int(p) for p in re.findall(r"\[\s*(\d+)%\]", printed)]
+    assert percents and percents == sorted(percents) and percents[-1] == 100
+    assert re.search(r"numpy +float32 +error \d\.\d\de-0\d at T=256", printed)
+    assert f"report written to {out / 'index.html'}" in printed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dtype", "int8"], "--dtype"),
+    (["--impl", "nonsense"], "unknown"),
+    (["--max-tokens", "4"], "--max-tokens"),
+    (["--properties", "bogus"], "--properties"),
+    (["--max-examples", "0"], "--max-examples"),
+])
+def test_misuse_is_a_configuration_error(argv, message):
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        report.parse_options(parse(*argv))
+
+
+def test_only_unavailable_implementations_is_a_configuration_error():
+    try:
+        resolve("cupy-recurrent")
+    except ConfigurationError:
+        with pytest.raises(ConfigurationError, match="no implementation can run here"):
+            report.parse_options(parse("--impl", "cupy-recurrent"))
+    else:
+        pytest.skip("cupy-recurrent is available here")
+
+
+def test_cli_report_without_gpu_exits_0_and_names_what_it_skipped(tmp_path):
+    import cli
+
+    try:
+        cli.build_parser().parse_args(["report", "--quick"])
+    except SystemExit:
+        pytest.skip("the report subcommand is not wired into cli.py yet")
+    if report.gpu_usable():
+        pytest.skip("a GPU is usable here: nothing is skipped by default")
+    done = subprocess.run([sys.executable, "cli.py", "report", "--quick", "--max-tokens", "64", "--properties",
+                           "determinism", "--max-examples", "2", "--dtype", "float32", "--out", str(tmp_path / "r")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for name in report.GPU_DEFAULTS:
+        assert f"skipped: {name}:" in done.stdout
+    assert (tmp_path / "r" / "index.html").is_file()
+
+
+# The page in a real browser --------------------------------------------------------------------
+def chromium_dom(page: Path, tmp_path: Path) -> str:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not on PATH (Debian: apt-get install -y chromium)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom"]
+    done = subprocess.run([browser, *flags, page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def body_counts(dom: str) -> tuple[int, int]:
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    loaded = re.search(r'data-figures-loaded="(\d+)"', body).group(1)
+    expected = re.search(r'data-figures-expected="(\d+)"', body).group(1)
+    return int(loaded), int(expected)
+
+
+def test_every_figure_renders_in_headless_chromium(made, tmp_path):
+    out, _, _ = made
+    assert body_counts(chromium_dom(out / "index.html", tmp_path)) == (len(FIGURE_NAMES), len(FIGURE_NAMES))
+    # The counter counts decoded images only: with one figure missing the page says so.
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    (broken / "gate_beta.png").unlink()
+    assert body_counts(chromium_dom(broken / "index.html", tmp_path)) == (len(FIGURE_NAMES) - 1, len(FIGURE_NAMES))
