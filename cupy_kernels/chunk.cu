@@ -1,4 +1,7 @@
-// Chunked (WY/UT) Gated DeltaNet forward, FP32 arithmetic throughout.
+// Chunked (WY/UT) Gated DeltaNet forward with fp32 accumulation throughout. Template flag TC picks
+// the arithmetic: false = plain FP32 FMAs; true = tensor cores (mma.sync bf16 m16n8k16, fp32
+// operands split into bf16 hi + lo, three MMAs per product, about 2^-16 relative error; see
+// cta_product) plus a cp.async pipeline in the state kernel. Cost model: CHUNK_NOTES.md.
 //
 // Three kernels, run in order by cupy_kernels/chunk.py (same algebra as
 // gdn_verify.reference.chunk_core; shapes per (chunk, value head), C = chunk size):
@@ -198,10 +201,124 @@ __device__ __forceinline__ void unit_lower_inverse(const float* a, float* t, flo
 }  // namespace gdn_chunk
 
 // ---------------------------------------------------------------------------------------------
+// Tensor-core products (the TC = true variants of the kernels). Warp-level
+// mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with fp32 accumulation; operands come from fp32
+// shared memory and are rounded to bf16 in registers. An fp32 operand x is split as
+// x = hi + lo, hi = bf16(x), lo = bf16(x - hi), and a product takes three MMAs
+// (hi hi + hi lo + lo hi): relative error about 2^-16, far below bf16 output rounding (fp16
+// inputs are exact in hi + lo). Fragment layouts (PTX ISA, groupID g = lane >> 2,
+// threadID_in_group t = lane % 4): A 16 x 16 row-major, register r holds the pair
+// (row g + 8 (r & 1), k 2t + 8 (r >> 1) + {0, 1}); B 16 x 8, register r holds (k 2t + 8 r + {0, 1},
+// col g); C/D 16 x 8, element e is (row g + 8 (e >> 1), col 2t + (e & 1)). The low 16 bits of a
+// register hold the element with the lower index.
+
+#ifndef GDN_CHUNK_HOST_EMULATION
+// d += a b (the CPU emulator used by the tests supplies its own definition).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// 4-byte global -> shared copy that bypasses registers; completion per thread by groups.
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Wait until at most N of this thread's most recent groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#endif
+
+namespace gdn_chunk {
+
+constexpr int kWarps = kThreads / 32;
+
+// (x0, x1) -> packed bf16 pairs hi = bf16(x), lo = bf16(x - hi) (lo = 0 without kSplit).
+template <bool kSplit>
+__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
+    const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
+    hi = static_cast<unsigned>(__bfloat16_as_ushort(h0)) | (static_cast<unsigned>(__bfloat16_as_ushort(h1)) << 16);
+    lo = 0u;
+    if (kSplit) {
+        const __nv_bfloat16 l0 = __float2bfloat16_rn(x0 - __bfloat162float(h0));
+        const __nv_bfloat16 l1 = __float2bfloat16_rn(x1 - __bfloat162float(h1));
+        lo = static_cast<unsigned>(__bfloat16_as_ushort(l0)) | (static_cast<unsigned>(__bfloat16_as_ushort(l1)) << 16);
+    }
+}
+
+// One strided fp32 operand in shared memory: element (r, c) is p[r * rs + c * cs] for r < rows,
+// c < cols, and reads as zero outside (never dereferenced there).
+struct Operand {
+    const float* p;
+    int rs, cs, rows, cols;
+    __device__ __forceinline__ float at(int r, int c) const { return r < rows && c < cols ? p[r * rs + c * cs] : 0.f; }
+};
+
+// acc[nb] += A[m0 : m0 + 16, :] B[:, n0 + 8 nb : n0 + 8 nb + 8] over the depth A.cols (= B.rows).
+// Warp-uniform: all 32 lanes must call it together.
+template <int NB, bool kSplitA, bool kSplitB>
+__device__ __forceinline__ void mma_accumulate(float (&acc)[NB][4], const Operand& a, const Operand& b, int m0, int n0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int k0 = 0; k0 < a.cols; k0 += 16) {
+        unsigned ahi[4], alo[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int i = m0 + g + 8 * (r & 1), kk = k0 + 2 * t + 8 * (r >> 1);
+            split_pair<kSplitA>(a.at(i, kk), a.at(i, kk + 1), ahi[r], alo[r]);
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            const int j = n0 + 8 * nb + g;
+            unsigned bhi[2], blo[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int kk = k0 + 2 * t + 8 * r;
+                split_pair<kSplitB>(b.at(kk, j), b.at(kk + 1, j), bhi[r], blo[r]);
+            }
+            mma_bf16_16816(acc[nb], ahi, bhi);
+            if (kSplitB) mma_bf16_16816(acc[nb], ahi, blo);
+            if (kSplitA) mma_bf16_16816(acc[nb], alo, bhi);
+        }
+    }
+}
+
+// D = A1 B1 (+ A2 B2 when a2 is given), D [M = a1.rows, N = b1.cols], split over the CTA's warps in
+// strips of 16 x 8 NB; epi(i, j, d) is called once for every i < M, j < N, by the one thread
+// that owns (i, j). Ownership depends only on (M, N, NB), so two products of the same shape give
+// each element to the same thread. Every thread of the CTA must call it.
+template <int NB, bool kSplitA, bool kSplitB, typename Epi>
+__device__ __forceinline__ void cta_product(const Operand& a1, const Operand& b1, const Operand* a2, const Operand* b2,
+                                            Epi epi) {
+    const int M = a1.rows, N = b1.cols;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int mt = (M + 15) / 16, nt = (N + 8 * NB - 1) / (8 * NB);
+    for (int s = threadIdx.x / 32; s < mt * nt; s += kWarps) {
+        const int m0 = (s / nt) * 16, n0 = (s % nt) * 8 * NB;
+        float acc[NB][4] = {};
+        mma_accumulate<NB, kSplitA, kSplitB>(acc, a1, b1, m0, n0);
+        if (a2 != nullptr) mma_accumulate<NB, kSplitA, kSplitB>(acc, *a2, *b2, m0, n0);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = m0 + g + 8 * (e >> 1), j = n0 + 8 * nb + 2 * t + (e & 1);
+                if (i < M && j < N) epi(i, j, acc[nb][e]);
+            }
+    }
+}
+
+}  // namespace gdn_chunk
+
+// ---------------------------------------------------------------------------------------------
 // Kernel a: intra-chunk. Grid (num_chunks, HV), 256 threads.
 // Shared memory (floats): xs C * XS (XS = max(K, V) | 1; K rows, later V rows), A and T
 // C * (C + 1) each, tmp C * C / 4, and 6 vectors of C.
-template <typename T, int C>
+template <typename T, int C, bool TC>
 __global__ void __launch_bounds__(gdn_chunk::kThreads)
     gdn_chunk_intra(const T* __restrict__ k, const T* __restrict__ v, const void* __restrict__ g,
                     const void* __restrict__ beta, int gate_flags, const long long* __restrict__ chunk_start,
@@ -250,7 +367,13 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
         gates_out[base * 2 * C + i] = G[i];
         gates_out[base * 2 * C + C + i] = d_last[i];
     }
-    {
+    if constexpr (TC) {
+        // A = tril(diag(beta) (K K^T * Gamma), -1); every thread rewrites only its own entries.
+        const Operand kr{xs, XS, 1, C, K}, kt{xs, 1, XS, K, C};
+        cta_product<2, true, true>(kr, kt, nullptr, nullptr, [&](int i, int j, float x) {
+            a[i * S + j] = i > j ? bs[i] * x * a[i * S + j] : 0.f;
+        });
+    } else {
         // A = tril(diag(beta) (K K^T * Gamma), -1); every thread rewrites only its own entries.
         float acc[RM][RM] = {};
         tile_nt<RM, RM>(acc, xs, XS, xs, XS, K);
@@ -278,6 +401,12 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 
     const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
     constexpr int RN = kColsPerPass / kGrid;
+    const Operand tmat{tm, S, 1, C, C};
+    if constexpr (TC) {  // W = T (diag(beta exp(G)) K)
+        const Operand kw{xs, XS, 1, C, K};
+        cta_product<2, true, true>(tmat, kw, nullptr, nullptr,
+                                   [&](int i, int j, float x) { w_out[(base * C + i) * K + j] = x; });
+    } else
     for (int d0 = 0; d0 < K; d0 += kColsPerPass) {  // W = T (diag(beta exp(G)) K)
         float acc[RM][RN] = {};
         tile_nn<RM, RN>(acc, tm, S, xs, XS, C, d0, K);
@@ -297,6 +426,11 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
         xs[i * XS + d] = i < len ? to_float(vp[static_cast<size_t>(i) * HV * V + d]) * bs[i] : 0.f;
     }
     __syncthreads();
+    if constexpr (TC) {  // U = T (diag(beta) V)
+        const Operand vb{xs, XS, 1, C, V};
+        cta_product<2, true, true>(tmat, vb, nullptr, nullptr,
+                                   [&](int i, int j, float x) { u_out[(base * C + i) * V + j] = x; });
+    } else
     for (int d0 = 0; d0 < V; d0 += kColsPerPass) {  // U = T (diag(beta) V)
         float acc[RM][RN] = {};
         tile_nn<RM, RN>(acc, tm, S, xs, XS, C, d0, V);
@@ -315,8 +449,10 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 // columns [16 tile, 16 tile + 16) of the [K, V] state of sequence n, value head hv, and walks the
 // sequence's chunks [seq_chunk_off[n], seq_chunk_off[n + 1]) in order (none for an empty
 // sequence: the final state is the initial state).
-// Shared memory (floats): W and Kd C * K each, U and v_new C * 16 each, S K * 16.
-template <int C>
+// Shared memory (floats): W and Kd C * KP each (row stride KP = K, or K + 4 on the tensor-core
+// path: a stride of 4 mod 32 words spreads the fragment loads over the banks), U and v_new
+// C * 16 each, S K * 16.
+template <int C, bool TC>
 __global__ void __launch_bounds__(gdn_chunk::kThreads)
     gdn_chunk_state(const float* __restrict__ w, const float* __restrict__ u, const float* __restrict__ kd,
                     const float* __restrict__ gates, const int* __restrict__ seq_chunk_off,
@@ -332,9 +468,10 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     const int tiles = (V + VT - 1) / VT;
     const int n = blockIdx.x / tiles, v0 = (blockIdx.x % tiles) * VT, hv = blockIdx.y;
     const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+    const int KP = TC ? K + 4 : K;
     float* ws = smem;
-    float* ks = ws + C * K;
-    float* us = ks + C * K;
+    float* ks = ws + C * KP;
+    float* us = ks + C * KP;
     float* vn = us + C * VT;
     float* st = vn + C * VT;  // st[kk * VT + c] = S[kk][v0 + c]
     const size_t state_base = (static_cast<size_t>(n) * HV + hv) * K * V;
@@ -349,6 +486,69 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     }
 
     const int first = seq_chunk_off[n], last = seq_chunk_off[n + 1];
+    if constexpr (TC) {
+        // Software pipeline over chunks with cp.async: W and U of chunk c + 1 load while the state
+        // update of chunk c runs; Kd of chunk c + 1 loads while v_new of chunk c + 1 is computed.
+        // Every step commits exactly one group (maybe empty), in the order
+        // WU(first), Kd(first), WU(first + 1), Kd(first + 1), ..., so "the group before the
+        // newest one" is always the one needed next: cp_async_wait<1>() then a barrier.
+        auto load_wu = [&](int c) {
+            if (c < last) {
+                const size_t b = static_cast<size_t>(c) * HV + hv;
+                for (int e = threadIdx.x; e < C * K; e += kThreads) {
+                    const int i = e / K, d = e - i * K;
+                    cp_async4(ws + i * KP + d, w + b * C * K + e);
+                }
+                for (int e = threadIdx.x; e < C * VT; e += kThreads) {
+                    const int i = e / VT, vv = v0 + e % VT;
+                    if (vv < V) cp_async4(us + e, u + (b * C + i) * V + vv);
+                    else us[e] = 0.f;
+                }
+            }
+            cp_async_commit();
+        };
+        auto load_kd = [&](int c) {
+            if (c < last) {
+                const size_t b = static_cast<size_t>(c) * HV + hv;
+                for (int e = threadIdx.x; e < C * K; e += kThreads) {
+                    const int i = e / K, d = e - i * K;
+                    cp_async4(ks + i * KP + d, kd + b * C * K + e);
+                }
+            }
+            cp_async_commit();
+        };
+        load_wu(first);
+        load_kd(first);
+        for (int chunk = first; chunk < last; ++chunk) {
+            const size_t base = static_cast<size_t>(chunk) * HV + hv;
+            cp_async_wait<1>();  // WU(chunk) has landed (Kd(chunk) may still be in flight)
+            __syncthreads();     // everyone's copies and st are complete
+            for (int e = threadIdx.x; e < K * VT; e += kThreads) {
+                const int kk = e / VT, vv = v0 + e % VT;
+                if (vv < V) states[base * K * V + static_cast<size_t>(kk) * V + vv] = st[e];
+            }
+            const float decay = expf(gates[base * 2 * C + C - 1]);  // exp(G_last)
+            // v_new = U - W S, then S = exp(G_last) S + Kd^T v_new; each element of v_new and of S
+            // is written by the one thread that owns it in the product.
+            const Operand wm{ws, KP, 1, C, K}, sm{st, VT, 1, K, VT};
+            cta_product<1, true, true>(wm, sm, nullptr, nullptr, [&](int i, int j, float x) {
+                const float y = us[i * VT + j] - x;
+                vn[i * VT + j] = y;
+                if (v0 + j < V) v_new[(base * C + i) * V + v0 + j] = y;
+            });
+            __syncthreads();  // vn complete; ws, us and st (as an operand) are free
+            load_wu(chunk + 1);
+            cp_async_wait<1>();  // Kd(chunk) has landed
+            __syncthreads();
+            const Operand kt{ks, 1, KP, K, C}, vm{vn, VT, 1, C, VT};
+            cta_product<1, true, true>(kt, vm, nullptr, nullptr, [&](int i, int j, float x) {
+                st[i * VT + j] = decay * st[i * VT + j] + x;
+            });
+            __syncthreads();  // ks and vn are free
+            load_kd(chunk + 1);
+        }
+        cp_async_wait<0>();
+    } else
     for (int chunk = first; chunk < last; ++chunk) {
         const size_t base = static_cast<size_t>(chunk) * HV + hv;
         __syncthreads();  // st is complete; the previous chunk is done with ws, ks and vn
@@ -402,7 +602,7 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 // Kernel c: output. Grid (num_chunks, HV), 256 threads.
 // Shared memory (floats): qs C * KS (KS = K | 1), xs max(C * KS, 64 K + 64 C) (K rows, later an
 // S tile [K][64] and a v_new tile [C][64]), P C * (C + 1), 2 vectors of C.
-template <typename T, int C>
+template <typename T, int C, bool TC>
 __global__ void __launch_bounds__(gdn_chunk::kThreads)
     gdn_chunk_output(const T* __restrict__ q, const T* __restrict__ k, const void* __restrict__ g, int gate_flags,
                      const long long* __restrict__ chunk_start, const int* __restrict__ chunk_len,
@@ -444,7 +644,19 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     }
     gate_sums<C>(gs, p, S, nullptr, nullptr);
     __syncthreads();
-    {
+    if constexpr (TC) {
+        // P = (Q K^T) * Gamma on and below the diagonal, zero above; then Q <- diag(exp(G)) Q, so
+        // that O = scale (Q S + P v_new) is one accumulation.
+        const Operand qr{qs, KS, 1, C, K}, kt{xs, 1, KS, K, C};
+        cta_product<2, true, true>(qr, kt, nullptr, nullptr, [&](int i, int j, float x) {
+            p[i * S + j] = j <= i ? x * p[i * S + j] : 0.f;
+        });
+        __syncthreads();
+        for (int e = threadIdx.x; e < C * K; e += kThreads) {
+            const int i = e / K, d = e - i * K;
+            qs[i * KS + d] *= eg[i];
+        }
+    } else {
         // P = (Q K^T) * Gamma on and below the diagonal, zero above.
         float acc[RM][RM] = {};
         tile_nt<RM, RM>(acc, qs, KS, xs, KS, K);
@@ -471,6 +683,13 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
             vs[e] = vv < V ? v_new[(base * C + i) * V + vv] : 0.f;
         }
         __syncthreads();
+        if constexpr (TC) {
+            const Operand qm{qs, KS, 1, C, K}, sm{ss, VT, 1, K, VT}, pm{p, S, 1, C, C}, vm{vs, VT, 1, C, VT};
+            cta_product<2, true, true>(qm, sm, &pm, &vm, [&](int i, int j, float x) {
+                if (i < len && v0 + j < V) o[(static_cast<size_t>(t0 + i) * HV + hv) * V + v0 + j] = from_float<T>(scale * x);
+            });
+            continue;
+        }
         float inter[RM][RN] = {}, intra[RM][RN] = {};
         tile_nn<RM, RN>(inter, qs, KS, ss, VT, K, 0, VT);
         tile_nn<RM, RN>(intra, p, S, vs, VT, C, 0, VT);
@@ -490,23 +709,31 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 
 #ifndef __CUDACC_RTC__
 // Standalone nvcc build (CI): instantiate every variant so that each one is compiled and checked.
-#define GDN_CHUNK_INSTANTIATE(T, C)                                                                       \
-    template __global__ void gdn_chunk_intra<T, C>(const T*, const T*, const void*, const void*, int,     \
-                                                   const long long*, const int*, int, int, int, int, int, \
-                                                   float*, float*, float*, float*);                       \
-    template __global__ void gdn_chunk_output<T, C>(const T*, const T*, const void*, int, const long long*, \
-                                                    const int*, const float*, const float*, const float*, \
-                                                    int, int, int, int, int, float, T*);
-#define GDN_CHUNK_INSTANTIATE_ALL(C)                                                                        \
-    GDN_CHUNK_INSTANTIATE(float, C)                                                                         \
-    GDN_CHUNK_INSTANTIATE(__half, C)                                                                        \
-    GDN_CHUNK_INSTANTIATE(__nv_bfloat16, C)                                                                 \
-    template __global__ void gdn_chunk_state<C>(const float*, const float*, const float*, const float*,     \
-                                                const int*, const float*, int, int, int, int, int, float*,  \
-                                                float*, float*, int);
+#define GDN_CHUNK_INSTANTIATE(T, C, TC)                                                                    \
+    template __global__ void gdn_chunk_intra<T, C, TC>(const T*, const T*, const void*, const void*, int,  \
+                                                       const long long*, const int*, int, int, int, int,   \
+                                                       int, float*, float*, float*, float*);               \
+    template __global__ void gdn_chunk_output<T, C, TC>(const T*, const T*, const void*, int,              \
+                                                        const long long*, const int*, const float*,        \
+                                                        const float*, const float*, int, int, int, int,    \
+                                                        int, float, T*);
+#define GDN_CHUNK_INSTANTIATE_STATE(C, TC)                                                                \
+    template __global__ void gdn_chunk_state<C, TC>(const float*, const float*, const float*, const float*, \
+                                                    const int*, const float*, int, int, int, int, int,     \
+                                                    float*, float*, float*, int);
+#define GDN_CHUNK_INSTANTIATE_ALL(C)           \
+    GDN_CHUNK_INSTANTIATE(float, C, false)     \
+    GDN_CHUNK_INSTANTIATE(__half, C, false)    \
+    GDN_CHUNK_INSTANTIATE(__nv_bfloat16, C, false) \
+    GDN_CHUNK_INSTANTIATE(float, C, true)      \
+    GDN_CHUNK_INSTANTIATE(__half, C, true)     \
+    GDN_CHUNK_INSTANTIATE(__nv_bfloat16, C, true) \
+    GDN_CHUNK_INSTANTIATE_STATE(C, false)      \
+    GDN_CHUNK_INSTANTIATE_STATE(C, true)
 GDN_CHUNK_INSTANTIATE_ALL(16)
 GDN_CHUNK_INSTANTIATE_ALL(32)
 GDN_CHUNK_INSTANTIATE_ALL(64)
 #undef GDN_CHUNK_INSTANTIATE_ALL
+#undef GDN_CHUNK_INSTANTIATE_STATE
 #undef GDN_CHUNK_INSTANTIATE
 #endif

@@ -6,9 +6,13 @@ Native convention (FLA ``chunk_gated_delta_rule``): ``q, k [B, T, H, K]``, ``v [
 tensors (torch): they are used in place, never copied when contiguous; torch bfloat16 travels as
 an int16 view. Outputs come back in the kind of ``q`` (torch in, torch out).
 
-Everything runs in FP32 on the GPU (no TF32), in three launches on the current stream (torch's
-current stream for torch inputs): intra-chunk (W, U), state passing, output. Scratch buffers come
-from CuPy's memory pool. CuPy is imported lazily, so importing this module needs no GPU.
+Two arithmetic paths (the ``TC`` template flag of the kernels): bf16 / fp16 inputs take the
+tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
+are split into two bf16 parts and multiplied with three MMAs, about 2^-16 relative error), fp32
+inputs the plain FP32 path (no TF32); ``use_tensor_cores`` overrides the choice. Both run in
+three launches on the current stream (torch's current stream for torch inputs): intra-chunk
+(W, U), state passing, output. Scratch buffers come from CuPy's memory pool. CuPy is imported
+lazily, so importing this module needs no GPU.
 """
 
 from __future__ import annotations
@@ -36,14 +40,15 @@ _debug_poison = False
 
 
 @functools.cache
-def _kernels(ctype: str, chunk_size: int):
-    """Compiled ``(intra, state, output)`` kernels for one input type and chunk size."""
+def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
+    """Compiled ``(intra, state, output)`` kernels for one input type, chunk size and path."""
     import cupy
 
+    tc = "true" if tensor_cores else "false"
     names = (
-        f"gdn_chunk_intra<{ctype}, {chunk_size}>",
-        f"gdn_chunk_state<{chunk_size}>",
-        f"gdn_chunk_output<{ctype}, {chunk_size}>",
+        f"gdn_chunk_intra<{ctype}, {chunk_size}, {tc}>",
+        f"gdn_chunk_state<{chunk_size}, {tc}>",
+        f"gdn_chunk_output<{ctype}, {chunk_size}, {tc}>",
     )
     module = cupy.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=names)
     return tuple(module.get_function(name) for name in names)
@@ -120,12 +125,13 @@ def chunk_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, np.nd
     return start.astype(np.int64), length.astype(np.int32), seq_chunk_off.astype(np.int32)
 
 
-def _smem_bytes(chunk_size: int, K: int, V: int) -> tuple[int, int, int]:
+def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> tuple[int, int, int]:
     """Dynamic shared memory of the (intra, state, output) kernels; mirrors the layouts in chunk.cu."""
     C = chunk_size
     xs = max(K, V) | 1
     intra = C * xs + 2 * C * (C + 1) + C * C // 4 + 6 * C
-    state = 2 * C * K + 2 * C * _STATE_TILE + K * _STATE_TILE
+    kp = K + 4 if tensor_cores else K  # padded W / Kd rows on the tensor-core path
+    state = 2 * C * kp + 2 * C * _STATE_TILE + K * _STATE_TILE
     ks = K | 1
     output = C * ks + max(C * ks, _OUT_TILE * (K + C)) + C * (C + 1) + 2 * C
     return 4 * intra, 4 * state, 4 * output
@@ -151,17 +157,21 @@ def chunk_gated_delta_rule(
     cu_seqlens=None,
     *,
     chunk_size: int = 64,
+    use_tensor_cores: bool | None = None,
 ) -> tuple[Any, Any | None]:
     """Chunked GDN forward on the GPU. Returns ``(o [B, T, HV, V] in q's dtype, final_state | None)``.
 
     ``final_state`` is fp32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``).
     ``chunk_size`` is 16, 32 or 64; head sizes ``K, V`` up to 256. Bad arguments raise
-    ``ValueError`` naming the argument.
+    ``ValueError`` naming the argument. ``use_tensor_cores`` picks the arithmetic path: ``None``
+    (default) uses tensor cores for bf16 / fp16 inputs and plain FP32 for fp32 inputs.
     """
     import cupy
 
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    if use_tensor_cores not in (None, True, False):
+        raise ValueError(f"use_tensor_cores: must be None, True or False, got {use_tensor_cores!r}")
     qa, ka, va, ga, ba = (_Arg(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
     for a, rank, layout in ((qa, 4, "[B, T, H, K]"), (ka, 4, "[B, T, H, K]"), (va, 4, "[B, T, HV, V]"),
                             (ga, 3, "[B, T, HV]"), (ba, 3, "[B, T, HV]")):
@@ -210,10 +220,11 @@ def chunk_gated_delta_rule(
 
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(qa.array.device.id).cuda_stream)
 
+    tensor_cores = qa.dtype != "float32" if use_tensor_cores is None else bool(use_tensor_cores)
     with qa.array.device, stream if stream is not None else cupy.cuda.get_current_stream():
         o, final_state = _run(
             qa, ka, va, ga, ba, float(scale), init, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
-            chunk_size, chunk_start, chunk_len, seq_chunk_off, N, NC,
+            chunk_size, chunk_start, chunk_len, seq_chunk_off, N, NC, tensor_cores,
         )
 
     if qa.torch:
@@ -228,14 +239,14 @@ def chunk_gated_delta_rule(
 
 
 def _run(qa, ka, va, ga, ba, scale, init, output_final_state, l2norm, state_v_first, C, chunk_start, chunk_len,
-         seq_chunk_off, N, NC):
+         seq_chunk_off, N, NC, tensor_cores=False):
     """Allocate outputs and scratch on the current device and stream, and run the three kernels."""
     import cupy
 
     B, T, H, K = qa.shape
     HV, V = va.shape[2:]
-    intra, state, output = _kernels(_CTYPES[qa.dtype], C)
-    smem_intra, smem_state, smem_output = _smem_bytes(C, K, V)
+    intra, state, output = _kernels(_CTYPES[qa.dtype], C, tensor_cores)
+    smem_intra, smem_state, smem_output = _smem_bytes(C, K, V, tensor_cores)
     empty = cupy.full if _debug_poison else (lambda shape, _fill, dtype: cupy.empty(shape, dtype))
     nan = np.nan
 

@@ -21,8 +21,11 @@
 //
 // Templates: DT (q/k/v element type: 0 f32, 1 f16, 2 bf16 stored as raw 16-bit, 3 f64),
 // AccT (compute and state type: float, or double for the GPU oracle), VFIRST (state layout),
-// and the lane tiling (LC, AC, BR). Gates, slot tables and scalars are runtime-typed, so the
-// launcher instantiates (via name_expressions) only what it uses.
+// the lane tiling (LC, AC, BR), and CS (streaming cache hints on the state's 16-byte loads and
+// stores). Gates, slot tables and scalars are runtime-typed, so the launcher instantiates (via
+// name_expressions) only what it uses. Decode variants (see RECURRENT_NOTES.md): "wide" is
+// (LC 4, BR 16) k-first / (LC 8, AC 4, BR 4) v-first, 64 floats per lane; "narrow" halves the
+// state per lane (k-first LC 2, BR 8: 32-byte row segments; v-first BR 2); "-cs" sets CS.
 
 namespace gdn {
 
@@ -148,12 +151,33 @@ __device__ __forceinline__ long long clamp_index(long long x, long long lo, long
 
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T x[N]; };
 
+// Streaming (evict-first, "likely accessed once") 16-byte state accesses: ld/st.global.cs. The
+// state is read once and written once per launch, so it should not push q/k/v or other kernels'
+// data out of L1/L2. Only the state (float or double) uses them.
+__device__ __forceinline__ void ld_stream(Vec<float, 4>& w, const float* p) {
+    asm("ld.global.cs.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(w.x[0]), "=f"(w.x[1]), "=f"(w.x[2]), "=f"(w.x[3]) : "l"(p));
+}
+__device__ __forceinline__ void ld_stream(Vec<double, 2>& w, const double* p) {
+    asm("ld.global.cs.v2.f64 {%0, %1}, [%2];" : "=d"(w.x[0]), "=d"(w.x[1]) : "l"(p));
+}
+__device__ __forceinline__ void st_stream(float* p, const Vec<float, 4>& w) {
+    asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "f"(w.x[0]), "f"(w.x[1]), "f"(w.x[2]), "f"(w.x[3]) : "memory");
+}
+__device__ __forceinline__ void st_stream(double* p, const Vec<double, 2>& w) {
+    asm volatile("st.global.cs.v2.f64 [%0], {%1, %2};" :: "l"(p), "d"(w.x[0]), "d"(w.x[1]) : "memory");
+}
+
 // Elements [i, i + N) of a row with `limit` valid elements, zero beyond it. `vec` promises the
 // row start is aligned to the vector and limit % N == 0, so a partial vector never occurs.
-template <typename T, int N>
+// CS: streaming vector accesses (state only).
+template <typename T, int N, bool CS = false>
 __device__ __forceinline__ void load_vec(T (&dst)[N], const T* row, int i, int limit, bool vec) {
     if (vec && i + N <= limit) {
-        const Vec<T, N> w = *reinterpret_cast<const Vec<T, N>*>(row + i);
+        Vec<T, N> w;
+        if constexpr (CS) ld_stream(w, row + i);
+        else w = *reinterpret_cast<const Vec<T, N>*>(row + i);
 #pragma unroll
         for (int j = 0; j < N; ++j) dst[j] = w.x[j];
     } else {
@@ -161,13 +185,14 @@ __device__ __forceinline__ void load_vec(T (&dst)[N], const T* row, int i, int l
         for (int j = 0; j < N; ++j) dst[j] = (i + j < limit) ? row[i + j] : T(0);
     }
 }
-template <typename T, int N>
+template <typename T, int N, bool CS = false>
 __device__ __forceinline__ void store_vec(T* row, const T (&src)[N], int i, int limit, bool vec) {
     if (vec && i + N <= limit) {
         Vec<T, N> w;
 #pragma unroll
         for (int j = 0; j < N; ++j) w.x[j] = src[j];
-        *reinterpret_cast<Vec<T, N>*>(row + i) = w;
+        if constexpr (CS) st_stream(row + i, w);
+        else *reinterpret_cast<Vec<T, N>*>(row + i) = w;
     } else {
 #pragma unroll
         for (int j = 0; j < N; ++j)
@@ -184,8 +209,10 @@ __device__ __forceinline__ AccT xor_sum(AccT x) {
     return x;
 }
 
-template <int DT, typename AccT, bool VFIRST, int LC, int AC, int BR, int MODE>
-__global__ void __launch_bounds__(128) recurrent_kernel(const Params p) {
+// MINB: 0 leaves ptxas its own register choice (the original kernel); > 0 asks for MINB CTAs of 128
+// threads per SM, i.e. at most 65536 / (128 * MINB) registers (4: 128 registers, 16 warps / SM).
+template <int DT, typename AccT, bool VFIRST, int LC, int AC, int BR, int MODE, bool CS, int MINB>
+__global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
     using In = typename Storage<DT>::type;
     constexpr int ODT = sizeof(AccT) == 8 ? F64 : DT;
     using Out = typename Storage<ODT>::type;
@@ -281,7 +308,7 @@ __global__ void __launch_bounds__(128) recurrent_kernel(const Params p) {
             for (int a = 0; a < AC; ++a) {
                 const int c = col0 + VW * (lc + LC * a);
                 if (base != nullptr && r < row_limit) {
-                    load_vec<AccT, VW>(s[bb][a], base + r * col_limit, c, col_limit, state_vec);
+                    load_vec<AccT, VW, CS>(s[bb][a], base + r * col_limit, c, col_limit, state_vec);
                 } else {
 #pragma unroll
                     for (int j = 0; j < VW; ++j) s[bb][a][j] = AccT(0);
@@ -350,7 +377,7 @@ __global__ void __launch_bounds__(128) recurrent_kernel(const Params p) {
             if (r < row_limit) {
 #pragma unroll
                 for (int a = 0; a < AC; ++a)
-                    store_vec<AccT, VW>(base + r * col_limit, s[bb][a],
+                    store_vec<AccT, VW, CS>(base + r * col_limit, s[bb][a],
                                         col0 + VW * (lc + LC * a), col_limit, state_vec);
             }
         }
@@ -474,14 +501,18 @@ __global__ void __launch_bounds__(128) recurrent_kernel(const Params p) {
 #ifndef __CUDACC_RTC__
 // Offline builds (nvcc -c, used by CI and for `-Xptxas -v`) instantiate the K = V = 128 shapes
 // the launcher picks; at run time NVRTC instantiates through name_expressions instead.
-#define GDN_INSTANTIATE(DT, ACC, VF, LC, AC, BR, MODE) \
-    template __global__ void gdn::recurrent_kernel<gdn::DT, ACC, VF, LC, AC, BR, gdn::MODE>(const gdn::Params);
-GDN_INSTANTIATE(F32, float, false, 4, 1, 16, MODE_DECODE)
-GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_DECODE)
-GDN_INSTANTIATE(BF16, float, true, 8, 4, 4, MODE_DECODE)
-GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_PREFILL)
-GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_SPEC)
-GDN_INSTANTIATE(F32, double, false, 2, 1, 8, MODE_PREFILL)
-GDN_INSTANTIATE(BF16, double, true, 8, 8, 2, MODE_PREFILL)
+#define GDN_INSTANTIATE(DT, ACC, VF, LC, AC, BR, MODE, CS, MINB) \
+    template __global__ void gdn::recurrent_kernel<gdn::DT, ACC, VF, LC, AC, BR, gdn::MODE, CS, MINB>(const gdn::Params);
+GDN_INSTANTIATE(F32, float, false, 4, 1, 16, MODE_DECODE, false, 0)
+GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_DECODE, false, 0)  // decode "wide"
+GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_DECODE, true, 0)   // "wide-cs"
+GDN_INSTANTIATE(BF16, float, false, 2, 1, 8, MODE_DECODE, false, 4)   // "narrow"
+GDN_INSTANTIATE(BF16, float, false, 2, 1, 8, MODE_DECODE, true, 4)    // "narrow-cs"
+GDN_INSTANTIATE(BF16, float, true, 8, 4, 4, MODE_DECODE, false, 0)
+GDN_INSTANTIATE(BF16, float, true, 8, 4, 2, MODE_DECODE, true, 4)
+GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_PREFILL, false, 0)
+GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_SPEC, false, 0)
+GDN_INSTANTIATE(F32, double, false, 2, 1, 8, MODE_PREFILL, false, 0)
+GDN_INSTANTIATE(BF16, double, true, 8, 8, 2, MODE_PREFILL, false, 0)
 #undef GDN_INSTANTIATE
 #endif

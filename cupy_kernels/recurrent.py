@@ -41,6 +41,8 @@ MAX_HEAD_DIM = 256
 
 # struct gdn::Params: 13 pointers, 30 int64, 1 double; every field 8 bytes, so no padding rules.
 _PARAMS = struct.Struct("<13Q30qd")
+_POINTERS = struct.Struct("<13Q")  # the per-call head of Params
+_SCALARS = struct.Struct("<30qd")  # the per-signature tail, packed once into plan.static
 
 
 # --------------------------------------------------------------------------- kernel selection
@@ -50,19 +52,42 @@ def _pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+# Decode (T = 1) kernel variants, timed side by side by gdn_verify/bench.py (see RECURRENT_NOTES.md):
+# name -> (narrow tiling, streaming state accesses, MINB). "wide" is the original kernel.
+DECODE_VARIANTS = {
+    "wide": (False, False, 0),
+    "wide-cs": (False, True, 0),
+    "narrow": (True, False, 4),
+    "narrow-cs": (True, True, 4),
+}
+# wide-cs: fastest at B >= 64 on an H100 (2026-11-22; reports/bench-h100-2026-11-22.md), within 1 us below.
+DEFAULT_DECODE_VARIANT = "wide-cs"
+
+
+def _decode_variant(name: str | None) -> tuple[bool, bool, int]:
+    try:
+        return DECODE_VARIANTS[DEFAULT_DECODE_VARIANT if name is None else name]
+    except KeyError:
+        raise ValueError(f"decode_variant: expected one of {sorted(DECODE_VARIANTS)}, got {name!r}") from None
+
+
 @functools.cache
-def tiling(K: int, V: int, v_first: bool, double: bool) -> tuple[int, int, int, int]:
+def tiling(K: int, V: int, v_first: bool, double: bool, narrow: bool = False) -> tuple[int, int, int, int]:
     """Lane tiling ``(LC, AC, BR, WV)`` for head sizes ``K, V`` (see the comment atop recurrent.cu).
 
     A lane holds ``BR * AC * VW`` state values (VW = 4 floats or 2 doubles per 16 bytes): at most
     64 floats / 32 doubles, which keeps the decode kernel near 168 registers without spills.
-    ``WV`` is the number of value columns one warp owns.
+    ``WV`` is the number of value columns one warp owns. ``narrow`` (decode variant) halves the
+    per-lane budget: k-first halves LC (LC 2, BR 8 at K = 128: 32-byte row segments per warp, 32
+    floats per lane), v-first halves BR.
     """
     vw = 2 if double else 4
-    budget = 32 if double else 64
+    budget = (16 if double else 32) if narrow else (32 if double else 64)
     if not v_first:
         # vectors run along V; 4 lanes x 4 floats = 64-byte row segments per warp for K <= 128
         lc = 2 if (double or K > 128) else 4
+        if narrow:
+            lc = max(1, lc // 2)
         lc = min(lc, _pow2(-(-V // vw)))
         lr = 32 // lc
         br = _pow2(-(-K // lr))
@@ -79,11 +104,13 @@ def tiling(K: int, V: int, v_first: bool, double: bool) -> tuple[int, int, int, 
     return lc, ac, br, wv
 
 
-def name_expression(dt: int, double: bool, v_first: bool, lc: int, ac: int, br: int, mode: int) -> str:
+def name_expression(
+    dt: int, double: bool, v_first: bool, lc: int, ac: int, br: int, mode: int, cs: bool = False, minb: int = 0
+) -> str:
     """The C++ name of one kernel instantiation (for ``cupy.RawModule(name_expressions=...)``)."""
     acc = "double" if double else "float"
     vf = "true" if v_first else "false"
-    return f"gdn::recurrent_kernel<{dt}, {acc}, {vf}, {lc}, {ac}, {br}, {mode}>"
+    return f"gdn::recurrent_kernel<{dt}, {acc}, {vf}, {lc}, {ac}, {br}, {mode}, {'true' if cs else 'false'}, {minb}>"
 
 
 @functools.cache
@@ -117,6 +144,7 @@ class _Launch(threading.local):
         import numpy as np
 
         self.buf = np.zeros(_PARAMS.size // 8, np.uint64)
+        self.bytes = memoryview(self.buf).cast("B")
         self.argv = np.array([self.buf.ctypes.data], np.uint64)  # void* kernelParams[1]
         self.argv_ptr = self.argv.ctypes.data
 
@@ -124,13 +152,15 @@ class _Launch(threading.local):
 _launch_state: _Launch | None = None
 
 
-def _launch(plan, fields: tuple) -> None:
+def _launch(plan, ptrs: tuple) -> None:
+    """Pack the 13 pointers, copy the plan's pre-packed scalar tail, launch on the current stream."""
     global _launch_state
     cupy = _CUPY or _cupy()
     if _launch_state is None:
         _launch_state = _Launch()
     st = _launch_state
-    _PARAMS.pack_into(st.buf, 0, *fields)
+    _POINTERS.pack_into(st.buf, 0, *ptrs)
+    st.bytes[_POINTERS.size :] = plan.static
     cupy.cuda.driver.launchKernel(
         plan.fn, plan.blocks, 1, 1, plan.threads, 1, 1, 0, cupy.cuda.get_current_stream().ptr, st.argv_ptr, 0
     )
@@ -259,7 +289,7 @@ _SLOTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "state", "cu_seqlens",
 class _Plan:
     """Everything a call's shapes, strides, dtypes and alignments determine: validated once."""
 
-    __slots__ = ("fn", "blocks", "threads", "static", "o_shape", "o_code", "state_shape", "state_code")
+    __slots__ = ("fn", "blocks", "threads", "static", "flags", "o_shape", "o_code", "state_shape", "state_code")
 
 
 _PLANS: dict = {}
@@ -267,7 +297,7 @@ _PLANS: dict = {}
 
 def _plan(infos: tuple, device: int, opts: tuple) -> _Plan:
     """Validate one argument signature and derive its launch (cached by the caller)."""
-    scale, l2norm, v_first, double, new_state_out, fixed_state_rows, spec, gate_names = opts
+    scale, l2norm, v_first, double, new_state_out, fixed_state_rows, spec, gate_names, variant = opts
     qi, ki, vi, gi, bi, ai, di, si, ci, xi, ni = (_elements(i) for i in infos)
     B, T, H, K = _rank("q", qi, 4, "[B, T, H, K]")
     _rank("v", vi, 4, "[B, T, HV, V]")
@@ -333,7 +363,8 @@ def _plan(infos: tuple, device: int, opts: tuple) -> _Plan:
         raise ValueError(f"scale: must be finite, got {scale}")
 
     mode = MODE_SPEC if spec else (MODE_PREFILL if T > 1 else MODE_DECODE)
-    lc, ac, br, wv = tiling(K, V, v_first, double)
+    narrow, cs, minb = _decode_variant(variant) if mode == MODE_DECODE else (False, False, 0)
+    lc, ac, br, wv = tiling(K, V, v_first, double, narrow)
     vtiles = -(-V // wv)
     total_warps = N * HV * vtiles
     in_item = _ITEM[dt]
@@ -349,16 +380,17 @@ def _plan(infos: tuple, device: int, opts: tuple) -> _Plan:
     qs, ks, vs, gs, bs = qi[2], ki[2], vi[2], gi[2], bi[2]
     dtypes = g_code | b_code << 4 | a_code << 8 | d_code << 12 | slot_code << 16 | accn_code << 20 | cu_code << 24
     plan = _Plan()
-    plan.fn = _compiled(name_expression(dt, double, v_first, lc, ac, br, mode), device)[1]
+    plan.fn = _compiled(name_expression(dt, double, v_first, lc, ac, br, mode, cs, minb), device)[1]
     w = _warps_per_cta(total_warps, device)
     plan.blocks, plan.threads = -(-total_warps // w), 32 * w
-    plan.static = (
+    plan.static = _SCALARS.pack(
         qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
         gs[0], gs[1], gs[2], bs[0], bs[1], bs[2],
         B, T, N, H, HV, K, V,
         num_slots, idx_stride, idx_cols, slot_mode, dtypes, flags, vtiles, total_warps,
         float(scale),
     )  # fmt: skip
+    plan.flags = flags
     plan.o_shape, plan.o_code = (B, T, HV, V), acc_code if double else dt
     plan.state_shape = (N, HV) + state_dims if new_state_out else None
     plan.state_code = acc_code
@@ -387,6 +419,7 @@ def _run(
     fixed_state_rows: bool = True,
     spec: bool = False,
     gate_names: tuple[str, str] = ("g", "beta"),
+    decode_variant: str | None = None,
 ):
     """Validate (once per signature), allocate outputs and launch; returns ``(o, state_out)``.
 
@@ -399,7 +432,8 @@ def _run(
     device = cupy.cuda.runtime.getDevice()
     args = (q, k, v, g, beta, a_log, dt_bias, state, cu_seqlens, slot_idx, num_accepted)
     infos = tuple([None if x is None else _tensor(x, name, device) for x, name in zip(args, _SLOTS)])
-    opts = (scale, l2norm, v_first, double, new_state_out, fixed_state_rows, spec, gate_names)
+    variant = decode_variant or DEFAULT_DECODE_VARIANT  # T = 1 only; part of the signature
+    opts = (scale, l2norm, v_first, double, new_state_out, fixed_state_rows, spec, gate_names, variant)
     # alignment (ptr & 15) decides the vector flags, so it is part of the signature
     key = (device, opts, tuple([None if i is None else (i[1], i[2], i[3], i[4], i[0] & 15) for i in infos]))
     plan = _PLANS.get(key)
@@ -420,7 +454,7 @@ def _run(
     _launch(
         plan,
         (ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], in_ptr, out_ptr, _out_ptr(o), ptrs[8],
-         ptrs[9], ptrs[10]) + plan.static,
+         ptrs[9], ptrs[10]),
     )  # fmt: skip
     return o, state_out
 
@@ -561,3 +595,130 @@ def spec_decode(
         inplace=True, fixed_state_rows=False, spec=True,
     )  # fmt: skip
     return o
+
+
+# --------------------------------------------------------------------------- the fast decode path
+
+_STEP_POINTERS = struct.Struct("<12Q")  # Params.q .. Params.slot_idx (num_accepted stays 0)
+
+
+class DecodeStep:
+    """One decode step (T = 1) prepared once for fixed shapes, strides and dtypes: the low-latency path.
+
+    ``step = DecodeStep(q, k, v, g, beta, state, slot_indices=None, ...)`` validates the example
+    tensors exactly as :func:`recurrent_gated_delta_rule` / :func:`pooled_decode` would (same
+    kernel), compiles, and packs the launch parameters. ``o = step(q, k, v, g, beta, state)`` then
+    only reads the data pointers, patches them into the packed parameters and launches: no shape,
+    stride or dtype checks, no plan lookup, and no allocation when ``out=`` is given or the step was
+    built with ``reuse_output=True``. ``state`` (``[B, HV, K, V]``, or a pool ``[slots, HV, K, V]``
+    addressed by ``slot_indices``; ``[.., V, K]`` with ``state_v_first``) is updated in place.
+
+    Contract (not re-checked per call, for speed): every call passes tensors of the same kind
+    (torch or CuPy), shapes, strides and dtypes as the example, on the device that was current at
+    construction; only the pointer alignment the kernel's vector accesses rely on is checked (two
+    integer tests). Breaking it reads or writes out of bounds. Use :meth:`checked` (full
+    validation, then the same launch) when in doubt.
+
+    ``reuse_output=True``: every call returns the SAME output buffer, overwritten by the next call.
+    That is safe for consumers ordered on the launch stream (the usual decode loop: the next layer
+    reads ``o`` before the next step is launched on the same stream), and unsafe if ``o`` is kept
+    across steps, read on another stream, or captured by a CUDA graph together with a later step.
+    The default allocates a fresh ``o`` per call (``torch.empty`` / ``cupy.empty``, ~3-5 us).
+
+    ``stream``: a fixed stream to launch on (a CuPy stream, a torch stream, or a raw
+    ``cudaStream_t`` integer); None launches on CuPy's current stream at each call. An instance
+    keeps one parameter buffer: do not call the same instance from two threads at once.
+    """
+
+    def __init__(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        g: Any,
+        beta: Any,
+        state: Any,
+        slot_indices: Any = None,
+        *,
+        scale: float | None = None,
+        use_qk_l2norm_in_kernel: bool = False,
+        state_v_first: bool = False,
+        reuse_output: bool = False,
+        stream: Any = None,
+        decode_variant: str | None = None,
+    ) -> None:
+        import numpy as np
+
+        cupy = _cupy()
+        self._kw = dict(
+            scale=scale, l2norm=use_qk_l2norm_in_kernel, v_first=state_v_first, inplace=True,
+            fixed_state_rows=slot_indices is None, decode_variant=decode_variant,
+        )  # fmt: skip
+        device = cupy.cuda.runtime.getDevice()
+        args = (q, k, v, g, beta, None, None, state, None, slot_indices, None)
+        infos = tuple([None if x is None else _tensor(x, name, device) for x, name in zip(args, _SLOTS)])
+        if infos[0][1][1:2] != (1,):
+            raise ValueError(f"q: DecodeStep is for one token (T = 1), got shape {infos[0][1]}")
+        variant = decode_variant or DEFAULT_DECODE_VARIANT
+        opts = (scale, use_qk_l2norm_in_kernel, state_v_first, False, False, slot_indices is None, False,
+                ("g", "beta"), variant)  # fmt: skip
+        plan = self._plan = _plan(infos, device, opts)
+        self._torch = _is_torch(q)
+        self._torch_like = q if self._torch else None
+        self._pool = slot_indices is not None
+        # the alignment the vector flags promise (bytes - 1); checked per call
+        flags, vw = plan.flags, 4  # float32 state: 4-element vectors
+        self._qk_mask = vw * _ITEM[infos[0][3]] - 1 if flags & _FLAG_QK_VEC else 0
+        self._v_mask = vw * _ITEM[infos[0][3]] - 1 if flags & _FLAG_V_VEC else 0
+        self._o_mask = vw * _ITEM[plan.o_code] - 1 if flags & _FLAG_O_VEC else 0
+        self._state_mask = 15 if flags & _FLAG_STATE_VEC else 0
+        self._out = _empty(self._torch_like, plan.o_shape, plan.o_code) if reuse_output else None
+        self._buf = np.zeros(_PARAMS.size // 8, np.uint64)
+        memoryview(self._buf).cast("B")[_POINTERS.size :] = plan.static
+        self._argv = np.array([self._buf.ctypes.data], np.uint64)
+        self._argv_ptr = int(self._argv.ctypes.data)
+        self._fn, self._blocks, self._threads = plan.fn, plan.blocks, plan.threads
+        self._launch_kernel = cupy.cuda.driver.launchKernel
+        self._current_stream = cupy.cuda.get_current_stream
+        if stream is None:
+            self._stream = None
+        elif isinstance(stream, int):
+            self._stream = stream
+        else:
+            self._stream = int(getattr(stream, "ptr", None) or getattr(stream, "cuda_stream", 0))
+
+    def __call__(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any = None,
+                 *, out: Any = None) -> Any:  # fmt: skip
+        """Launch one step; returns ``o [B, 1, HV, V]`` (``out`` when given). Never synchronizes."""
+        if self._torch:
+            pq, pk, pv, pg, pb = q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr()
+            ps = state.data_ptr()
+            px = slot_indices.data_ptr() if self._pool else 0
+        else:
+            pq, pk, pv, pg, pb = q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, beta.data.ptr
+            ps = state.data.ptr
+            px = slot_indices.data.ptr if self._pool else 0
+        if out is None:
+            out = self._out
+            if out is None:
+                plan = self._plan
+                out = _empty(self._torch_like, plan.o_shape, plan.o_code)
+        po = out.data_ptr() if self._torch else out.data.ptr
+        if (pq | pk) & self._qk_mask or pv & self._v_mask or po & self._o_mask or ps & self._state_mask:
+            raise ValueError("DecodeStep: a tensor is less aligned than the prepared one; use .checked()")
+        if self._blocks:
+            _STEP_POINTERS.pack_into(self._buf, 0, pq, pk, pv, pg, pb, 0, 0, ps, ps, po, 0, px)
+            stream = self._stream
+            if stream is None:
+                stream = self._current_stream().ptr
+            self._launch_kernel(self._fn, self._blocks, 1, 1, self._threads, 1, 1, 0, stream, self._argv_ptr, 0)
+        return out
+
+    def checked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any = None,
+                *, out: Any = None) -> Any:  # fmt: skip
+        """The same step through the general, fully validating launcher (allocates ``o`` unless ``out``)."""
+        o, _ = _run(q, k, v, g, beta, state=state, slot_idx=slot_indices, **self._kw)
+        if out is not None:
+            out[...] = o
+            return out
+        return o

@@ -5,13 +5,25 @@
 - ours: ``cupy_kernels.recurrent.recurrent_gated_delta_rule`` with T = 1, fp32 state (initial state
   in, final state out), l2norm in kernel, bf16 q/k/v when torch is present (else fp32);
 - FLA's ``fused_recurrent_gated_delta_rule`` with the same torch tensors, when importable;
-- a device-to-device copy of the same number of state bytes: the bandwidth ceiling.
+- a device-to-device copy of the same number of state bytes: the bandwidth ceiling. Two copies are
+  timed the same way (same graphs, same rotation) and the FASTER one is the ceiling: the framework
+  copy (``torch`` ``copy_`` / CuPy assignment, i.e. ``cudaMemcpyAsync`` device to device, which the
+  driver may run on copy engines) and a plain SM copy kernel (16-byte loads and stores, grid-stride,
+  ``4 * SMs`` CTAs of 256 threads). Each reads ``state_bytes`` and writes ``state_bytes``, like our
+  kernel's state traffic. The earlier table used the framework copy alone, which on the H100 ran at
+  2.4 TB/s for buffers of 512 MB and more (2.9 TB/s at 128 MB): a weak ceiling;
+- every decode kernel variant (``cupy_kernels.recurrent.DECODE_VARIANTS``) through ``DecodeStep``
+  (state updated in place: the same bytes), so one GPU run shows which variant wins.
 
 Kernel times come from CUDA graphs (torch graphs when torch is present, CuPy stream capture
 otherwise) replaying one call per rotating input set (enough sets to overflow L2 three times),
 timed with CUDA events; the median over repetitions, divided by the calls in the graph.
 Effective state bandwidth = (state bytes read + written) / time. At batch 1 the host latency of
-one Python call to result (call + synchronize) is measured too. Nothing GPU is imported at import.
+one Python call to result is measured too: the median over 300 calls (after 20 warm-up calls) of
+``perf_counter`` around the call plus a stream synchronize, for the general function (allocates
+``o`` and the final state each call), for ``DecodeStep`` (pointers patched, ``o`` reused, state in
+place), and for ``DecodeStep`` without the synchronize (the host-side cost of the call alone).
+Nothing GPU is imported at import.
 """
 
 from __future__ import annotations
@@ -123,7 +135,31 @@ def _time_cupy_graph(cupy, calls: list[Callable], min_ms: float = 20.0, samples:
     return statistics.median(times)
 
 
-def _host_latency_us(cupy, call: Callable, reps: int = 300) -> float:
+_COPY_SRC = r"""
+extern "C" __global__ void __launch_bounds__(256) copy16(const float4* __restrict__ src, float4* __restrict__ dst,
+                                                        long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = src[i];
+}
+"""
+
+
+def _sm_copy(cupy):
+    """``copy(src_ptr, dst_ptr, nbytes)``: the SM copy kernel on CuPy's current stream (nbytes % 16 == 0)."""
+    kernel = cupy.RawKernel(_COPY_SRC, "copy16")
+    blocks = 4 * cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+    def copy(src_ptr: int, dst_ptr: int, nbytes: int):
+        kernel((blocks,), (256,), (cupy.uint64(src_ptr), cupy.uint64(dst_ptr), cupy.int64(nbytes // 16)))
+
+    return copy
+
+
+def _ptr(x) -> int:
+    return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
+
+
+def _host_latency_us(cupy, call: Callable, reps: int = 300, sync: bool = True) -> float:
     """Median wall time of one Python call to result (call + synchronize), microseconds."""
     stream = cupy.cuda.get_current_stream()
     for _ in range(20):
@@ -133,8 +169,11 @@ def _host_latency_us(cupy, call: Callable, reps: int = 300) -> float:
     for _ in range(reps):
         t0 = time.perf_counter()
         call()
-        stream.synchronize()
+        if sync:
+            stream.synchronize()
         times.append((time.perf_counter() - t0) * 1e6)
+        if not sync:
+            stream.synchronize()
     return statistics.median(times)
 
 
@@ -155,12 +194,14 @@ def decode_bench(
     """
     import cupy
 
+    from cupy_kernels.recurrent import DECODE_VARIANTS, DecodeStep
     from cupy_kernels.recurrent import recurrent_gated_delta_rule as ours
 
     say = progress or (lambda _msg: None)
     torch = _optional_torch()
     fla = _optional_fla() if torch is not None else None
     l2_bytes = cupy.cuda.Device().attributes["L2CacheSize"]
+    sm_copy = _sm_copy(cupy)
     rows = []
     for B in batches:
         state_bytes = B * HV * K * V * 4
@@ -170,21 +211,43 @@ def decode_bench(
         def our_call(d):
             return ours(**d, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
+        def step_for(d, variant, reuse=True):
+            args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
+            step = DecodeStep(**args, state=d["initial_state"], use_qk_l2norm_in_kernel=True, reuse_output=reuse,
+                              decode_variant=variant)  # fmt: skip
+            return lambda: step(**args, state=d["initial_state"])
+
+        dst = [_empty_like(torch, cupy, d["initial_state"]) for d in data]
         if torch is not None:
 
-            def on_torch_stream(d):
+            def on_torch_stream(call):
                 with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-                    return our_call(d)
+                    return call()
 
-            ours_us = _time_torch_graph(torch, [lambda d=d: on_torch_stream(d) for d in data])
-            dst = [torch.empty_like(d["initial_state"]) for d in data]
-            copies = [lambda d=d, o=o: o.copy_(d["initial_state"]) for d, o in zip(data, dst)]
-            copy_us = _time_torch_graph(torch, copies)
+            def timed(calls):
+                return _time_torch_graph(torch, [lambda c=c: on_torch_stream(c) for c in calls])
+
+            ours_us = timed([lambda d=d: our_call(d) for d in data])
+            copy_fw_us = _time_torch_graph(
+                torch, [lambda d=d, o=o: o.copy_(d["initial_state"]) for d, o in zip(data, dst)]
+            )
         else:
-            ours_us = _time_cupy_graph(cupy, [lambda d=d: our_call(d) for d in data])
-            dst = [cupy.empty_like(d["initial_state"]) for d in data]
-            copy_us = _time_cupy_graph(cupy, [lambda d=d, o=o: o.__setitem__(Ellipsis, d["initial_state"])
-                                              for d, o in zip(data, dst)])  # fmt: skip
+
+            def timed(calls):
+                return _time_cupy_graph(cupy, calls)
+
+            ours_us = timed([lambda d=d: our_call(d) for d in data])
+            copy_fw_us = _time_cupy_graph(cupy, [lambda d=d, o=o: o.__setitem__(Ellipsis, d["initial_state"])
+                                                 for d, o in zip(data, dst)])  # fmt: skip
+        copy_sm_us = timed([lambda d=d, o=o, n=state_bytes: sm_copy(_ptr(d["initial_state"]), _ptr(o), n)
+                            for d, o in zip(data, dst)])  # fmt: skip
+        copy_us = min(copy_fw_us, copy_sm_us)
+        variant_us = {}
+        for name in DECODE_VARIANTS:
+            try:
+                variant_us[name] = timed([step_for(d, name) for d in data])
+            except Exception as exc:  # noqa: BLE001 - report and go on with the other variants
+                say(f"variant {name} failed at batch {B}: {exc}")
         fla_us = None
         if fla is not None:
             try:
@@ -203,15 +266,26 @@ def decode_bench(
             ours_us=ours_us,
             fla_us=fla_us,
             copy_us=copy_us,
+            copy_fw_us=copy_fw_us,
+            copy_sm_us=copy_sm_us,
+            variant_us=variant_us,
             ours_gbps=traffic / ours_us / 1e3,
             fla_gbps=None if fla_us is None else traffic / fla_us / 1e3,
             copy_gbps=traffic / copy_us / 1e3,
         )
         row["ours_frac"] = row["ours_gbps"] / row["copy_gbps"]
         row["fla_frac"] = None if fla_us is None else row["fla_gbps"] / row["copy_gbps"]
+        row["variant_frac"] = {n: copy_us / t for n, t in variant_us.items()}
         if B == 1:
             first = data[0]
             row["ours_host_us"] = _host_latency_us(cupy, lambda d=first: our_call(d))
+            for name in DECODE_VARIANTS:
+                fast = step_for(first, name)
+                row[f"step_host_us[{name}]"] = _host_latency_us(cupy, fast)
+            fast = step_for(first, None)
+            row["step_host_us"] = _host_latency_us(cupy, fast)
+            row["step_call_us"] = _host_latency_us(cupy, fast, sync=False)
+            row["step_alloc_host_us"] = _host_latency_us(cupy, step_for(first, None, reuse=False))
             row["fla_host_us"] = None
             if fla is not None and fla_us is not None:
 
@@ -222,9 +296,15 @@ def decode_bench(
                 row["fla_host_us"] = _host_latency_us(cupy, fla_to_result)
         rows.append(row)
         fla_text = "n/a" if fla_us is None else f"{fla_us:.1f} us ({row['fla_frac']:.0%})"
-        say(f"B={B}: ours {ours_us:.1f} us ({row['ours_frac']:.0%} of copy), FLA {fla_text}, copy {copy_us:.1f} us")
+        var_text = ", ".join(f"{n} {t:.1f} us ({copy_us / t:.0%})" for n, t in variant_us.items())
+        say(f"B={B}: ours {ours_us:.1f} us ({row['ours_frac']:.0%} of copy), FLA {fla_text}, copy {copy_us:.1f} us "
+            f"(framework {copy_fw_us:.1f}, SM kernel {copy_sm_us:.1f}); variants: {var_text}")  # fmt: skip
         del data, dst
     return rows
+
+
+def _empty_like(torch, cupy, x):
+    return torch.empty_like(x) if torch is not None else cupy.empty_like(x)
 
 
 def _fmt(x, spec: str) -> str:
@@ -250,13 +330,35 @@ def format_table(rows: list[dict]) -> str:
             f"| {r['ours_gbps']:.0f} | {_fmt(r['fla_gbps'], '.0f')} | {r['copy_gbps']:.0f} "
             f"| {r['ours_frac']:.0%} | {_fmt(r['fla_frac'], '.0%')} |"
         )
+    names = list(rows[0].get("variant_us", {})) if rows else []
+    if names:
+        lines += [
+            "",
+            "Copy ceiling = the faster of the framework copy (cudaMemcpyAsync) and an SM copy kernel; decode variants "
+            "(DecodeStep, state in place), us and fraction of the copy ceiling:",
+            "",
+            "| batch | copy framework (us) | copy SM kernel (us) | " + " | ".join(names) + " |",
+            "| --- | --- | --- | " + " | ".join("---" for _ in names) + " |",
+        ]
+        for r in rows:
+            cells = [
+                f"{r['variant_us'][n]:.1f} ({r['variant_frac'][n]:.0%})" if n in r["variant_us"] else "n/a"
+                for n in names
+            ]
+            head = f"| {r['batch']} | {r['copy_fw_us']:.1f} | {r['copy_sm_us']:.1f} | "
+            lines.append(head + " | ".join(cells) + " |")
     for r in rows:
         if "ours_host_us" in r:
             lines.append("")
             lines.append(
-                f"Batch {r['batch']}, Python call to result (median): ours {r['ours_host_us']:.1f} us, "
+                f"Batch {r['batch']}, Python call to result (median of 300, call + synchronize): general function "
+                f"{r['ours_host_us']:.1f} us, DecodeStep {r['step_host_us']:.1f} us (fresh o each call: "
+                f"{r['step_alloc_host_us']:.1f} us; the call alone, no synchronize: {r['step_call_us']:.1f} us), "
                 f"FLA {_fmt(r.get('fla_host_us'), '.1f')} us."
             )
+            per = ", ".join(f"{n} {r[f'step_host_us[{n}]']:.1f}" for n in names if f"step_host_us[{n}]" in r)
+            if per:
+                lines.append(f"DecodeStep call to result per variant (us): {per}.")
     return "\n".join(lines) + "\n"
 
 

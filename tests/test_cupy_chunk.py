@@ -11,6 +11,11 @@ rounding of O(K + C) term sums carried through a few dozen chunk steps, about 1e
 slip (those show up at 1e-3 or worse). With bf16 inputs the oracle sees the same rounded inputs,
 so the output error is the bf16 rounding of o (about 1.7e-3 RMS) plus the fp32 part; FLA's
 chunked kernel sits at 3.4e-3 and the bound is ``BF16_TOL = 4e-3``.
+
+The tensor-core path (default for bf16 / fp16 inputs, forced with ``use_tensor_cores=True``)
+splits every fp32 operand into two bf16 parts and takes three MMAs per product, about 2^-16
+relative error per product: with fp32 inputs it lands near 1e-5 relative RMS, bounded here by
+``TC_FP32_TOL = 1e-4`` (an algebra, fragment-layout or masking slip shows up at 1e-2 or worse).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ pytestmark = pytest.mark.gpu
 FP32_TOL = 1e-5
 FP16_TOL = 1e-3  # fp16 output rounding is about 3e-4 RMS
 BF16_TOL = 4e-3
+TC_FP32_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +77,14 @@ def make_case(seed, B=1, T=64, H=1, HV=2, K=16, V=16, cu_seqlens=None, with_stat
     return dict(**arrays, initial_state=state, cu_seqlens=cu_seqlens, state_v_first=state_v_first)
 
 
-def run_gpu(chunk, cp, case, chunk_size=64, l2norm=False):
+def run_gpu(chunk, cp, case, chunk_size=64, l2norm=False, tc=None):
     """Our kernel on CuPy copies of a host case; returns host ``(o, final_state)``."""
     dev = {n: cp.asarray(case[n]) for n in ("q", "k", "v", "g", "beta")}
     state = None if case["initial_state"] is None else cp.asarray(case["initial_state"])
     o, s = chunk.chunk_gated_delta_rule(
         **dev, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=l2norm,
         state_v_first=case["state_v_first"], cu_seqlens=case["cu_seqlens"], chunk_size=chunk_size,
+        use_tensor_cores=tc,
     )
     o, s = cp.asnumpy(o), cp.asnumpy(s)
     assert np.isfinite(o).all(), "o has NaN/Inf: an element was not written or the kernel overflowed"
@@ -93,12 +100,13 @@ def run_oracle(case, l2norm=False, oracle=oracle_chunk):
     )
 
 
-def check(chunk, cp, case, chunk_size=64, l2norm=False, tol=FP32_TOL):
-    o, s = run_gpu(chunk, cp, case, chunk_size, l2norm)
+def check(chunk, cp, case, chunk_size=64, l2norm=False, tol=FP32_TOL, tc=None, state_tol=None):
+    o, s = run_gpu(chunk, cp, case, chunk_size, l2norm, tc)
     o_ref, s_ref = run_oracle(case, l2norm)
     assert o.shape == o_ref.shape and s.shape == s_ref.shape
     assert rel_rms(o, o_ref) < tol, f"o rel RMS {rel_rms(o, o_ref):.2e}"
-    assert rel_rms(s, s_ref) < tol, f"state rel RMS {rel_rms(s, s_ref):.2e}"
+    state_tol = tol if state_tol is None else state_tol
+    assert rel_rms(s, s_ref) < state_tol, f"state rel RMS {rel_rms(s, s_ref):.2e}"
     return o, s
 
 
@@ -128,6 +136,34 @@ def test_matches_oracle(chunk, cp, name):
     check(chunk, cp, make_case(sum(map(ord, name)), **spec), chunk_size, l2norm)
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tensor_cores_match_oracle(chunk, cp, name):
+    spec = dict(CASES[name])
+    chunk_size, l2norm = spec.pop("chunk_size", 64), spec.pop("l2norm", False)
+    check(chunk, cp, make_case(sum(map(ord, name)), **spec), chunk_size, l2norm, tol=TC_FP32_TOL, tc=True)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+def test_tensor_cores_fp16_inputs(chunk, cp, chunk_size):
+    """fp16 inputs take the tensor-core path by default; fp16 values are exact in bf16 hi + lo."""
+    case = make_case(12, T=150, H=2, HV=4, K=64, V=48, cu_seqlens=[0, 1, 63, 64, 65, 150], with_state=True,
+                     dtype=np.float16)
+    o, s = check(chunk, cp, case, chunk_size, l2norm=True, tol=FP16_TOL, state_tol=TC_FP32_TOL)
+    assert o.dtype == np.float16
+    o_tc, s_tc = run_gpu(chunk, cp, case, chunk_size, True, tc=True)
+    assert np.array_equal(o_tc, o) and np.array_equal(s_tc, s), "fp16 inputs did not default to tensor cores"
+    o_ref, _ = run_oracle(case, l2norm=True)
+    rounding = rel_rms(o_ref.astype(np.float16), o_ref)  # the error of a perfect kernel
+    assert rel_rms(o, o_ref) < 1.5 * rounding, f"o rel RMS {rel_rms(o, o_ref):.2e} vs rounding {rounding:.2e}"
+
+
+def test_fp32_inputs_default_to_fp32_path(chunk, cp):
+    case = make_case(13, T=70, K=16, V=16, with_state=True)
+    o, s = run_gpu(chunk, cp, case)
+    o32, s32 = run_gpu(chunk, cp, case, tc=False)
+    assert np.array_equal(o, o32) and np.array_equal(s, s32)
+
+
 def test_matches_recurrent_oracle(chunk, cp):
     case = make_case(1, T=300, H=2, HV=4, K=32, V=48, cu_seqlens=[0, 100, 101, 300], with_state=True)
     o, s = run_gpu(chunk, cp, case, 64, True)
@@ -135,14 +171,15 @@ def test_matches_recurrent_oracle(chunk, cp):
     assert rel_rms(o, o_ref) < FP32_TOL and rel_rms(s, s_ref) < FP32_TOL
 
 
+@pytest.mark.parametrize("tc", [False, True])
 @pytest.mark.parametrize("chunk_size", [16, 64])
-def test_many_sequences(chunk, cp, chunk_size):
+def test_many_sequences(chunk, cp, chunk_size, tc):
     rng = np.random.default_rng(7)
     lengths = rng.integers(0, 140, 40)
     lengths[:6] = [0, 1, 63, 64, 65, 0]
     cu = np.concatenate([[0], np.cumsum(lengths)])
     check(chunk, cp, make_case(8, T=int(cu[-1]), H=1, HV=2, K=24, V=20, cu_seqlens=cu, with_state=True),
-          chunk_size, l2norm=True)
+          chunk_size, l2norm=True, tol=TC_FP32_TOL if tc else FP32_TOL, tc=tc)
 
 
 def test_empty_sequences_keep_initial_state(chunk, cp):
@@ -179,18 +216,20 @@ def runs(rng, shape):
     return g
 
 
+@pytest.mark.parametrize("tc", [False, True])
 @pytest.mark.parametrize("gate", ["zero", "spikes", "runs"])
 @pytest.mark.parametrize("chunk_size", [32, 64])
-def test_saturated_gates(chunk, cp, gate, chunk_size):
+def test_saturated_gates(chunk, cp, gate, chunk_size, tc):
     gates = {"zero": lambda rng, shape: np.zeros(shape), "spikes": spikes, "runs": runs}
     case = make_case(6, T=160, H=1, HV=2, K=32, V=32, cu_seqlens=[0, 17, 160], with_state=True, gate=gates[gate])
-    check(chunk, cp, case, chunk_size, l2norm=True)
+    check(chunk, cp, case, chunk_size, l2norm=True, tol=TC_FP32_TOL if tc else FP32_TOL, tc=tc)
 
 
-def test_no_cross_sequence_leak(chunk, cp):
+@pytest.mark.parametrize("tc", [False, True])
+def test_no_cross_sequence_leak(chunk, cp, tc):
     cu = [0, 50, 64, 129, 200]
     case = make_case(9, T=200, H=1, HV=2, K=32, V=32, cu_seqlens=cu, with_state=True)
-    o, s = run_gpu(chunk, cp, case)
+    o, s = run_gpu(chunk, cp, case, tc=tc)
     bumped = {**case, **{n: case[n].copy() for n in ("q", "k", "v", "g", "beta")}}
     lo, hi = cu[2], cu[3]  # perturb every input of the third sequence
     for name in ("q", "k", "v"):
@@ -199,7 +238,7 @@ def test_no_cross_sequence_leak(chunk, cp):
     bumped["beta"][0, lo:hi] = 1.0
     bumped["initial_state"] = case["initial_state"].copy()
     bumped["initial_state"][2] += 1.0
-    o2, s2 = run_gpu(chunk, cp, bumped)
+    o2, s2 = run_gpu(chunk, cp, bumped, tc=tc)
     others = np.r_[0:lo, hi:200]
     assert np.array_equal(o2[0, others], o[0, others]), "another sequence's output changed"
     assert np.array_equal(s2[[0, 1, 3]], s[[0, 1, 3]]), "another sequence's final state changed"
@@ -212,7 +251,8 @@ def test_fp16_inputs(chunk, cp):
     assert o.dtype == np.float16
 
 
-def test_bf16_torch(chunk):
+@pytest.mark.parametrize("tc", [None, False])
+def test_bf16_torch(chunk, tc):
     torch = pytest.importorskip("torch", reason="bf16 goes through torch, which is not installed")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
@@ -223,7 +263,7 @@ def test_bf16_torch(chunk):
     state = torch.from_numpy(case["initial_state"]).cuda()
     cu = torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
     o, s = chunk.chunk_gated_delta_rule(**dev, initial_state=state, output_final_state=True,
-                                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+                                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu, use_tensor_cores=tc)
     assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and o.shape == (1, 512, 4, 128)
     assert s.dtype == torch.float32
     host = {**case, **{n: dev[n].float().cpu().numpy() for n in dev}}  # the oracle sees the rounded inputs
@@ -231,7 +271,8 @@ def test_bf16_torch(chunk):
     o, s = o.float().cpu().numpy(), s.cpu().numpy()
     assert np.isfinite(o).all() and np.isfinite(s).all()
     assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
-    assert rel_rms(s, s_ref) < FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"  # fp32 all the way
+    state_tol = FP32_TOL if tc is False else TC_FP32_TOL  # fp32 all the way, or split-bf16 tensor cores
+    assert rel_rms(s, s_ref) < state_tol, f"state rel RMS {rel_rms(s, s_ref):.2e}"
 
 
 @pytest.mark.parametrize(
@@ -247,6 +288,7 @@ def test_bf16_torch(chunk):
         (dict(initial_state=np.zeros((1, 2, 4, 5), np.float32)), "initial_state"),
         (dict(cu_seqlens=[0, 3, 9]), "cu_seqlens"),
         (dict(scale=float("inf")), "scale"),
+        (dict(use_tensor_cores="yes"), "use_tensor_cores"),
     ],
 )
 def test_bad_arguments(chunk, cp, change, name):

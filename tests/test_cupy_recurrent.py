@@ -445,3 +445,115 @@ def test_empty_token_axis(cp, torch, chunk_form):
     o, final = fn(q, q, v, g, g, initial_state=state, output_final_state=True)
     assert tuple(o.shape) == (B, 0, HV, V)
     assert torch.equal(final, state)
+
+
+# --------------------------------------------------------------------------- decode variants, DecodeStep
+
+VARIANTS = ["wide", "wide-cs", "narrow", "narrow-cs"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("v_first", [False, True])
+@pytest.mark.parametrize("K,V", [(128, 128), (60, 100), (256, 64)])
+def test_decode_variants(cp, kern, monkeypatch, variant, v_first, K, V):
+    """Every decode variant (tiling / cache hints / register cap) computes the same step."""
+    monkeypatch.setattr(kern, "DEFAULT_DECODE_VARIANT", variant)
+    c = case(50 + K + V, B=3, T=1, H=1, HV=2, K=K, V=V, v_first=v_first)
+    o, s, ref_o, ref_s = run_both(cp, kern, c, l2norm=True, v_first=v_first)
+    assert rel(o, ref_o) < FP32_TOL and rel(s, ref_s) < FP32_TOL
+
+
+def test_decode_variant_unknown(cp, kern):
+    c = {n: cp.asarray(np.float32(x)) for n, x in case(51, T=1, K=8, V=8, with_state=False).items() if x is not None}
+    with pytest.raises(ValueError, match="^decode_variant:"):
+        kern.DecodeStep(**c, state=cp.zeros((1, 1, 8, 8), cp.float32), decode_variant="bogus")
+
+
+@pytest.mark.parametrize("variant", ["wide", "narrow-cs"])
+def test_pool_contract_variants(cp, kern, monkeypatch, variant):
+    monkeypatch.setattr(kern, "DEFAULT_DECODE_VARIANT", variant)
+    test_pool_contract(cp, kern, np.int32, False)
+
+
+def _step_inputs(cp, seed, B, H, HV, K, V, v_first=False, slots=None):
+    c = case(seed, B=B, T=1, H=H, HV=HV, K=K, V=V, v_first=v_first, with_state=False)
+    inputs = {n: cp.asarray(np.float32(c[n])) for n in ("q", "k", "v", "g", "beta")}
+    rng = np.random.default_rng(seed + 1)
+    rows = B if slots is None else slots
+    state = rng.standard_normal((rows, HV) + ((V, K) if v_first else (K, V))).astype(np.float32)
+    return c, inputs, state
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("v_first", [False, True])
+def test_decode_step_matches_oracle(cp, kern, variant, v_first):
+    """DecodeStep: prepared once, called with fresh tensors of the same signature, state in place."""
+    B, H, HV, K, V = 2, 1, 2, 128, 128
+    c0, inputs0, state0 = _step_inputs(cp, 60, B, H, HV, K, V, v_first)
+    step = kern.DecodeStep(**inputs0, state=cp.asarray(state0), use_qk_l2norm_in_kernel=True, state_v_first=v_first,
+                           decode_variant=variant)  # fmt: skip
+    for seed in (61, 62):  # new tensors each call: only the pointers change
+        c, inputs, state = _step_inputs(cp, seed, B, H, HV, K, V, v_first)
+        gpu_state = cp.asarray(state)
+        o = step(**inputs, state=gpu_state)
+        ref_o, ref_s = recurrent_gated_delta_rule(
+            *(np.float32(c[n]) for n in ("q", "k", "v", "g", "beta")), initial_state=state, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, state_v_first=v_first,
+        )  # fmt: skip
+        assert rel(cp.asnumpy(o), ref_o) < FP32_TOL
+        assert rel(cp.asnumpy(gpu_state), ref_s) < FP32_TOL
+
+
+def test_decode_step_outputs(cp, kern):
+    """reuse_output returns one buffer every call; out= is written and returned; checked() agrees."""
+    B, H, HV, K, V = 2, 2, 4, 32, 16
+    c, inputs, state = _step_inputs(cp, 70, B, H, HV, K, V)
+    ref_o, ref_s = recurrent_gated_delta_rule(
+        *(np.float32(c[n]) for n in ("q", "k", "v", "g", "beta")), initial_state=state, output_final_state=True,
+    )  # fmt: skip
+    step = kern.DecodeStep(**inputs, state=cp.asarray(state), reuse_output=True, stream=0)
+    s1, s2 = cp.asarray(state), cp.asarray(state)
+    o1 = step(**inputs, state=s1)
+    o1_host = cp.asnumpy(o1)
+    o2 = step(**inputs, state=s2)
+    assert o1 is o2  # the documented reuse
+    assert rel(o1_host, ref_o) < FP32_TOL and rel(cp.asnumpy(s1), ref_s) < FP32_TOL
+    out = cp.empty((B, 1, HV, V), cp.float32)
+    s3 = cp.asarray(state)
+    assert step(**inputs, state=s3, out=out) is out
+    assert rel(cp.asnumpy(out), ref_o) < FP32_TOL and rel(cp.asnumpy(s3), ref_s) < FP32_TOL
+    s4 = cp.asarray(state)
+    o4 = step.checked(**inputs, state=s4)
+    assert rel(cp.asnumpy(o4), ref_o) < FP32_TOL and rel(cp.asnumpy(s4), ref_s) < FP32_TOL
+
+
+def test_decode_step_pool(cp, kern):
+    """DecodeStep over a state pool: padding rows zero, untouched slots bitwise unchanged."""
+    slots, B, H, HV, K, V = 6, 4, 1, 2, 32, 32
+    c, inputs, pool = _step_inputs(cp, 80, B, H, HV, K, V, slots=slots)
+    idx = cp.asarray(np.array([4, -1, 0, 2], np.int32))
+    gpu_pool = cp.asarray(pool)
+    step = kern.DecodeStep(**inputs, state=gpu_pool, slot_indices=idx, use_qk_l2norm_in_kernel=True)
+    o = cp.asnumpy(step(**inputs, state=gpu_pool, slot_indices=idx))
+    new_pool = cp.asnumpy(gpu_pool)
+    assert np.all(o[1] == 0)
+    for slot in (1, 3, 5):
+        np.testing.assert_array_equal(new_pool[slot], pool[slot])
+    for row, slot in ((0, 4), (2, 0), (3, 2)):
+        ref_o, ref_s = recurrent_gated_delta_rule(
+            *(np.float32(c[n][row : row + 1]) for n in ("q", "k", "v", "g", "beta")),
+            initial_state=pool[slot : slot + 1], output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        assert rel(o[row : row + 1], ref_o) < FP32_TOL and rel(new_pool[slot : slot + 1], ref_s) < FP32_TOL
+
+
+def test_decode_step_rejects(cp, kern):
+    c, inputs, state = _step_inputs(cp, 90, 1, 1, 1, 16, 16)
+    with pytest.raises(ValueError, match="^q:"):
+        bad = dict(inputs, q=cp.asarray(np.concatenate([np.float32(c["q"])] * 2, axis=1)))
+        kern.DecodeStep(**bad, state=cp.asarray(state))
+    step = kern.DecodeStep(**inputs, state=cp.asarray(state))
+    raw = cp.zeros(16 * 16 + 1, cp.float32)
+    misaligned = raw[1:].reshape(1, 1, 16, 16)  # 4-byte aligned only: no 16-byte state vectors
+    with pytest.raises(ValueError, match="aligned"):
+        step(**inputs, state=misaligned)
