@@ -75,28 +75,12 @@ class Localisation:
                 f"error {self.error:.3g} > {self.bound:.3g}")
 
 
-def token_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """``[tokens, HV]`` per-token error, normalised like ``tolerance.output_errors`` (NaN kept)."""
-    HV, V = ref.shape[2], ref.shape[3]
-    o = np.asarray(o, np.float64).reshape(-1, HV, V)
-    ref = np.asarray(ref, np.float64).reshape(-1, HV, V)
-    diff = np.linalg.norm(o - ref, axis=-1)
-    norm = np.linalg.norm(ref, axis=-1)
-    typical = np.sqrt(np.mean(norm**2)) if norm.size else 0.0
-    out = np.zeros_like(diff)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end > start:
-            block = np.sqrt(np.mean(norm[start:end] ** 2, axis=0))
-            out[start:end] = diff[start:end] / np.maximum(np.maximum(block, tol.FLOOR * typical), 1e-300)
-    return out
-
-
 def localise(impl: Implementation, problem: Problem) -> Localisation:
     """Where ``impl``'s outputs on ``problem`` first leave the tolerance of the float64 oracle."""
     reference = tol.oracle(problem)
     tolerance = tol.tolerance(problem, tol.condition(problem, reference))
     result = impl.run(problem)
-    errors = token_errors(result.o, reference[0], problem.bounds)
+    errors = tol.token_errors(result.o, reference[0], problem.bounds)
     over = ~(errors <= tolerance.output_token)  # NaN counts as over
     if over.any():
         token, head = (int(x) for x in np.argwhere(over)[0])  # row-major: earliest token, then lowest head

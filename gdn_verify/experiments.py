@@ -224,7 +224,7 @@ class Runner:
             except Exception as exc:  # noqa: BLE001
                 entry["error"] = _failure(exc)
                 continue
-            errors = precision.token_errors(out.o, ref_o, bounds)
+            errors = tol.token_errors(out.o, ref_o, bounds)
             maps[(impl.name, dtype)] = errors
             flat = np.nan_to_num(errors, nan=np.inf)
             t, h = np.unravel_index(np.argmax(flat), flat.shape)

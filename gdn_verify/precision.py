@@ -84,27 +84,6 @@ def elementwise_relative_error(o: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.where(ref == 0, np.nan, np.where(np.isfinite(o), rel, np.inf))
 
 
-def token_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """``[B*T, HV]`` per-token relative error ``||o_t - ref_t|| / RMS token norm of its (sequence, head)``.
-
-    The per-token quantity whose maximum is ``tolerance``'s ``output_token`` metric, with the
-    same floor on the denominator (an all-zero block is compared absolutely).
-    """
-    HV, V = ref.shape[2], ref.shape[3]
-    o = np.asarray(o, np.float64).reshape(-1, HV, V)
-    ref = np.asarray(ref, np.float64).reshape(-1, HV, V)
-    diff = np.linalg.norm(o - ref, axis=-1)
-    norm = np.linalg.norm(ref, axis=-1)
-    typical = np.sqrt(np.mean(norm**2)) if norm.size else 0.0
-    out = np.zeros_like(diff)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end > start:
-            block = np.sqrt(np.mean(norm[start:end] ** 2, axis=0))
-            den = np.maximum(np.maximum(block, tol.FLOOR * typical), np.finfo(np.float64).tiny)
-            out[start:end] = diff[start:end] / den
-    return out
-
-
 def growth_exponent(lengths, errors) -> float | None:
     """Least-squares slope of log(error) against log(T); None with fewer than 2 positive errors."""
     points = [(T, e) for T, e in zip(lengths, errors) if e is not None and np.isfinite(e) and e > 0]

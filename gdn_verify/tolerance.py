@@ -103,34 +103,40 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return num / np.maximum(den, np.finfo(np.float64).tiny)
 
 
+def token_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``[B*T, HV]``: ``||o_t - ref_t||`` over the RMS token norm of its (sequence, value head) block.
+
+    The denominator is floored at ``FLOOR`` times the problem-wide RMS token norm, so an all-zero
+    block is compared absolutely. NaN in ``o`` stays NaN.
+    """
+    HV, V = ref.shape[2], ref.shape[3]
+    o = np.asarray(o, np.float64).reshape(-1, HV, V)
+    ref = np.asarray(ref, np.float64).reshape(-1, HV, V)
+    diff = np.linalg.norm(o - ref, axis=-1)
+    norm = np.linalg.norm(ref, axis=-1)
+    typical = np.sqrt(np.mean(norm**2)) if norm.size else 0.0
+    out = np.zeros_like(diff)
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            block = np.sqrt(np.mean(norm[start:end] ** 2, axis=0))
+            out[start:end] = _safe_ratio(diff[start:end], np.maximum(block, FLOOR * typical))
+    return out
+
+
 def output_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> tuple[float, float, tuple[int, int] | None]:
     """``(output_rms, output_token, worst (token, head))`` for ``o, ref`` ``[B, T, HV, V]``."""
-    HV = ref.shape[2]
-    o = np.asarray(o, np.float64).reshape(-1, HV, ref.shape[3])
-    ref = np.asarray(ref, np.float64).reshape(-1, HV, ref.shape[3])
-    if ref.shape[0] == 0:
+    tok = token_errors(o, ref, bounds)
+    if tok.size == 0:
         return 0.0, 0.0, None
-    diff = np.linalg.norm(o - ref, axis=-1)  # [tokens, HV]; NaN propagates
-    norm = np.linalg.norm(ref, axis=-1)
-    typical = np.sqrt(np.mean(norm**2))
-    rms_worst, token_worst, where = 0.0, 0.0, None
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end == start:
-            continue
-        block_norm = np.sqrt(np.mean(norm[start:end] ** 2, axis=0))  # [HV] RMS token norm
-        den = np.maximum(block_norm, FLOOR * typical)
-        rms = _safe_ratio(np.sqrt(np.mean(diff[start:end] ** 2, axis=0)), den)
-        tok = _safe_ratio(diff[start:end], den)
-        rms_worst = max(rms_worst, float(np.max(rms)))
-        if np.isnan(tok).any():
-            t, h = np.argwhere(np.isnan(tok))[0]
-            return float("nan"), float("nan"), (int(start + t), int(h))
-        t, h = np.unravel_index(np.argmax(tok), tok.shape)
-        if tok[t, h] >= token_worst:
-            token_worst, where = float(tok[t, h]), (int(start + t), int(h))
-    if np.isnan(diff).any():
-        rms_worst = float("nan")
-    return rms_worst, token_worst, where
+    if np.isnan(tok).any():
+        t, h = np.argwhere(np.isnan(tok))[0]
+        return float("nan"), float("nan"), (int(t), int(h))
+    # Within a block the denominator is constant, so the block's relative RMS error is the
+    # RMS of its per-token errors.
+    rms = max((float(np.max(np.sqrt(np.mean(tok[a:b] ** 2, axis=0)))) for a, b in zip(bounds[:-1], bounds[1:])
+               if b > a), default=0.0)
+    t, h = np.unravel_index(np.argmax(tok), tok.shape)
+    return rms, float(tok[t, h]), (int(t), int(h))
 
 
 def state_errors(state: np.ndarray, ref: np.ndarray, initial_state=None) -> tuple[float, tuple[int, int] | None]:

@@ -34,18 +34,6 @@ BF16_TOL = 4e-3
 TC_FP32_TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def cp():
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install '.[cuda13]' or '.[cuda12]')")
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 - CUDA driver errors come in many types
-        pytest.skip(f"no usable CUDA device ({exc})")
-    if count < 1:
-        pytest.skip("no CUDA device visible")
-    return cupy
-
-
 @pytest.fixture
 def chunk(cp, monkeypatch):
     from cupy_kernels import chunk as module

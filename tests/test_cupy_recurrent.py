@@ -33,18 +33,6 @@ F64_TOL = 1e-12
 
 
 @pytest.fixture(scope="module")
-def cp():
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed: the GPU kernel tests need it")
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 - no driver, no device: all the same to us
-        pytest.skip(f"no usable CUDA device ({exc})")
-    if count < 1:
-        pytest.skip("no CUDA device")
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def kern(cp):
     from cupy_kernels import recurrent
 

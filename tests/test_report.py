@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gdn_verify import numpy_impl, precision, report
+from gdn_verify import numpy_impl, precision, report, tolerance
 from gdn_verify.implementations import ConfigurationError, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ def test_growth_exponent_and_token_errors():
     ref = np.random.default_rng(2).standard_normal((1, 10, 3, 4))
     o = ref.copy()
     o[0, 7, 2] *= 1.1
-    errors = precision.token_errors(o, ref, np.array([0, 5, 10]))
+    errors = tolerance.token_errors(o, ref, np.array([0, 5, 10]))
     assert errors.shape == (10, 3)
     assert np.unravel_index(np.argmax(errors), errors.shape) == (7, 2)
     assert np.count_nonzero(errors) == 1
