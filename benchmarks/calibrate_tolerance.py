@@ -1,0 +1,63 @@
+"""Calibration of the tolerance model: error / bound for correct and for state-rounding kernels.
+
+Usage: python benchmarks/calibrate_tolerance.py
+
+Runs the correct float32 NumPy implementations (token loop, chunk 16, chunk 64) and the
+planted kernel that rounds its state to bfloat16 every token over a grid of lengths, gate
+regimes, input dtypes, l2norm, initial-state sizes and key dims, and prints for each
+(implementation, dtype) the largest ratio of measured error to the bound of
+``gdn_verify.tolerance`` for each metric. Correct kernels must stay well below 1; the
+state-rounding kernel must land far above it with float32 inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from gdn_verify import numpy_impl, planted
+from gdn_verify import tolerance as tl
+from gdn_verify.problem import DTYPES, Problem
+from properties.strategies import gate_values
+
+IMPLEMENTATIONS = {
+    "recurrent": numpy_impl.recurrent_gated_delta_rule,
+    "chunk16": lambda **kw: numpy_impl.chunk_gated_delta_rule(**kw, chunk_size=16),
+    "chunk64": numpy_impl.chunk_gated_delta_rule,
+    "bf16_state (bug)": lambda **kw: planted.token_loop("bf16_state", **kw),
+}
+
+
+def problem(rng, T, regime, dtype, K, l2norm, state_scale, H=2, HV=4, V=16) -> Problem:
+    k = rng.standard_normal((1, T, H, K))
+    if not l2norm:
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    state = None if state_scale is None else (rng.standard_normal((1, HV, K, V)) * state_scale).astype(np.float32)
+    return Problem(rng.standard_normal((1, T, H, K)), k, rng.standard_normal((1, T, HV, V)),
+                   gate_values(rng, (1, T, HV), regime), rng.uniform(0, 1, (1, T, HV)),
+                   initial_state=state, use_qk_l2norm_in_kernel=l2norm).astype(DTYPES[dtype])
+
+
+def main() -> None:
+    rng = np.random.default_rng(1)
+    worst: dict[tuple[str, str], np.ndarray] = {}
+    grid = itertools.product((64, 200), ("none", "mild", "moderate", "strong", "spikes"),
+                             ("float32", "bfloat16", "float16"), (False, True), (None, 100.0), (4, 32, 128))
+    for T, regime, dtype, l2norm, state_scale, K in grid:
+        p = problem(rng, T, regime, dtype, K, l2norm, state_scale)
+        ref = tl.oracle(p)
+        bound = tl.tolerance(p, tl.condition(p, ref))
+        for name, fn in IMPLEMENTATIONS.items():
+            o, s = fn(**p.kwargs())
+            e = tl.measure(o, s, ref[0], ref[1], p)
+            ratios = np.array([e.output_rms / bound.output_rms, e.output_token / bound.output_token,
+                               e.state / bound.state])
+            worst[name, dtype] = np.maximum(worst.get((name, dtype), 0.0), ratios)
+    print(f"{'implementation':<18} {'dtype':<9} {'output_rms':>10} {'output_token':>12} {'state':>9}  (error / bound)")
+    for (name, dtype), r in sorted(worst.items()):
+        print(f"{name:<18} {dtype:<9} {r[0]:>10.3g} {r[1]:>12.3g} {r[2]:>9.3g}")
+
+
+if __name__ == "__main__":
+    main()
