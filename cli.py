@@ -99,10 +99,12 @@ def cmd_check(args) -> int:
         raise ConfigurationError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
     if args.max_examples is not None and args.max_examples < 1:
         raise ConfigurationError("--max-examples must be at least 1")
+    if args.max_tokens is not None and args.max_tokens < 64:
+        raise ConfigurationError("--max-tokens must be at least 64")
     props = parse_properties(args.properties)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     options = CheckOptions(dtype=dtype, max_examples=args.max_examples, seed=seed, database=args.database,
-                           max_tokens=args.max_tokens)
+                           max_tokens=args.max_tokens or (2048 if impl.array == "numpy" else 65536))
     print(f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, dtype={dtype}, "
           f"seed={seed}, {len(props)} properties")
     progress = Progress()
@@ -214,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--dtype", help="input dtype: float64, float32, float16, bfloat16")
     check.add_argument("--properties", help="comma-separated subset of: " + ", ".join(PROPERTIES))
     check.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
-    check.add_argument("--max-tokens", type=int, default=2048, help="longest T for error_growth (default 2048)")
+    check.add_argument("--max-tokens", type=int,
+                       help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)")
     check.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
     check.add_argument("--json", help="write the results as JSON to this path")

@@ -35,7 +35,7 @@ from properties import strategies as gs
 # 0.75 means errors add coherently (a biased rounding, a gate or beta rounded the same way
 # every token) and will dominate at long context.
 GROWTH_BOUND = 0.75
-GROWTH_LENGTHS = (64, 128, 256, 512, 1024, 2048)
+GROWTH_LENGTHS = tuple(2**n for n in range(6, 17))  # 64 .. 65536, capped by --max-tokens
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ def plugins(tmp_path):
     (["check", "--impl", "numpy", "--dtype", "int8"], "--dtype"),
     (["check", "--impl", "numpy", "--properties", "matches_reference,bogus"], "--properties"),
     (["check", "--impl", "numpy", "--max-examples", "0"], "--max-examples"),
+    (["check", "--impl", "numpy", "--max-tokens", "10"], "--max-tokens"),
     (["check", "--impl", "planted:not_a_bug"], "unknown bug"),
     (["replay", "missing.npz", "--impl", "numpy"], "no case file"),
     (["fuzz"], "needs --impl"),
