@@ -8,19 +8,33 @@ and every tensor by keyword.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from gdn_verify import arrays
 from gdn_verify.implementations import ConfigurationError, Implementation
 
 
-def _fla():
+def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
+    """``load()`` (which imports a torch-based kernel library), or a one-line ConfigurationError."""
     try:
         import torch
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+        loaded = load()
     except ImportError as exc:
-        raise ConfigurationError(f"FLA is not installed (pip install fla-core==0.6.0): {exc}") from None
+        raise ConfigurationError(f"{what} is not installed ({install}): {exc}") from None
     if not torch.cuda.is_available():
-        raise ConfigurationError("FLA's kernels need a CUDA GPU; none is visible")
-    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        raise ConfigurationError(f"{what}'s kernels need a CUDA GPU; none is visible")
+    return loaded
+
+
+def _fla():
+    def load():
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+        return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+    return cuda_library("FLA", "pip install fla-core==0.6.0", load)
 
 
 def _wrap(fn):

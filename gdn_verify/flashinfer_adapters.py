@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify.implementations import ConfigurationError, Implementation
+from gdn_verify.adapters import cuda_library
+from gdn_verify.implementations import Implementation
 
 RAW_LIMIT = 40.0
 
@@ -119,16 +120,21 @@ def _state_out(ops, state, state_v_first: bool):
     return ops.contiguous(state if state_v_first else state.swapaxes(-1, -2))
 
 
+def _head_shapes(q, v, scale) -> tuple[int, int, int, int, int, int]:
+    """``(B, T, H, K, HV, V)``; ``scale=0`` is not expressible (FlashInfer reads it as the default)."""
+    if scale is not None and scale == 0.0:
+        raise NotImplementedError("FlashInfer reads scale=0 as the default K**-0.5")
+    B, T, H, K = q.shape
+    return B, T, H, K, v.shape[2], v.shape[3]
+
+
 def prefill_adapter(kernel: Callable, ops=None) -> Callable:
     """A native-convention callable running FlashInfer's prefill ``kernel`` (same signature)."""
     ops = ops or NumpyOps()
 
     def call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
              use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False):
-        if scale is not None and scale == 0.0:
-            raise NotImplementedError("FlashInfer reads scale=0 as the default K**-0.5")
-        B, T, H, K = q.shape
-        HV, V = v.shape[2], v.shape[3]
+        B, T, H, K, HV, V = _head_shapes(q, v, scale)
         if K != V:
             raise NotImplementedError(f"FlashInfer's GDN has one head_size; K={K} != V={V}")
         cu = ops.from_host(_bounds(ops, cu_seqlens, B, T), like=q)
@@ -167,10 +173,7 @@ def decode_adapter(kernel: Callable, ops=None) -> Callable:
 
     def call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
              use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False):
-        if scale is not None and scale == 0.0:
-            raise NotImplementedError("FlashInfer reads scale=0 as the default K**-0.5")
-        B, T, H, K = q.shape
-        HV, V = v.shape[2], v.shape[3]
+        B, T, H, K, HV, V = _head_shapes(q, v, scale)
         bounds = _bounds(ops, cu_seqlens, B, T)
         lengths = np.diff(bounds)
         flat = [x.reshape((B * T,) + tuple(x.shape[2:])) for x in (q, k, v)]
@@ -203,15 +206,14 @@ def decode_adapter(kernel: Callable, ops=None) -> Callable:
 
 def _flashinfer_kernels() -> tuple[Callable, Callable]:
     """FlashInfer's prefill and decode entry points; the only place that imports FlashInfer."""
-    try:
-        import torch
+
+    def load():
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
-    except ImportError as exc:
-        raise ConfigurationError(f"FlashInfer is not installed (pip install flashinfer-python): {exc}") from None
-    if not torch.cuda.is_available():
-        raise ConfigurationError("FlashInfer's GDN kernels need a CUDA GPU; none is visible")
-    return chunk_gated_delta_rule, gated_delta_rule_decode_pretranspose
+
+        return chunk_gated_delta_rule, gated_delta_rule_decode_pretranspose
+
+    return cuda_library("FlashInfer", "pip install flashinfer-python", load)
 
 
 def _decode_limits(kernel: Callable) -> Callable:
