@@ -39,3 +39,24 @@ def log_decay(A_log, a, dt_bias) -> np.ndarray:
 def gates_from_raw(A_log, a, dt_bias, b) -> tuple[np.ndarray, np.ndarray]:
     """Native ``(g, beta)`` from the raw gate inputs, both float64 shaped like ``a``."""
     return log_decay(A_log, a, dt_bias), sigmoid(b)
+
+
+def in_kernel_gates(g, beta, use_gate_in_kernel: bool = False, A_log=None, dt_bias=None,
+                    use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Native float64 ``(g, beta)`` from FLA 0.6's in-kernel gate options.
+
+    ``use_gate_in_kernel``: ``g`` is the raw gate input ``a`` and the decay is
+    ``-exp(A_log) * softplus(a + dt_bias)`` (``A_log`` required, ``dt_bias`` optional, both ``[HV]``).
+    ``use_beta_sigmoid_in_kernel``: ``beta`` holds logits and becomes ``sigmoid(beta)``, or
+    ``2 * sigmoid(beta)`` in ``[0, 2)`` with ``allow_neg_eigval`` (which needs the sigmoid option).
+    """
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise ValueError("A_log: required when use_gate_in_kernel=True")
+        g = log_decay(A_log, g, np.zeros(np.shape(A_log)) if dt_bias is None else dt_bias)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True")
+    if use_beta_sigmoid_in_kernel:
+        beta = sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
+    return np.asarray(g, np.float64), np.asarray(beta, np.float64)

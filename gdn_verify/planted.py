@@ -177,6 +177,16 @@ def state_layout_ignored(**kw):
     return numpy_impl.chunk_gated_delta_rule(**{**kw, "state_v_first": False})
 
 
+def gate_bias_ignored(**kw):
+    """``use_gate_in_kernel`` computes ``-exp(A_log) * softplus(g)``, dropping ``dt_bias``."""
+    return numpy_impl.chunk_gated_delta_rule(**{**kw, "dt_bias": None})
+
+
+def neg_eigval_ignored(**kw):
+    """``allow_neg_eigval`` is accepted but beta stays ``sigmoid(b)`` instead of ``2 sigmoid(b)``."""
+    return numpy_impl.chunk_gated_delta_rule(**{**kw, "allow_neg_eigval": False})
+
+
 def nondeterministic(**kw):
     """Results depend on a reduction order that changes between calls (one ulp here and there)."""
     o, s = numpy_impl.chunk_gated_delta_rule(**kw)
@@ -212,6 +222,8 @@ BUGS: dict[str, tuple[str, Callable]] = {
     "nan_on_zero_rows": ("l2norm without epsilon: zero rows give NaN", nan_on_zero_rows),
     "scale_ignored": ("the scale argument is ignored", default_scale_ignores_argument),
     "state_layout_ignored": ("state_v_first is accepted but ignored", state_layout_ignored),
+    "gate_bias_ignored": ("use_gate_in_kernel drops dt_bias", gate_bias_ignored),
+    "neg_eigval_ignored": ("allow_neg_eigval is accepted but ignored", neg_eigval_ignored),
     "nondeterministic": ("results change between identical calls", nondeterministic),
 }
 

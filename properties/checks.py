@@ -16,6 +16,11 @@ of ``gdn_verify.tolerance`` unless they state an exact (bitwise) contract.
 9.  ``linearity``               jointly linear in (v, initial_state); o(2q) = 2 o(q).
 10. ``output_contract``         documented shapes and dtypes; final state exactly when asked.
 11. ``chunk_equals_recurrent``  an implementation's chunked and recurrent forms agree.
+12. ``in_kernel_gate``          ``use_gate_in_kernel``: raw ``g`` with ``A_log``/``dt_bias`` (FLA 0.6).
+13. ``in_kernel_beta_sigmoid``  ``use_beta_sigmoid_in_kernel``, with and without ``allow_neg_eigval``.
+14. ``state_layout``            ``state_v_first`` gives the k-first results with the state transposed.
+
+12 to 14 exercise FLA 0.6 options; an implementation without them reports them unsupported.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
+from gdn_verify import gating
 from gdn_verify import tolerance as tol
 from gdn_verify.implementations import ContractError, Implementation, Result
 from gdn_verify.problem import DTYPES, Problem
@@ -87,10 +93,11 @@ def output_contract_violations(result: Result, problem: Problem) -> list[str]:
     return problems
 
 
-def run_checked(impl: Implementation, problem: Problem, form: str | None = None) -> Result:
+def run_checked(impl: Implementation, problem: Problem, form: str | None = None, options: dict | None = None
+                ) -> Result:
     """Run ``impl``; a wrong output shape or type is a :class:`Violation`, not a crash."""
     try:
-        result = impl.run(problem, form)
+        result = impl.run(problem, form, options)
     except ContractError as exc:
         raise Violation(f"output contract: {exc}") from None
     shape_problems = [p for p in output_contract_violations(result, problem) if "dtype" not in p]
@@ -463,6 +470,86 @@ def check_chunk_equals_recurrent(impl: Implementation, problem: Problem, params:
                    what="recurrent form of the same implementation")
 
 
+# 12. in_kernel_gate ---------------------------------------------------------------------------
+def raw_gate_inputs(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw gate projections ``a``: mostly N(0, 2), with +-30 spikes past softplus's threshold (20)."""
+    a = rng.normal(0.0, 2.0, shape)
+    pick = rng.uniform(size=shape)
+    return np.where(pick < 0.05, -30.0, np.where(pick > 0.95, 30.0, a))
+
+
+@st.composite
+def _in_kernel_gate_case(draw, dtype: str):
+    problem = draw(gs.problems(dtype=dtype, gate_regimes=("none",)))
+    HV = problem.v.shape[2]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    # Like Qwen3-Next's initialisation: A = exp(A_log) in [1, 16], dt_bias = softplus^-1(dt), dt in [1e-3, 0.1].
+    A_log = np.log(rng.uniform(1.0, 16.0, HV)).astype(np.float32)
+    dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), HV))
+    dt_bias = np.log(np.expm1(dt)).astype(np.float32) if draw(st.booleans()) else None
+    a = raw_gate_inputs(rng, problem.g.shape).astype(problem.dtype)
+    params = {"A_log": A_log.tolist(), "dt_bias": None if dt_bias is None else dt_bias.tolist()}
+    return problem.replace(g=a), params
+
+
+def gate_options(params: dict) -> dict:
+    """Keyword arguments of the in-kernel option call from a case's JSON-ready ``params``."""
+    options = {name: np.asarray(params[name], np.float32) for name in ("A_log", "dt_bias")
+               if params.get(name) is not None}
+    if "A_log" in options:
+        options["use_gate_in_kernel"] = True
+    if params.get("beta_logits"):
+        options["use_beta_sigmoid_in_kernel"] = True
+        if params.get("allow_neg_eigval"):
+            options["allow_neg_eigval"] = True
+    return options
+
+
+def check_in_kernel_options(impl: Implementation, problem: Problem, params: dict) -> Measurement:
+    """The raw-input call against the oracle run on the native gates those inputs define."""
+    options = gate_options(params)
+    result = run_checked(impl, problem, options=options)
+    g, beta = gating.in_kernel_gates(problem.g, problem.beta, **options)
+    native = problem.replace(g=g, beta=beta)
+    reference, tolerance = oracle_and_tolerance(native)
+    flags = ", ".join(name for name, value in options.items() if value is True)
+    return compare(native, result, reference, tolerance, what=f"oracle on the gates that {flags} define")
+
+
+# 13. in_kernel_beta_sigmoid -------------------------------------------------------------------
+@st.composite
+def _beta_sigmoid_case(draw, dtype: str):
+    problem = draw(gs.problems(dtype=dtype))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    logits = raw_gate_inputs(rng, problem.beta.shape).astype(problem.dtype)
+    return problem.replace(beta=logits), {"beta_logits": True, "allow_neg_eigval": draw(st.booleans())}
+
+
+# 14. state_layout -----------------------------------------------------------------------------
+def check_state_layout(impl: Implementation, problem: Problem, params: dict) -> Measurement:
+    k_first = problem.replace(state_v_first=False)
+    v_first = problem.replace(state_v_first=True, initial_state=np.ascontiguousarray(
+        problem.initial_state.swapaxes(-1, -2)))
+    reference, tolerance = oracle_and_tolerance(k_first)
+    transposed = run_checked(impl, v_first)
+    plain = run_checked(impl, k_first)
+    try:
+        compare(v_first, transposed, (_as64(plain.o), _as64(plain.final_state).swapaxes(-1, -2)), tolerance,
+                factor=2.0, what="same call with the k-first state layout")
+    except Violation as exc:
+        raise Violation(f"state_v_first=True: {exc}", exc.measurement) from None
+    return compare(v_first, transposed, (reference[0], reference[1].swapaxes(-1, -2)), tolerance)
+
+
+@st.composite
+def _state_layout_case(draw, dtype: str):
+    problem = draw(gs.problems(dtype=dtype, state_layouts=False))
+    s = problem.shape
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    state = rng.standard_normal((s["N"], s["HV"], s["K"], s["V"])).astype(np.float32)
+    return problem.replace(initial_state=state, output_final_state=True), {}
+
+
 PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in (
@@ -490,6 +577,12 @@ PROPERTIES: dict[str, Property] = {
                  lambda impl, dtype: _no_params(gs.problems(dtype=dtype)), check_chunk_equals_recurrent, 30,
                  lambda impl: None if {"chunk", "recurrent"} <= set(impl.forms)
                  else f"{impl.name} has no chunk and recurrent forms to compare"),
+        Property("in_kernel_gate", "use_gate_in_kernel: g = -exp(A_log) softplus(g + dt_bias) inside the kernel",
+                 lambda impl, dtype: _in_kernel_gate_case(dtype), check_in_kernel_options, 40),
+        Property("in_kernel_beta_sigmoid", "use_beta_sigmoid_in_kernel: beta = sigmoid(beta), x2 with allow_neg_eigval",
+                 lambda impl, dtype: _beta_sigmoid_case(dtype), check_in_kernel_options, 40),
+        Property("state_layout", "state_v_first: k-first results with the state transposed",
+                 lambda impl, dtype: _state_layout_case(dtype), check_state_layout, 30),
     )
 }
 
