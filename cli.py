@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from gdn_verify import implementations
-from gdn_verify.check import CheckOptions, PropertyResult, replay, run_check
+from gdn_verify.check import CheckOptions, PropertyResult, parse_head_dims, replay, run_check
 from gdn_verify.implementations import ConfigurationError
 from gdn_verify.problem import DTYPES
 from properties.checks import PROPERTIES
@@ -52,6 +52,8 @@ def format_result(r: PropertyResult) -> str:
     if r.worst is not None and r.status != "unsupported":
         if r.worst.bound:
             worst = f"worst {r.worst.error:.2e} (bound {r.worst.bound:.2e}, {r.worst.detail.split(';')[0]})"
+        elif r.status == "failed":
+            worst = f"max difference {r.worst.error:.2e} (exact contract)"
         else:
             worst = f"exact ({r.worst.detail})"
     note = f"  [{r.note}]" if r.note else ""
@@ -104,14 +106,19 @@ def cmd_check(args) -> int:
     props = parse_properties(args.properties)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     options = CheckOptions(dtype=dtype, max_examples=args.max_examples, seed=seed, database=args.database,
-                           max_tokens=args.max_tokens or (2048 if impl.array == "numpy" else 65536))
+                           max_tokens=args.max_tokens or (2048 if impl.array == "numpy" else 65536),
+                           head_dims=parse_head_dims(args.dims))
+    dims = "" if options.head_dims is None else f", head sizes {','.join(map(str, options.head_dims))} only"
     print(f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, dtype={dtype}, "
-          f"seed={seed}, {len(props)} properties")
+          f"seed={seed}, {len(props)} properties{dims}")
     progress = Progress()
+    extra = f" --array {impl.array}" if ":" in impl.name and impl.array != "numpy" else ""
 
     def on_result(r: PropertyResult) -> None:
         progress.clear()
         print(format_result(r), flush=True)
+        if r.status == "failed":  # at once, so that a run cut short still shows its minimal example
+            print(format_failure(r, impl.name, extra), flush=True)
 
     def on_progress(name, examples, worst):
         progress.update(name, examples, worst)
@@ -121,9 +128,6 @@ def cmd_check(args) -> int:
         progress.start(name, args.max_examples or PROPERTIES[name].max_examples)
         results += run_check(impl, [name], options, on_progress, on_result)
     failed = [r for r in results if r.status == "failed"]
-    extra = f" --array {impl.array}" if ":" in impl.name and impl.array != "numpy" else ""
-    for r in failed:
-        print(format_failure(r, impl.name, extra))
     counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "unsupported")}
     print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported")
     if args.json:
@@ -197,7 +201,8 @@ def cmd_fuzz(args) -> int:
     if args.impl is None:
         raise ConfigurationError("fuzz needs --impl")
     return fuzz.main(args.impl, args.budget, dtype=args.dtype, database=args.database, cases=args.cases,
-                     properties=args.properties, max_tokens=args.max_tokens, seed=args.seed, array=args.array)
+                     properties=args.properties, max_tokens=args.max_tokens, seed=args.seed, array=args.array,
+                     head_dims=parse_head_dims(args.dims))
 
 
 def cmd_report(args) -> int:
@@ -221,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
     check.add_argument("--json", help="write the results as JSON to this path")
+    check.add_argument("--dims", help=DIMS_HELP)
     check.add_argument("--convention", choices=("native", "spec"), default="native",
                        help="calling convention of --impl: native (FLA) or spec (vLLM speculative decoding)")
     check.set_defaults(func=cmd_check)
@@ -256,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--properties", help="comma-separated subset of: " + ", ".join(PROPERTIES))
     fz.add_argument("--max-tokens", type=int, default=2048, help="longest T for error_growth (default 2048)")
     fz.add_argument("--seed", type=int, help="reproducible run (Hypothesis then ignores the database)")
+    fz.add_argument("--dims", help=DIMS_HELP)
     fz.set_defaults(func=cmd_fuzz)
 
     from gdn_verify.report import add_arguments as add_report_arguments
@@ -264,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_arguments(rep)
     rep.set_defaults(func=cmd_report)
     return parser
+
+
+DIMS_HELP = ("draw head sizes K and V only from these, e.g. 64,128 (for kernels compiled per size; "
+             "default: every size, awkward ones included)")
 
 
 def main(argv: list[str] | None = None) -> int:

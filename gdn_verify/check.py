@@ -17,9 +17,10 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 
-from gdn_verify.implementations import Implementation
+from gdn_verify.implementations import ConfigurationError, Implementation
 from gdn_verify.problem import Problem
 from properties.checks import PROPERTIES, Measurement, Property, Violation
+from properties.strategies import only_head_dims
 
 CASES_DIR = Path(".gdn_verify") / "cases"
 
@@ -64,6 +65,20 @@ class CheckOptions:
     database: str | None = None  # directory of Hypothesis's example database (None: no database)
     cases_dir: Path = field(default_factory=lambda: CASES_DIR)
     max_tokens: int = 2048  # longest T for error_growth
+    head_dims: tuple[int, ...] | None = None  # K and V drawn only from these (None: every size)
+
+
+def parse_head_dims(text: str | None) -> tuple[int, ...] | None:
+    """``--dims 64,128`` as ``(64, 128)``; :class:`ConfigurationError` otherwise."""
+    if text is None:
+        return None
+    try:
+        dims = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise ConfigurationError(f"--dims {text!r}: expected comma-separated head sizes such as 64,128") from None
+    if not dims or min(dims) < 1:
+        raise ConfigurationError(f"--dims {text!r}: expected positive head sizes such as 64,128")
+    return dims
 
 
 def strategy_for(prop: Property, impl: Implementation, options: CheckOptions):
@@ -126,7 +141,8 @@ def run_property(prop: Property, impl: Implementation, options: CheckOptions,
     # give each (property, implementation) its own key.
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = f"{prop.name}/{impl.name}".encode()
     try:
-        wrapped()
+        with only_head_dims(options.head_dims):
+            wrapped()
     except Unsatisfiable:
         result.status = "unsupported"
         result.note = "the implementation raised NotImplementedError on every example"
@@ -136,6 +152,8 @@ def run_property(prop: Property, impl: Implementation, options: CheckOptions,
         result.status = "failed"
         # Hypothesis replays the minimal example last, so the last failure is the shrunk one.
         result.failure = failures[-1]
+        if result.failure.measurement is not None:  # the worst error is the failure's, not the passing examples'
+            result.worst = result.failure.measurement
         result.failure.case_path = save_case(result.failure, prop.name, impl, options)
     else:
         if result.examples and result.unsupported == result.examples:

@@ -125,7 +125,8 @@ def _campaign_properties(impl: Implementation, names: list[str], report: FuzzRep
 
 def run_fuzz(impl_name: str, budget: str, dtype: str | None = None, database: str | None = None,
              cases: str | None = None, properties: str | None = None, max_tokens: int = 2048, seed: int | None = None,
-             array: str | None = None, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> FuzzReport:
+             array: str | None = None, out: TextIO = sys.stdout, progress: TextIO = sys.stderr,
+             head_dims: tuple[int, ...] | None = None) -> FuzzReport:
     """Run a campaign; raises :class:`ConfigurationError` on misuse. See :func:`main` for the exit code."""
     seconds = parse_budget(budget)
     impl = implementations.resolve(impl_name, array)
@@ -168,7 +169,7 @@ def run_fuzz(impl_name: str, budget: str, dtype: str | None = None, database: st
             round_seed = None if seed is None else seed + 7919 * report.rounds + names.index(prop.name)
             options = CheckOptions(dtype=dtype, max_examples=n, seed=round_seed,
                                    database=str(db_root / slug / prop.name), cases_dir=cases_dir,
-                                   max_tokens=max_tokens)
+                                   max_tokens=max_tokens, head_dims=head_dims)
             result = run_property(prop, impl, options, progress=line.update)
             per_example[prop.name] = result.seconds / max(result.examples, 1)
             if result.status == "failed":

@@ -62,19 +62,27 @@ class Implementation:
     def default_form(self) -> str:
         return next(iter(self.forms))
 
-    def run(self, problem: Problem, form: str | None = None) -> Result:
-        """Call the implementation on ``problem`` and bring the outputs back to NumPy."""
+    def run(self, problem: Problem, form: str | None = None, options: dict[str, Any] | None = None) -> Result:
+        """Call the implementation on ``problem`` and bring the outputs back to NumPy.
+
+        ``options``: extra keyword arguments (FLA's in-kernel gate options); NumPy arrays among
+        them are converted like the inputs. An option the callable does not accept (a
+        ``TypeError`` naming it) raises ``NotImplementedError``: the feature is unsupported.
+        """
         fn = self.forms[form or self.default_form]
         kw = problem.kwargs()
         for name in ("q", "k", "v", "g", "beta", "initial_state"):
             kw[name] = arrays.to_kind(kw[name], self.array)
         if kw["cu_seqlens"] is not None:
             kw["cu_seqlens"] = arrays.to_kind(np.asarray(kw["cu_seqlens"], np.int64), self.array)
+        for name, value in (options or {}).items():
+            kw[name] = arrays.to_kind(value, self.array) if isinstance(value, np.ndarray) else value
         try:
             out = fn(**kw)
         except TypeError as exc:
-            if "state_v_first" in str(exc):
-                raise NotImplementedError("state_v_first is not accepted") from exc
+            rejected = [name for name in ("state_v_first", *(options or {})) if f"'{name}'" in str(exc)]
+            if rejected:
+                raise NotImplementedError(f"{rejected[0]} is not accepted") from exc
             raise
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ContractError(f"expected a pair (o, final_state), got {type(out).__name__}")
@@ -147,8 +155,12 @@ def load_plugin(spec: str, array: str = "numpy") -> Implementation:
     fn = getattr(module, function_name, None)
     if fn is None or not callable(fn):
         raise ConfigurationError(f"--impl {spec!r}: module {module_name!r} has no function {function_name!r}")
+    # A chunked plug-in may expose its stages for ``replay --diagnose`` as ``FUNCTION.stages``
+    # (a ``gdn_verify.diagnose.StagedImplementation``).
+    stages = getattr(fn, "stages", None)
     return Implementation(spec, {"default": fn}, array=array, description=f"plug-in {spec}",
-                          default_dtype="float32" if array == "numpy" else "bfloat16")
+                          default_dtype="float32" if array == "numpy" else "bfloat16",
+                          extra={} if stages is None else {"stages": stages})
 
 
 def resolve(name: str, array: str | None = None) -> Implementation:

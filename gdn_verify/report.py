@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and 10 examples per property, even on a GPU")
     parser.add_argument("--max-examples", type=int, help="examples per property (default 20, 10 with --quick)")
     parser.add_argument("--properties", help="comma-separated subset of the properties to run (default: all)")
+    parser.add_argument("--dims", help="head sizes K, V the property suite draws, e.g. 128 (default: every size; "
+                                       "the figures use K = V = 128, or 32 on CPU)")
 
 
 class ProgressBar:
@@ -146,6 +148,7 @@ class Options:
     out: Path
     max_examples: int
     properties: list[str]
+    head_dims: tuple[int, ...] | None = None
 
 
 def parse_options(args: argparse.Namespace) -> Options:
@@ -167,7 +170,10 @@ def parse_options(args: argparse.Namespace) -> Options:
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--out {out}: exists and is not a directory")
     max_examples = args.max_examples or (10 if args.quick else 20)
-    return Options(impls, skipped, dtypes, sizes, args.seed, out, max_examples, properties)
+    from gdn_verify.check import parse_head_dims
+
+    head_dims = parse_head_dims(getattr(args, "dims", None))
+    return Options(impls, skipped, dtypes, sizes, args.seed, out, max_examples, properties, head_dims)
 
 
 def replay_command(case: str, impl: Implementation) -> str:
@@ -185,7 +191,8 @@ def run_properties(options: Options, bar: ProgressBar) -> list[dict]:
             row = dict(impl=impl.name, dtype=dtype, results=[])
             rows.append(row)
             check = CheckOptions(dtype=dtype, max_examples=options.max_examples, seed=options.seed,
-                                 cases_dir=options.out / "cases", max_tokens=min(options.sizes.max_tokens, 2048))
+                                 cases_dir=options.out / "cases", max_tokens=min(options.sizes.max_tokens, 2048),
+                                 head_dims=options.head_dims)
             label = f"check {impl.name}, {dtype}"
             for name in options.properties:
                 bar.step(f"{label}: {name}")

@@ -38,7 +38,7 @@ GPU_SIZES = Sizes(max_len=65536, max_sequences=4, head_ratios=(1, 2, 4, 8), max_
 def large_problems(dtype: str, sizes: Sizes, gate_regimes=gs.GATE_REGIMES) -> st.SearchStrategy[Problem]:
     """``strategies.problems`` with the campaign's limits; on a GPU ``HV`` reaches 32, ``K = V = 128``."""
     heads = gs.head_counts(sizes.max_heads, sizes.head_ratios)
-    dims = st.sampled_from(sizes.dims)
+    dims = gs.head_dim(sizes.dims)
     # Long sequences are drawn with a bias to powers of two so the extremes are visited.
     lengths = st.sampled_from(tuple(2**i for i in range(17) if 2**i <= sizes.max_len))
     return st.tuples(heads, st.tuples(dims, dims), lengths).flatmap(

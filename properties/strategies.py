@@ -8,6 +8,10 @@ integer, which keeps large arrays cheap. Problems are well posed: keys are unit-
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -24,9 +28,38 @@ def head_counts(max_heads: int = 4, ratios=(1, 2, 4)) -> st.SearchStrategy[tuple
     return st.tuples(st.integers(1, max_heads), st.sampled_from(ratios)).map(lambda t: (t[0], t[0] * t[1]))
 
 
+# Kernels specialised per head size (Triton constexprs, templates) compile for each new one;
+# ``--dims`` restricts every strategy below to the sizes a kernel is built for.
+_ONLY_DIMS: ContextVar[tuple[int, ...] | None] = ContextVar("only_dims", default=None)
+
+
+@contextmanager
+def only_head_dims(dims: tuple[int, ...] | None) -> Iterator[None]:
+    """While active, ``K`` and ``V`` are drawn from ``dims`` only (None: no restriction)."""
+    token = _ONLY_DIMS.set(tuple(dims) if dims else None)
+    try:
+        yield
+    finally:
+        _ONLY_DIMS.reset(token)
+
+
+def allowed_dims(default: tuple[int, ...], max_dim: int | None = None) -> tuple[int, ...]:
+    """``default`` up to ``max_dim``, or the ``only_head_dims`` restriction (its smallest if none fits)."""
+    only = _ONLY_DIMS.get()
+    dims = only if only is not None else default
+    limit = max_dim if max_dim is not None else max(dims)
+    return tuple(d for d in dims if d <= limit) or (min(dims),)
+
+
+@st.composite
+def head_dim(draw, default: tuple[int, ...], max_dim: int | None = None) -> int:
+    """One head size from ``allowed_dims``, read when drawn so that ``only_head_dims`` applies."""
+    return draw(st.sampled_from(allowed_dims(default, max_dim)))
+
+
 def head_dims(max_dim: int = 128) -> st.SearchStrategy[tuple[int, int]]:
     """``(K, V)``, small or awkward sizes, ``K != V`` allowed."""
-    dims = st.sampled_from(tuple(d for d in SMALL_DIMS + AWKWARD_DIMS if d <= max_dim))
+    dims = head_dim(SMALL_DIMS + AWKWARD_DIMS, max_dim)
     return st.tuples(dims, dims)
 
 
