@@ -48,9 +48,12 @@ def _wrap(fn):
 
 
 def fla_chunk() -> Implementation:
+    from gdn_verify.diagnose import FlaStaged
+
     chunk, _ = _fla()
     arrays.check_kind("torch")
-    return Implementation("fla-chunk", {"chunk": _wrap(chunk)}, "torch", "FLA 0.6 chunk_gated_delta_rule", "bfloat16")
+    return Implementation("fla-chunk", {"chunk": _wrap(chunk)}, "torch", "FLA 0.6 chunk_gated_delta_rule", "bfloat16",
+                          extra={"stages": FlaStaged()})
 
 
 def fla_recurrent() -> Implementation:

@@ -101,9 +101,17 @@ def localise(impl: Implementation, problem: Problem) -> Localisation:
 
 
 def replay_diagnosis(case: str, impl: Implementation) -> str:
-    """The localisation of a saved case, as one line for ``replay --diagnose``."""
+    """``replay --diagnose``: the localisation of a saved case, then, for an implementation that
+    exposes its stages (``impl.extra["stages"]``, a :class:`StagedImplementation`), the stage table."""
     problem, _ = Problem.load(case)
-    return "diagnosis: " + localise(impl, problem).describe()
+    text = "diagnosis: " + localise(impl, problem).describe()
+    stages = impl.extra.get("stages")
+    if stages is not None:
+        try:
+            text += "\n" + diagnose(stages, problem).describe()
+        except Exception as exc:  # noqa: BLE001 - a broken stage hook must not hide the localisation
+            text += f"\nstage comparison failed: {type(exc).__name__}: {exc}"
+    return text
 
 
 # (b) stages ----------------------------------------------------------------------------------------

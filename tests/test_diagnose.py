@@ -97,3 +97,28 @@ def test_replay_diagnosis_reads_a_case(tmp_path):
     path = problem(0, lengths=(30, 50)).save(tmp_path / "case.npz", property="matches_reference")
     line = replay_diagnosis(str(path), planted.implementation("chunk_state_without_decay"))
     assert line.startswith("diagnosis: first token over the tolerance: sequence 0, token 16")
+
+
+def test_replay_diagnose_names_the_stage_of_a_plugin_that_exposes_its_stages(tmp_path):
+    """End to end through the CLI: a chunked plug-in with a planted solve_tril bug, stages exposed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "staged_plugin.py").write_text(
+        "import numpy as np\n"
+        "from gdn_verify import numpy_impl\n"
+        "from gdn_verify.diagnose import NumpyStaged, _chunks, _unchunks\n"
+        "class FirstOrderSolve(NumpyStaged):\n"
+        "    def solve_tril(self, A):\n"
+        "        Ac = _chunks(np.asarray(A, np.float32), self.chunk_size)\n"
+        "        return _unchunks(np.eye(self.chunk_size, dtype=np.float32) - Ac)\n"
+        "def kernel(**kw):\n"
+        "    return numpy_impl.chunk_gated_delta_rule(**kw)\n"
+        "kernel.stages = FirstOrderSolve()\n")
+    path = problem(0).save(tmp_path / "case.npz", property="matches_reference")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "cli.py"), "replay", str(path), "--impl", "staged_plugin:kernel",
+                           "--diagnose"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": f"{root}:{tmp_path}", "PATH": "/usr/bin:/bin"})
+    assert "first divergent stage: solve_tril" in done.stdout, done.stdout + done.stderr
