@@ -53,7 +53,7 @@ def _color_of(impls: list[str]):
 def error_vs_length(results: dict, impls: list[str], path: Path) -> Path:
     """Log-log relative RMS output error against T, fitted exponent in the legend, rounding floors dashed."""
     color = _color_of(impls)
-    fig = Figure(figsize=(8.5, 5.2), layout="constrained")
+    fig = Figure(figsize=(10.5, 5.2), layout="constrained")
     ax = fig.add_subplot()
     for dtype, floor in results["rounding_floor"].items():
         ls, _ = _style(dtype)
@@ -76,7 +76,8 @@ def error_vs_length(results: dict, impls: list[str], path: Path) -> Path:
     ax.set_ylabel("relative RMS output error (worst head)")
     ax.set_title("Error against sequence length (fitted growth exponent in the legend)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    # Beside the axes: with four or more implementations a legend inside hides the short-T points.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _save(fig, path)
 
 
@@ -183,7 +184,7 @@ def error_map(results: dict, maps: dict, path: Path) -> Path:
 def gate_beta(results: dict, impls: list[str], path: Path) -> Path:
     """Relative RMS output error against constant gate g (left) and constant beta (right)."""
     color = _color_of(impls)
-    fig = Figure(figsize=(13, 5), layout="constrained")
+    fig = Figure(figsize=(15, 5), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, key in zip(axes, ("gate_sweep", "beta_sweep")):
         section = results[key]
@@ -205,7 +206,8 @@ def gate_beta(results: dict, impls: list[str], path: Path) -> Path:
         ax.set_yscale("log")
         ax.set_ylabel("relative RMS output error (worst head)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+    # One legend for both panels, outside them, so that no curve hides behind it.
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside right upper")
     return _save(fig, path)
 
 

@@ -324,3 +324,16 @@ def test_every_figure_renders_in_headless_chromium(made, tmp_path):
     shutil.copytree(out, broken)
     (broken / "gate_beta.png").unlink()
     assert body_counts(chromium_dom(broken / "index.html", tmp_path)) == (len(FIGURE_NAMES) - 1, len(FIGURE_NAMES))
+
+
+COMMITTED_GPU_REPORT = Path(__file__).resolve().parents[1] / "reports" / "gpu-h100-2026-11-22"
+
+
+def test_committed_gpu_report_renders_every_figure(tmp_path):
+    """The report in the repository (measured on an H100) opens with all its figures."""
+    page = COMMITTED_GPU_REPORT / "index.html"
+    assert page.is_file(), "the committed GPU report is missing"
+    assert body_counts(chromium_dom(page, tmp_path)) == (len(FIGURE_NAMES), len(FIGURE_NAMES))
+    results = json.loads((COMMITTED_GPU_REPORT / "results.json").read_text())
+    assert {row["impl"] for row in results["summary"]} == {"cupy-chunk", "cupy-recurrent", "fla-chunk",
+                                                          "fla-recurrent"}
