@@ -18,10 +18,11 @@ from gdn_verify.reference import chunk_core, recurrent_core
 
 
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
-         cu_seqlens, chunk_size: int | None, gate_options: dict):
-    if gate_options["use_gate_in_kernel"] or gate_options["use_beta_sigmoid_in_kernel"] \
-            or gate_options["allow_neg_eigval"]:
-        g, beta = (x.astype(np.float32) for x in in_kernel_gates(g, beta, **gate_options))
+         cu_seqlens, chunk_size: int | None, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+         allow_neg_eigval):
+    if use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
+        g, beta = (x.astype(np.float32) for x in in_kernel_gates(g, beta, use_gate_in_kernel, A_log, dt_bias,
+                                                                 use_beta_sigmoid_in_kernel, allow_neg_eigval))
     p = pack(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
              dtype=np.float32, pad_to_multiple=chunk_size or 1)
     o, S = recurrent_core(p) if chunk_size is None else chunk_core(p, chunk_size)
@@ -34,10 +35,9 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
                                allow_neg_eigval=False):
     """Float32 token loop. Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 | None)``."""
-    gate_options = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
     return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                state_v_first, cu_seqlens, None, gate_options)
+                state_v_first, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                allow_neg_eigval)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -45,7 +45,6 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                            use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
                            allow_neg_eigval=False):
     """Float32 chunked (WY/UT) form with chunk size 16, 32 or 64."""
-    gate_options = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
     return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                state_v_first, cu_seqlens, chunk_size, gate_options)
+                state_v_first, cu_seqlens, chunk_size, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                allow_neg_eigval)
