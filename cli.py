@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from gdn_verify import implementations
-from gdn_verify.check import CheckOptions, PropertyResult, parse_head_dims, replay, run_check
+from gdn_verify.runners.check import CheckOptions, PropertyResult, parse_head_dims, replay, run_check
 from gdn_verify.implementations import ConfigurationError
-from gdn_verify.problem import DTYPES
-from properties.checks import PROPERTIES
+from gdn_verify.core.problem import DTYPES
+from gdn_verify.properties.native import PROPERTIES
 
 
 class Progress:
@@ -138,7 +138,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    from gdn_verify import planted
+    from gdn_verify.implementations import planted
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     print(f"gdn-verify selftest: {len(planted.BUGS)} planted bugs, dtype={args.dtype}, seed={seed}")
@@ -181,7 +181,7 @@ def cmd_replay(args) -> int:
     if m is not None and m.bound:
         print(f"  error {m.error:.3e}, bound {m.bound:.3e} ({m.detail})")
     if args.diagnose:
-        from gdn_verify.diagnose import replay_diagnosis
+        from gdn_verify.runners.diagnose import replay_diagnosis
 
         print(replay_diagnosis(args.case, impl))
     return 1 if status.startswith("failed") else 0
@@ -189,14 +189,14 @@ def cmd_replay(args) -> int:
 
 def cmd_bench(args) -> int:
     try:
-        from gdn_verify import bench
+        from gdn_verify.bench import decode as bench
     except ImportError as exc:
         raise ConfigurationError(f"bench: unavailable ({exc})") from None
     return bench.main(args)
 
 
 def cmd_fuzz(args) -> int:
-    from gdn_verify import fuzz
+    from gdn_verify.runners import fuzz
 
     if args.impl is None:
         raise ConfigurationError("fuzz needs --impl")

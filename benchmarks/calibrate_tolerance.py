@@ -6,7 +6,7 @@ Runs the correct float32 NumPy implementations (token loop, chunk 16, chunk 64) 
 planted kernel that rounds its state to bfloat16 every token over a grid of lengths, gate
 regimes, input dtypes, l2norm, initial-state sizes and key dims, and prints for each
 (implementation, dtype) the largest ratio of measured error to the bound of
-``gdn_verify.tolerance`` for each metric. Correct kernels must stay well below 1; the
+``gdn_verify.core.tolerance`` for each metric. Correct kernels must stay well below 1; the
 state-rounding kernel must land far above it with float32 inputs.
 """
 
@@ -16,10 +16,12 @@ import itertools
 
 import numpy as np
 
-from gdn_verify import numpy_impl, planted
-from gdn_verify import tolerance as tl
-from gdn_verify.problem import DTYPES, Problem
-from properties.strategies import gate_values
+from gdn_verify.implementations import numpy_impl
+
+from gdn_verify.implementations import planted
+from gdn_verify.core import tolerance as tl
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.properties.strategies import gate_values
 
 IMPLEMENTATIONS = {
     "recurrent": numpy_impl.recurrent_gated_delta_rule,

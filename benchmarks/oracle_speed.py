@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from gdn_verify.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from gdn_verify.core.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify.conventions import sequence_bounds
+from gdn_verify.core.conventions import sequence_bounds
 
 _SOURCE = Path(__file__).with_name("chunk.cu")
 CHUNK_SIZES = (16, 32, 64)

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from gdn_verify.check import CheckOptions, run_property
-from gdn_verify.conventions_spec import resolve_spec
+from gdn_verify.runners.check import CheckOptions, run_property
+from gdn_verify.implementations.spec import resolve_spec
 from gdn_verify.implementations import ConfigurationError
-from gdn_verify.problem import DTYPES, Problem
-from properties.checks import Violation
-from properties.spec import SPEC_PROPERTIES
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.properties.native import Violation
+from gdn_verify.properties.spec import SPEC_PROPERTIES
 
 
 def check_spec(impl_name: str, array: str | None = None, dtype: str | None = None, max_examples: int | None = None,

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from gdn_verify import tolerance as tol
+from gdn_verify.core import tolerance as tol
 from gdn_verify.implementations import Implementation
-from gdn_verify.problem import Problem
-from properties import strategies as gs
-from properties.checks import Measurement, Property, compare, run_checked
+from gdn_verify.core.problem import Problem
+from gdn_verify.properties import strategies as gs
+from gdn_verify.properties.native import Measurement, Property, compare, run_checked
 
 
 @dataclass(frozen=True)

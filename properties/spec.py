@@ -17,13 +17,13 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from gdn_verify import arrays
-from gdn_verify import tolerance as tol
-from gdn_verify.conventions_spec import start_slots
+from gdn_verify.core import arrays
+from gdn_verify.core import tolerance as tol
+from gdn_verify.implementations.spec import start_slots
 from gdn_verify.implementations import Implementation, Result
-from gdn_verify.problem import DTYPES, Problem
-from properties import strategies as gs
-from properties.checks import Measurement, Property, Violation, compare
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.properties import strategies as gs
+from gdn_verify.properties.native import Measurement, Property, Violation, compare
 
 
 def make_pool(params: dict, HV: int, K: int, V: int) -> np.ndarray:

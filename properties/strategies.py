@@ -15,7 +15,7 @@ from contextvars import ContextVar
 import numpy as np
 from hypothesis import strategies as st
 
-from gdn_verify.problem import DTYPES, Problem
+from gdn_verify.core.problem import DTYPES, Problem
 
 CHUNK_SIZES = (16, 32, 64)
 AWKWARD_DIMS = (1, 3, 60, 100, 128)

@@ -26,7 +26,7 @@ def cli(*args, cwd=ROOT, env_path=None):
 def plugins(tmp_path):
     (tmp_path / "my_kernels.py").write_text(textwrap.dedent("""
         import numpy as np
-        from gdn_verify import numpy_impl
+        from gdn_verify.implementations import numpy_impl
 
         def good(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                  use_qk_l2norm_in_kernel=False, cu_seqlens=None):

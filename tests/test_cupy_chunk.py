@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gdn_verify.reference import chunk_gated_delta_rule as oracle_chunk
-from gdn_verify.reference import recurrent_gated_delta_rule as oracle_recurrent
+from gdn_verify.core.reference import chunk_gated_delta_rule as oracle_chunk
+from gdn_verify.core.reference import recurrent_gated_delta_rule as oracle_recurrent
 
 pytestmark = pytest.mark.gpu
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gdn_verify.gating import gates_from_raw
-from gdn_verify.reference import decode_gated_delta_rule, recurrent_gated_delta_rule
+from gdn_verify.core.gating import gates_from_raw
+from gdn_verify.core.reference import decode_gated_delta_rule, recurrent_gated_delta_rule
 
 pytestmark = pytest.mark.gpu
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gdn_verify import planted
-from gdn_verify.diagnose import NumpyStaged, _chunks, _unchunks, diagnose, localise, replay_diagnosis
+from gdn_verify.implementations import planted
+from gdn_verify.runners.diagnose import NumpyStaged, _chunks, _unchunks, diagnose, localise, replay_diagnosis
 from gdn_verify.implementations import resolve
-from gdn_verify.problem import Problem
-from properties.strategies import GATE_REGIMES, beta_values, gate_values, unit_rows
+from gdn_verify.core.problem import Problem
+from gdn_verify.properties.strategies import GATE_REGIMES, beta_values, gate_values, unit_rows
 
 
 def problem(seed=0, regime="mild", lengths=(70, 80), HV=2, K=32, V=16, state=True) -> Problem:
@@ -107,8 +107,8 @@ def test_replay_diagnose_names_the_stage_of_a_plugin_that_exposes_its_stages(tmp
 
     (tmp_path / "staged_plugin.py").write_text(
         "import numpy as np\n"
-        "from gdn_verify import numpy_impl\n"
-        "from gdn_verify.diagnose import NumpyStaged, _chunks, _unchunks\n"
+        "from gdn_verify.implementations import numpy_impl\n"
+        "from gdn_verify.runners.diagnose import NumpyStaged, _chunks, _unchunks\n"
         "class FirstOrderSolve(NumpyStaged):\n"
         "    def solve_tril(self, A):\n"
         "        Ac = _chunks(np.asarray(A, np.float32), self.chunk_size)\n"

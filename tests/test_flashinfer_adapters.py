@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gdn_verify import flashinfer_adapters as fi
-from gdn_verify import reference
-from gdn_verify.check import CheckOptions, run_property
+from gdn_verify.implementations import flashinfer as fi
+from gdn_verify.core import reference
+from gdn_verify.runners.check import CheckOptions, run_property
 from gdn_verify.implementations import ConfigurationError, Implementation
-from gdn_verify.problem import Problem
-from properties.checks import PROPERTIES
-from properties.strategies import beta_values, gate_values, unit_rows
+from gdn_verify.core.problem import Problem
+from gdn_verify.properties.native import PROPERTIES
+from gdn_verify.properties.strategies import beta_values, gate_values, unit_rows
 
 
 def standin_prefill(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
@@ -132,7 +132,7 @@ def test_raw_gates_round_trip_including_the_unrepresentable_extremes():
     beta = np.array([0.0, 1e-9, 0.25, 0.5, 0.999, 1.0, 1.0])
     a, b = fi.raw_gates(fi.NumpyOps(), g, beta)
     assert np.all(np.isfinite(a)) and np.all(np.isfinite(b))
-    from gdn_verify.gating import gates_from_raw
+    from gdn_verify.core.gating import gates_from_raw
 
     g2, beta2 = gates_from_raw(np.zeros(7), a, np.zeros(7), b)
     assert np.all(np.abs(np.exp(g2) - np.exp(g)) <= 1e-15)

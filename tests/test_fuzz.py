@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn_verify.fuzz import main, parse_budget, run_fuzz
+from gdn_verify.runners.fuzz import main, parse_budget, run_fuzz
 from gdn_verify.implementations import ConfigurationError
 
 

@@ -7,12 +7,14 @@ import random
 import numpy as np
 import pytest
 
-from gdn_verify import planted, tolerance
-from gdn_verify.check import CheckOptions, run_property
+from gdn_verify.implementations import planted
+
+from gdn_verify.core import tolerance
+from gdn_verify.runners.check import CheckOptions, run_property
 from gdn_verify.implementations import resolve
-from gdn_verify.problem import DTYPES, Problem
-from properties.checks import PROPERTIES, Violation, check_matches_reference
-from properties.strategies import head_dims, only_head_dims, problems
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.properties.native import PROPERTIES, Violation, check_matches_reference
+from gdn_verify.properties.strategies import head_dims, only_head_dims, problems
 
 # A fresh seed each run (printed on failure): correct implementations must pass under any seed.
 SEED = random.randrange(2**31)
@@ -145,7 +147,7 @@ def test_head_dims_restriction_applies_to_every_draw():
 
 
 def test_in_kernel_gates_follow_fla_and_reject_incomplete_options():
-    from gdn_verify.gating import in_kernel_gates
+    from gdn_verify.core.gating import in_kernel_gates
 
     a, b = np.zeros((1, 2, 1)), np.zeros((1, 2, 1))
     g, beta = in_kernel_gates(a, b, use_gate_in_kernel=True, A_log=np.log([2.0]), dt_bias=np.array([0.0]),

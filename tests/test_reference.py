@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gdn_verify.gating import gates_from_raw, sigmoid, softplus
-from gdn_verify.reference import chunk_gated_delta_rule, decode_gated_delta_rule, recurrent_gated_delta_rule
+from gdn_verify.core.gating import gates_from_raw, sigmoid, softplus
+from gdn_verify.core.reference import chunk_gated_delta_rule, decode_gated_delta_rule, recurrent_gated_delta_rule
 from tests.mp_reference import mp_gated_delta_rule
 
 ORACLES = {

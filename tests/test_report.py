@@ -18,7 +18,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gdn_verify import numpy_impl, precision, report, tolerance
+from gdn_verify.implementations import numpy_impl
+
+from gdn_verify.core import error_stats as precision
+
+from gdn_verify import report
+
+from gdn_verify.core import tolerance
 from gdn_verify.implementations import ConfigurationError, resolve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,11 +7,11 @@ import io
 import numpy as np
 import pytest
 
-from gdn_verify import conventions_spec as cs
-from gdn_verify.check import CheckOptions, run_property
+from gdn_verify.implementations import spec as cs
+from gdn_verify.runners.check import CheckOptions, run_property
 from gdn_verify.implementations import ConfigurationError, Implementation
 from gdn_verify.spec_runner import check_spec, replay_spec
-from properties.spec import SPEC_PROPERTIES
+from gdn_verify.properties.spec import SPEC_PROPERTIES
 
 PROP = SPEC_PROPERTIES["spec_decode_slots"]
 

@@ -14,15 +14,15 @@ Per sequence and value head, with state ``S`` of shape ``[K, V]``::
 The implementation is vectorized over sequences and heads: the recurrent form loops over
 token positions only, the chunked form over chunks only (plus a row loop of the triangular
 solve), everything else is matrix products.  ``compute_dtype`` is float64 for the oracle;
-``gdn_verify.numpy_impl`` runs the same algebra in float32 as the shipped CPU implementation.
+``gdn_verify.implementations.numpy_impl`` runs the same algebra in float32 as the shipped CPU implementation.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gdn_verify.conventions import Packed, export_state, pack, unpack_output
-from gdn_verify.gating import gates_from_raw
+from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
+from gdn_verify.core.gating import gates_from_raw
 
 
 def _finish(packed: Packed, o: np.ndarray, state: np.ndarray, output_final_state: bool):

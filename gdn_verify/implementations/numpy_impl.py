@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gdn_verify.conventions import export_state, pack, unpack_output
-from gdn_verify.gating import in_kernel_gates
-from gdn_verify.reference import chunk_core, recurrent_core
+from gdn_verify.core.conventions import export_state, pack, unpack_output
+from gdn_verify.core.gating import in_kernel_gates
+from gdn_verify.core.reference import chunk_core, recurrent_core
 
 
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,

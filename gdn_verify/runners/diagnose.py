@@ -41,11 +41,11 @@ from typing import Protocol
 
 import numpy as np
 
-from gdn_verify import tolerance as tol
-from gdn_verify.conventions import Packed, pack
+from gdn_verify.core import tolerance as tol
+from gdn_verify.core.conventions import Packed, pack
 from gdn_verify.implementations import Implementation
-from gdn_verify.problem import Problem
-from gdn_verify.reference import unit_lower_inverse
+from gdn_verify.core.problem import Problem
+from gdn_verify.core.reference import unit_lower_inverse
 
 STAGES = ("cumsum", "kkt", "solve_tril", "w_u", "fwd_h", "fwd_o")
 STAGE_FACTOR = 4.0  # covers rounding the float64 stage inputs to the working precision too

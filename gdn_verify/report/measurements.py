@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gdn_verify import precision, reference
-from gdn_verify import tolerance as tol
+from gdn_verify.core import error_stats as precision
+
+from gdn_verify.core import reference
+from gdn_verify.core import tolerance as tol
 from gdn_verify.implementations import ConfigurationError, Implementation, resolve
-from gdn_verify.problem import DTYPES, Problem
+from gdn_verify.core.problem import DTYPES, Problem
 
 CHUNK = 64  # the chunk size of the kernels under study; its boundaries are marked on the error map
 GATE_SWEEP = (0.0, -0.001, -0.01, -0.1, -1.0, -3.0, -10.0, -20.0, -40.0, -60.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from gdn_verify import tolerance as tol
+from gdn_verify.core import tolerance as tol
 
 # ULP histogram bins: 0, 1, 2, 3-4, 5-8, ... (upper edges are powers of two), then "more".
 ULP_BIN_EDGES = (0, 1, 2) + tuple(2**i for i in range(2, 21))

@@ -7,7 +7,7 @@ is installed, since CuPy has no bfloat16, else as CuPy arrays.
 
 from __future__ import annotations
 
-from gdn_verify import arrays
+from gdn_verify.core import arrays
 from gdn_verify.implementations import Implementation
 
 arrays.check_kind("cupy")

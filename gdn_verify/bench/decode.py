@@ -364,7 +364,7 @@ def format_table(rows: list[dict]) -> str:
 
 def main(args) -> int:
     """``cli.py bench``: decode and/or prefill tables, side by side with FLA and a copy."""
-    from gdn_verify import arrays
+    from gdn_verify.core import arrays
     from gdn_verify.implementations import ConfigurationError
 
     try:
@@ -375,7 +375,7 @@ def main(args) -> int:
     if args.what in ("decode", "all"):
         tables.append("## Decode (recurrent kernel)\n\n" + format_table(decode_bench()))
     if args.what in ("prefill", "all"):
-        from gdn_verify import prefill_bench
+        from gdn_verify.bench import prefill as prefill_bench
 
         tables.append("## Prefill (chunked kernel)\n\n" + prefill_bench.format_table(prefill_bench.prefill_bench()))
     text = "\n\n".join(tables)

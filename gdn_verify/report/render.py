@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from gdn_verify.figures import FIGURES, percent
+from gdn_verify.report.figures import FIGURES, percent
 
 SECTIONS = (
     ("error_vs_length.png", "1. Error against sequence length",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gdn_verify import arrays
+from gdn_verify.core import arrays
 from gdn_verify.implementations import ConfigurationError, Implementation
 
 
@@ -48,7 +48,7 @@ def _wrap(fn):
 
 
 def fla_chunk() -> Implementation:
-    from gdn_verify.diagnose import FlaStaged
+    from gdn_verify.runners.diagnose import FlaStaged
 
     chunk, _ = _fla()
     arrays.check_kind("torch")

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 
 from gdn_verify.implementations import ConfigurationError, Implementation
-from gdn_verify.problem import Problem
-from properties.checks import PROPERTIES, Measurement, Property, Violation
-from properties.strategies import only_head_dims
+from gdn_verify.core.problem import Problem
+from gdn_verify.properties.native import PROPERTIES, Measurement, Property, Violation
+from gdn_verify.properties.strategies import only_head_dims
 
 CASES_DIR = Path(".gdn_verify") / "cases"
 
@@ -83,7 +83,7 @@ def parse_head_dims(text: str | None) -> tuple[int, ...] | None:
 
 def strategy_for(prop: Property, impl: Implementation, options: CheckOptions):
     if prop.name == "error_growth":
-        from properties.checks import strategy_growth
+        from gdn_verify.properties.native import strategy_growth
 
         return strategy_growth(impl, options.dtype, options.max_tokens)
     return prop.strategy(impl, options.dtype)

@@ -21,9 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify import arrays, environment, experiments, implementations
+from gdn_verify.core import arrays
+
+from gdn_verify.report import environment
+
+from gdn_verify.report import measurements as experiments
+
+from gdn_verify import implementations
 from gdn_verify.implementations import ConfigurationError, Implementation
-from gdn_verify.problem import DTYPES
+from gdn_verify.core.problem import DTYPES
 
 GPU_DEFAULTS = ("cupy-chunk", "cupy-recurrent", "fla-chunk", "fla-recurrent")
 CPU_DEFAULTS = ("numpy", "numpy-recurrent")
@@ -126,7 +132,7 @@ def resolve_all(names: list[str] | None, array: str | None) -> tuple[list[Implem
 
 
 def _properties(text: str | None) -> list[str]:
-    from properties.checks import PROPERTIES
+    from gdn_verify.properties.native import PROPERTIES
 
     if not text:
         return list(PROPERTIES)
@@ -170,7 +176,7 @@ def parse_options(args: argparse.Namespace) -> Options:
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--out {out}: exists and is not a directory")
     max_examples = args.max_examples or (10 if args.quick else 20)
-    from gdn_verify.check import parse_head_dims
+    from gdn_verify.runners.check import parse_head_dims
 
     head_dims = parse_head_dims(getattr(args, "dims", None))
     return Options(impls, skipped, dtypes, sizes, args.seed, out, max_examples, properties, head_dims)
@@ -183,7 +189,7 @@ def replay_command(case: str, impl: Implementation) -> str:
 
 def run_properties(options: Options, bar: ProgressBar) -> list[dict]:
     """The property suite per (implementation, dtype), as ``check --json`` rows plus replay commands."""
-    from gdn_verify.check import CheckOptions, run_check
+    from gdn_verify.runners.check import CheckOptions, run_check
 
     rows = []
     for impl in options.impls:
@@ -254,7 +260,8 @@ def _json_ready(x: Any) -> Any:
 
 def make_report(options: Options, argv: list[str] | None = None, stream=None) -> dict:
     """Run everything and write the report directory; returns the results document."""
-    from gdn_verify import figures, render
+    from gdn_verify.report import figures
+    from gdn_verify.report import render
 
     stream = stream if stream is not None else sys.stderr
     oracle_name, oracle = experiments.choose_oracle()

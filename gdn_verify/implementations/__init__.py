@@ -18,8 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify import arrays, numpy_impl, reference
-from gdn_verify.problem import Problem
+from gdn_verify.core import arrays
+
+from gdn_verify.implementations import numpy_impl
+
+from gdn_verify.core import reference
+from gdn_verify.core.problem import Problem
 
 
 class ConfigurationError(ValueError):
@@ -125,14 +129,14 @@ BUILTIN: dict[str, Callable[[], Implementation]] = {
 
 # Implementations provided by other modules, imported on demand: name -> "module:factory".
 LAZY: dict[str, str] = {
-    "cupy": "cupy_kernels.registry:cupy_auto",
-    "cupy-recurrent": "cupy_kernels.registry:cupy_recurrent",
-    "cupy-chunk": "cupy_kernels.registry:cupy_chunk",
-    "cupy-oracle": "cupy_kernels.registry:cupy_oracle",
-    "fla-chunk": "gdn_verify.adapters:fla_chunk",
-    "fla-recurrent": "gdn_verify.adapters:fla_recurrent",
-    "flashinfer-prefill": "gdn_verify.flashinfer_adapters:flashinfer_prefill",
-    "flashinfer-decode": "gdn_verify.flashinfer_adapters:flashinfer_decode",
+    "cupy": "gdn_verify.implementations.cupy:cupy_auto",
+    "cupy-recurrent": "gdn_verify.implementations.cupy:cupy_recurrent",
+    "cupy-chunk": "gdn_verify.implementations.cupy:cupy_chunk",
+    "cupy-oracle": "gdn_verify.implementations.cupy:cupy_oracle",
+    "fla-chunk": "gdn_verify.implementations.fla:fla_chunk",
+    "fla-recurrent": "gdn_verify.implementations.fla:fla_recurrent",
+    "flashinfer-prefill": "gdn_verify.implementations.flashinfer:flashinfer_prefill",
+    "flashinfer-decode": "gdn_verify.implementations.flashinfer:flashinfer_decode",
 }
 
 
@@ -170,7 +174,7 @@ def resolve(name: str, array: str | None = None) -> Implementation:
     if name in BUILTIN:
         impl = BUILTIN[name]()
     elif name.startswith("planted:"):
-        from gdn_verify import planted
+        from gdn_verify.implementations import planted
 
         impl = planted.implementation(name.removeprefix("planted:"))
     elif name in LAZY:
@@ -196,7 +200,7 @@ def default_name() -> tuple[str, str]:
     """``("cupy", why)`` when a CUDA GPU with CuPy is usable, else ``("numpy", why)``."""
     try:
         arrays.check_kind("cupy")
-        importlib.import_module("cupy_kernels.registry")
+        importlib.import_module("gdn_verify.implementations.cupy")
     except (arrays.ArrayKindUnavailable, ImportError) as exc:
         return "numpy", f"no usable CUDA GPU ({exc}); using the float32 NumPy implementation"
     return "cupy", "a CUDA GPU with CuPy is usable; using the CuPy kernels"

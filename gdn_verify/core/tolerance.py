@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
-from gdn_verify.problem import Problem
-from gdn_verify.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from gdn_verify.core.problem import Problem
+from gdn_verify.core.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 C_IN = 2.0
 C_WORK = 16.0

@@ -1,5 +1,5 @@
 """The report's PNG figures (matplotlib, Agg canvas; no pyplot state), drawn from the results dict
-of ``gdn_verify.experiments`` and its per-token error maps.
+of ``gdn_verify.report.measurements`` and its per-token error maps.
 
 Colour names the implementation, line style and marker the dtype, so a figure reads the same
 way in every report. Errors of exactly 0 or not finite cannot sit on a log axis and are left

@@ -9,7 +9,7 @@ failure found once is replayed first the next time. Rounds draw fresh random exa
 A failing property is reported (shrunk case saved as ``.npz`` plus a replay command) and dropped from later rounds.
 
 On an implementation taking GPU arrays, ``matches_reference`` and ``gate_extremes`` draw large
-problems (``properties.large``) checked against the ``cupy-oracle`` float64 GPU oracle.
+problems (``gdn_verify.properties.large``) checked against the ``cupy-oracle`` float64 GPU oracle.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TextIO
 
 from gdn_verify import implementations
-from gdn_verify.check import CASES_DIR, CheckOptions, run_property
+from gdn_verify.runners.check import CASES_DIR, CheckOptions, run_property
 from gdn_verify.implementations import ConfigurationError, Implementation
-from gdn_verify.problem import DTYPES, Problem
-from properties import large
-from properties.checks import PROPERTIES, Measurement, Property, Violation
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.properties import large
+from gdn_verify.properties.native import PROPERTIES, Measurement, Property, Violation
 
 DATABASE_DIR = Path(".gdn_verify") / "hypothesis"
 # Two examples per property in the first round: every property is visited early even for a

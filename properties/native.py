@@ -3,7 +3,7 @@
 A check returns a :class:`Measurement` (the worst error it saw and the bound it held it to)
 or raises :class:`Violation`. ``NotImplementedError`` from the implementation propagates and
 means "unsupported". Properties compare against the float64 oracle with the tolerance model
-of ``gdn_verify.tolerance`` unless they state an exact (bitwise) contract.
+of ``gdn_verify.core.tolerance`` unless they state an exact (bitwise) contract.
 
 1.  ``matches_reference``       outputs and final state within tolerance of the oracle.
 2.  ``varlen_equals_separate``  a packed varlen call equals calling each sequence alone.
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from gdn_verify import gating
-from gdn_verify import tolerance as tol
+from gdn_verify.core import gating
+from gdn_verify.core import tolerance as tol
 from gdn_verify.implementations import ContractError, Implementation, Result
-from gdn_verify.problem import DTYPES, Problem
-from properties import strategies as gs
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.properties import strategies as gs
 
 # Rounding error that adds up like a random walk grows as T^0.5; a fitted exponent above
 # 0.75 means errors add coherently (a biased rounding, a gate or beta rounded the same way

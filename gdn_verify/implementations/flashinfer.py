@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify.adapters import cuda_library
+from gdn_verify.implementations.fla import cuda_library
 from gdn_verify.implementations import Implementation
 
 RAW_LIMIT = 40.0

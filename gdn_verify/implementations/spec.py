@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gdn_verify import numpy_impl
+from gdn_verify.implementations import numpy_impl
 from gdn_verify.implementations import ConfigurationError, Implementation, load_plugin
 
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from gdn_verify import numpy_impl
-from gdn_verify.conventions import export_state, pack, unpack_output
+from gdn_verify.implementations import numpy_impl
+from gdn_verify.core.conventions import export_state, pack, unpack_output
 from gdn_verify.implementations import ConfigurationError, Implementation
-from gdn_verify.reference import segment_sums, unit_lower_inverse
+from gdn_verify.core.reference import segment_sums, unit_lower_inverse
 
 
 def _packed(kw: dict, pad: int = 1):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify.problem import DTYPES
+from gdn_verify.core.problem import DTYPES
 
 ARRAY_KINDS = ("numpy", "torch", "cupy")
 
