@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""gdn-verify command line: check, selftest, replay, bench, report, fuzz.
+"""gdn-verify command line: check, selftest, replay, fuzz, report, bench.
 
-Exit status: 0 all properties hold, 1 a property is violated, 2 misuse (a one-line message).
+A thin layer over ``gdn_verify.api``: it parses flags, shows progress and results, and maps
+library errors (which name the argument) to flags. Exit status: 0 every property holds, 1 a
+property is violated, 2 misuse (a one-line message), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -10,225 +12,205 @@ import argparse
 import json
 import random
 import sys
-import time
 from pathlib import Path
 
-from gdn_verify import implementations
-from gdn_verify.runners.check import CheckOptions, PropertyResult, parse_head_dims, replay, run_check
-from gdn_verify.implementations import ConfigurationError
+from gdn_verify import api, console, implementations
+from gdn_verify.core.implementation import ConfigurationError
 from gdn_verify.core.problem import DTYPES
-from gdn_verify.properties.native import PROPERTIES
+from gdn_verify.properties import NAMES
+from gdn_verify.runners.check import PropertyResult
+
+ARRAYS = ("numpy", "torch", "cupy")
+# Library argument names that are not spelled --name on the command line.
+FLAGS = {"case": "CASE", "dtypes": "--dtype", "device": "bench"}
 
 
-class Progress:
-    """One status line per property; live example counts on a terminal."""
-
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.live = stream.isatty()
-        self.last = 0.0
-
-    def update(self, name: str, examples: int, worst) -> None:
-        now = time.monotonic()
-        if self.live and now - self.last > 0.1:
-            worst_text = f" worst {worst.error:.2e}" if worst is not None else ""
-            self.stream.write(f"\r  {name:<24} {examples:4d} examples{worst_text}   ")
-            self.stream.flush()
-            self.last = now
-
-    def start(self, name: str, examples: int) -> None:
-        if not self.live:
-            self.stream.write(f"  running {name} (up to {examples} examples)...\n")
-            self.stream.flush()
-
-    def clear(self) -> None:
-        if self.live:
-            self.stream.write("\r" + " " * 78 + "\r")
-            self.stream.flush()
+def flag(field: str) -> str:
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
-def format_result(r: PropertyResult) -> str:
-    worst = ""
-    if r.worst is not None and r.status != "unsupported":
-        if r.worst.bound:
-            worst = f"worst {r.worst.error:.2e} (bound {r.worst.bound:.2e}, {r.worst.detail.split(';')[0]})"
-        elif r.status == "failed":
-            worst = f"max difference {r.worst.error:.2e} (exact contract)"
-        else:
-            worst = f"exact ({r.worst.detail})"
-    note = f"  [{r.note}]" if r.note else ""
-    return f"  {r.name:<24} {r.status:<11} {r.examples:4d} examples  {worst}  {r.seconds:.1f}s{note}"
+def split_list(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
-def format_failure(r: PropertyResult, impl_name: str, extra: str) -> str:
-    f = r.failure
-    lines = [f"FAILED {r.name}: {f.message}", f"  minimal example: {f.problem.describe()}"]
-    if f.params:
-        lines.append(f"  parameters: {f.params}")
-    if f.case_path is not None:
-        lines.append(f"  replay: python cli.py replay {f.case_path} --impl {impl_name}{extra}")
-    return "\n".join(lines)
+def head_dims(text: str | None) -> tuple[int, ...] | None:
+    """``--dims 64,128`` as ``(64, 128)``."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in split_list(text) or [])
+    except ValueError:
+        raise ConfigurationError("dims", f"{text!r}: expected comma-separated head sizes such as 64,128") from None
 
 
-def parse_properties(text: str | None) -> list[str]:
-    if not text:
-        return list(PROPERTIES)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PROPERTIES]
-    if unknown:
-        raise ConfigurationError(f"--properties: unknown {', '.join(unknown)}; choose from {', '.join(PROPERTIES)}")
-    return names
+def impl_name(args: argparse.Namespace) -> str:
+    if args.impl is not None:
+        return args.impl
+    name, why = implementations.default_name()
+    print(f"no --impl given: {why}", file=sys.stderr)
+    return name
 
 
-def resolve_impl(args) -> implementations.Implementation:
-    name = args.impl
-    if name is None:
-        name, why = implementations.default_name()
-        print(f"no --impl given: {why}", file=sys.stderr)
-    return implementations.resolve(name, getattr(args, "array", None))
-
-
-def cmd_check(args) -> int:
-    if args.convention == "spec":
-        from gdn_verify.spec_runner import check_spec
-
-        if args.impl is None:
-            raise ConfigurationError("--convention spec needs --impl (spec-numpy or MODULE:FUNCTION)")
-        return check_spec(args.impl, args.array, args.dtype, args.max_examples, args.seed, args.database)
-    impl = resolve_impl(args)
-    dtype = args.dtype or impl.default_dtype
-    if dtype not in DTYPES:
-        raise ConfigurationError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
-    if args.max_examples is not None and args.max_examples < 1:
-        raise ConfigurationError("--max-examples must be at least 1")
-    if args.max_tokens is not None and args.max_tokens < 64:
-        raise ConfigurationError("--max-tokens must be at least 64")
-    props = parse_properties(args.properties)
+def cmd_check(args: argparse.Namespace) -> int:
+    display = console.ProgressDisplay()
+    impl = api.implementation(impl_name(args), args.array, args.convention)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    options = CheckOptions(dtype=dtype, max_examples=args.max_examples, seed=seed, database=args.database,
-                           max_tokens=args.max_tokens or (2048 if impl.array == "numpy" else 65536),
-                           head_dims=parse_head_dims(args.dims))
-    dims = "" if options.head_dims is None else f", head sizes {','.join(map(str, options.head_dims))} only"
-    print(f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, dtype={dtype}, "
-          f"seed={seed}, {len(props)} properties{dims}")
-    progress = Progress()
-    extra = f" --array {impl.array}" if ":" in impl.name and impl.array != "numpy" else ""
+    dims = head_dims(args.dims)
+    print(f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
+          f"dtype={args.dtype or impl.default_dtype}, seed={seed}"
+          + ("" if dims is None else f", head sizes {','.join(map(str, dims))} only"), flush=True)
+
+    def progress(name: str, examples: int, worst) -> None:
+        worst_text = f" worst {worst.error:.2e}" if worst is not None else ""
+        display.update(f"  {name:<24} {examples:4d} examples{worst_text}")
 
     def on_result(r: PropertyResult) -> None:
-        progress.clear()
-        print(format_result(r), flush=True)
+        display.print(console.format_result(r))
         if r.status == "failed":  # at once, so that a run cut short still shows its minimal example
-            print(format_failure(r, impl.name, extra), flush=True)
+            replay = console.replay_command(r.failure.case_path, impl, args.convention) if r.failure.case_path else None
+            display.print(console.format_failure(r, replay))
 
-    def on_progress(name, examples, worst):
-        progress.update(name, examples, worst)
-
-    results = []
-    for name in props:
-        progress.start(name, args.max_examples or PROPERTIES[name].max_examples)
-        results += run_check(impl, [name], options, on_progress, on_result)
-    failed = [r for r in results if r.status == "failed"]
-    counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "unsupported")}
-    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported")
+    result = api.check(impl, dtype=args.dtype, properties=split_list(args.properties), seed=seed,
+                       max_examples=args.max_examples, dims=dims, max_tokens=args.max_tokens,
+                       database=args.database, convention=args.convention, progress=progress, on_result=on_result,
+                       **({"cases_dir": args.cases} if args.cases else {}))
+    counts = result.counts()
+    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported "
+          f"(impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(dict(impl=impl.name, dtype=dtype, seed=seed,
-                                                   results=[r.as_dict() for r in results]), indent=2))
-    return 1 if failed else 0
+        Path(args.json).write_text(json.dumps(result.as_dict(), indent=2))
+    return 0 if result.passed else 1
 
 
-def cmd_selftest(args) -> int:
-    from gdn_verify.implementations import planted
-
-    seed = args.seed if args.seed is not None else random.randrange(2**31)
-    print(f"gdn-verify selftest: {len(planted.BUGS)} planted bugs, dtype={args.dtype}, seed={seed}")
-    caught = 0
-    for bug, (description, _) in planted.BUGS.items():
-        impl = planted.implementation(bug)
-        options = CheckOptions(dtype=args.dtype, max_examples=args.max_examples, seed=seed)
-        start = time.perf_counter()
-        by = None
-        for name in PROPERTIES:
-            (result,) = run_check(impl, [name], options)
-            if result.status == "failed":
-                by = result
-                break
-        took = time.perf_counter() - start
-        if by is not None:
-            caught += 1
-            print(f"  caught  {bug:<32} by {by.name} ({took:.1f}s): {by.failure.message[:90]}", flush=True)
+def cmd_selftest(args: argparse.Namespace) -> int:
+    def on_bug(row) -> None:
+        if row.caught_by is not None:
+            margin = "" if row.margin is None else f", {row.margin:.3g}x its bound"
+            print(f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s{margin}): "
+                  f"{row.caught_by.failure.message[:80]}", flush=True)
         else:
-            print(f"  MISSED  {bug:<32} ({description}) ({took:.1f}s)", flush=True)
-    print(f"{caught} of {len(planted.BUGS)} planted bugs caught")
-    return 0 if caught == len(planted.BUGS) else 1
+            print(f"  MISSED  {row.bug:<30} ({row.description}) ({row.seconds:.1f}s)", flush=True)
+
+    print(f"gdn-verify selftest: planted bugs, dtype={args.dtype}, seed={args.seed}")
+    rows = api.selftest(dtype=args.dtype, seed=args.seed, max_examples=args.max_examples, on_bug=on_bug)
+    caught = sum(row.caught_by is not None for row in rows)
+    print(f"{caught} of {len(rows)} planted bugs caught")
+    return 0 if caught == len(rows) else 1
 
 
-def cmd_replay(args) -> int:
-    if args.convention == "spec":
-        from gdn_verify.spec_runner import replay_spec
-
-        if args.impl is None:
-            raise ConfigurationError("--convention spec needs --impl")
-        return replay_spec(args.case, args.impl, args.array)
-    impl = resolve_impl(args)
-    if not Path(args.case).is_file():
-        raise ConfigurationError(f"replay: no case file {args.case!r}")
-    try:
-        status, m = replay(args.case, impl, args.property)
-    except (ValueError, KeyError, OSError) as exc:
-        raise ConfigurationError(f"replay: cannot read case {args.case}: {exc}") from None
-    print(f"replay {args.case} with {impl.name}: {status}")
-    if m is not None and m.bound:
-        print(f"  error {m.error:.3e}, bound {m.bound:.3e} ({m.detail})")
+def cmd_replay(args: argparse.Namespace) -> int:
+    r = api.replay(args.case, args.impl, array=args.array, property=args.property)
+    print(f"replay {args.case} ({r.property}) with {r.impl.name}: {r.status}{': ' + r.message if r.message else ''}")
+    if r.measurement is not None and r.measurement.bound:
+        print(f"  error {r.measurement.error:.3g}, bound {r.measurement.bound:.3g} ({r.measurement.detail})")
     if args.diagnose:
         from gdn_verify.runners.diagnose import replay_diagnosis
 
-        print(replay_diagnosis(args.case, impl))
-    return 1 if status.startswith("failed") else 0
+        print(replay_diagnosis(args.case, r.impl))
+    return 1 if r.status == "failed" else 0
 
 
-def cmd_bench(args) -> int:
-    try:
-        from gdn_verify.bench import decode as bench
-    except ImportError as exc:
-        raise ConfigurationError(f"bench: unavailable ({exc})") from None
-    return bench.main(args)
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    display = console.ProgressDisplay()
+    impl = api.implementation(impl_name(args), args.array, args.convention)
+
+    def on_result(r: PropertyResult) -> None:
+        if r.status == "failed":
+            replay = console.replay_command(r.failure.case_path, impl, args.convention) if r.failure.case_path else None
+            display.print(console.format_failure(r, replay))
+        else:
+            display.print(f"  {r.name}: unsupported ({r.note})")
+
+    print(f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}")
+    if args.seed is not None:
+        print(f"fuzz: --seed {args.seed} makes the run reproducible but Hypothesis then ignores the example database")
+    report = api.fuzz(impl, args.budget, dtype=args.dtype, properties=split_list(args.properties), seed=args.seed,
+                      dims=head_dims(args.dims), max_tokens=args.max_tokens, database=args.database,
+                      convention=args.convention, progress=lambda rep, name: display.update(rep.status_line(name)),
+                      on_result=on_result, **({"cases_dir": args.cases} if args.cases else {}))
+    display.clear()
+    w = report.worst
+    print(f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
+          f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures")
+    return 1 if report.failures else 0
 
 
-def cmd_fuzz(args) -> int:
-    from gdn_verify.runners import fuzz
-
-    if args.impl is None:
-        raise ConfigurationError("fuzz needs --impl")
-    return fuzz.main(args.impl, args.budget, dtype=args.dtype, database=args.database, cases=args.cases,
-                     properties=args.properties, max_tokens=args.max_tokens, seed=args.seed, array=args.array,
-                     head_dims=parse_head_dims(args.dims))
-
-
-def cmd_report(args) -> int:
+def cmd_report(args: argparse.Namespace) -> int:
     from gdn_verify import report
 
-    return report.main(args)
+    options = report.options(args.impl, array=args.array, dtypes=args.dtype, out=args.out,
+                             max_tokens=args.max_tokens, seed=args.seed, quick=args.quick,
+                             max_examples=args.max_examples, properties=split_list(args.properties),
+                             dims=head_dims(args.dims))
+    s = options.sizes
+    print(f"gdn-verify report: {', '.join(i.name for i in options.impls)}; dtypes {', '.join(options.dtypes)}; "
+          f"{s.name} sizes (H={s.H} HV={s.HV} K={s.K} V={s.V}, T up to {s.max_tokens}); seed {options.seed}; "
+          f"{options.max_examples} examples per property")
+    for skip in options.skipped:
+        print(f"skipped: {skip['impl']}: {skip['reason']}")
+    display = console.ProgressDisplay()
+    deciles = [-1]
+
+    def progress(fraction: float, label: str) -> None:  # every tenth of the work is shown, off a terminal too
+        decile = int(fraction * 10)
+        display.update(f"[{fraction:4.0%}] {label}", force=decile > deciles[0])
+        deciles[0] = max(deciles[0], decile)
+
+    doc = report.make_report(options, ["gdn-verify", *args.argv], progress=progress)
+    display.clear()
+    for row in doc["summary"]:
+        p = row.get("properties", {})
+        checked = (f"properties {p.get('passed', 0)} passed / {p.get('failed', 0)} failed / "
+                   f"{p.get('unsupported', 0)} unsupported")
+        if row.get("error") or row.get("output_rms") is None:
+            print(f"  {row['impl']:<18} {row['dtype']:<9} {row.get('error') or 'non-finite output'}; {checked}")
+            continue
+        times, exponent = row.get("times_floor"), row.get("exponent")
+        print(f"  {row['impl']:<18} {row['dtype']:<9} error {console.number(row['output_rms'])} at T={row['tokens']}"
+              f" ({console.number(times)}x the rounding floor), growth exponent {console.number(exponent)}; {checked}")
+    print(f"report written to {options.out / 'index.html'} ({doc['seconds']:.0f}s)")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from gdn_verify.bench import run_bench
+
+    text = run_bench(args.what)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+def _impl_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", help=f"{', '.join(implementations.names())}, planted:BUG, or MODULE:FUNCTION")
+    p.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes")
+    p.add_argument("--convention", choices=("native", "spec"), default="native",
+                   help="calling convention of a MODULE:FUNCTION: native (FLA) or spec (vLLM speculative decoding)")
+
+
+def _suite_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", help="input dtype: " + ", ".join(DTYPES))
+    p.add_argument("--properties", help="comma-separated subset of: " + ", ".join(NAMES))
+    p.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
+    p.add_argument("--dims", help="draw head sizes K and V only from these, e.g. 64,128 (for kernels compiled per "
+                                  "size; default: every size, awkward ones included)")
+    p.add_argument("--cases", help="directory for minimal failing cases (default .gdn_verify/cases)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cli.py", description="Verify Gated DeltaNet (GDN) implementations.")
+    parser = argparse.ArgumentParser(prog="gdn-verify", description="Verify Gated DeltaNet (GDN) implementations.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="run the property suite against an implementation")
-    check.add_argument("--impl", help=f"{', '.join(implementations.names())}, or MODULE:FUNCTION")
-    check.add_argument("--array", choices=("numpy", "torch", "cupy"), help="array type a MODULE:FUNCTION takes")
-    check.add_argument("--dtype", help="input dtype: float64, float32, float16, bfloat16")
-    check.add_argument("--properties", help="comma-separated subset of: " + ", ".join(PROPERTIES))
+    _impl_options(check)
+    _suite_options(check)
     check.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
     check.add_argument("--max-tokens", type=int,
                        help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)")
-    check.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
     check.add_argument("--json", help="write the results as JSON to this path")
-    check.add_argument("--dims", help=DIMS_HELP)
-    check.add_argument("--convention", choices=("native", "spec"), default="native",
-                       help="calling convention of --impl: native (FLA) or spec (vLLM speculative decoding)")
     check.set_defaults(func=cmd_check)
 
     selftest = sub.add_parser("selftest", help="check the planted-bug implementations; all must be caught")
@@ -239,51 +221,52 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="rerun a saved failing case")
     rp.add_argument("case")
-    rp.add_argument("--impl")
-    rp.add_argument("--array", choices=("numpy", "torch", "cupy"))
+    rp.add_argument("--impl", help="implementation (default: the one recorded in the case)")
+    rp.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes (default: as recorded)")
     rp.add_argument("--property", help="property to rerun (default: the one saved in the case)")
     rp.add_argument("--diagnose", action="store_true",
                     help="also name the first token, chunk, head and sequence where the error crosses the tolerance")
-    rp.add_argument("--convention", choices=("native", "spec"), default="native", help="convention of --impl")
     rp.set_defaults(func=cmd_replay)
+
+    fz = sub.add_parser("fuzz", help="long Hypothesis campaign with a persistent example database")
+    _impl_options(fz)
+    _suite_options(fz)
+    fz.add_argument("--budget", default="30m", help="time to spend: 90s, 30m, 1h (default 30m)")
+    fz.add_argument("--database", default=".gdn_verify/hypothesis", help="example database directory")
+    fz.add_argument("--max-tokens", type=int, default=2048, help="longest T for error_growth (default 2048)")
+    fz.set_defaults(func=cmd_fuzz)
+
+    rep = sub.add_parser("report", help="error and precision report: index.html, report.md, results.json, figures")
+    rep.add_argument("--impl", action="append", help="implementation to include; repeat to compare several "
+                                                     "(default: the CuPy and FLA kernels on a GPU, else NumPy)")
+    rep.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes")
+    rep.add_argument("--dtype", action="append", help="input dtype; repeat for several (default: float32 and bfloat16)")
+    rep.add_argument("--out", help="report directory (default: reports/report-<UTC date and time>)")
+    rep.add_argument("--max-tokens", type=int, help="longest T of the length sweep (default 16384 on a GPU, "
+                                                    "1024 on CPU or with --quick)")
+    rep.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the property suite (default 0)")
+    rep.add_argument("--quick", action="store_true", help="small sizes and 10 examples per property, even on a GPU")
+    rep.add_argument("--max-examples", type=int, help="examples per property (default 20, 10 with --quick)")
+    rep.add_argument("--properties", help="comma-separated subset of the properties to run (default: all)")
+    rep.add_argument("--dims", help="head sizes K, V the property suite draws, e.g. 128 (default: every size; "
+                                    "the figures use K = V = 128, or 32 on CPU)")
+    rep.set_defaults(func=cmd_report)
 
     bench = sub.add_parser("bench", help="GPU benchmarks: decode and prefill, side by side with FLA and a copy")
     bench.add_argument("--what", choices=("decode", "prefill", "all"), default="all")
     bench.add_argument("--out", help="write the Markdown table to this file")
     bench.set_defaults(func=cmd_bench)
-
-    fz = sub.add_parser("fuzz", help="long Hypothesis campaign with a persistent example database")
-    fz.add_argument("--impl", help=f"{', '.join(implementations.names())}, or MODULE:FUNCTION")
-    fz.add_argument("--array", choices=("numpy", "torch", "cupy"), help="array type a MODULE:FUNCTION takes")
-    fz.add_argument("--budget", default="30m", help="time to spend: 90s, 30m, 1h (default 30m)")
-    fz.add_argument("--dtype", help="input dtype: float64, float32, float16, bfloat16")
-    fz.add_argument("--database", help="example database directory (default .gdn_verify/hypothesis)")
-    fz.add_argument("--cases", help="directory for failing cases (default .gdn_verify/cases)")
-    fz.add_argument("--properties", help="comma-separated subset of: " + ", ".join(PROPERTIES))
-    fz.add_argument("--max-tokens", type=int, default=2048, help="longest T for error_growth (default 2048)")
-    fz.add_argument("--seed", type=int, help="reproducible run (Hypothesis then ignores the database)")
-    fz.add_argument("--dims", help=DIMS_HELP)
-    fz.set_defaults(func=cmd_fuzz)
-
-    from gdn_verify.report import add_arguments as add_report_arguments
-
-    rep = sub.add_parser("report", help="error and precision report: index.html, report.md, results.json, figures")
-    add_report_arguments(rep)
-    rep.set_defaults(func=cmd_report)
     return parser
 
 
-DIMS_HELP = ("draw head sizes K and V only from these, e.g. 64,128 (for kernels compiled per size; "
-             "default: every size, awkward ones included)")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except ConfigurationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {flag(exc.field)}: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -25,17 +25,31 @@ of ``gdn_verify.core.tolerance`` unless they state an exact (bitwise) contract.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from hypothesis import strategies as st
 
 from gdn_verify.core import gating
 from gdn_verify.core import tolerance as tol
-from gdn_verify.implementations import ContractError, Implementation, Result
-from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.core.error_stats import growth_exponent
+from gdn_verify.core.implementation import ContractError, Implementation, Result
+from gdn_verify.core.oracle import Oracle, numpy_oracle
+from gdn_verify.core.problem import Problem
+from gdn_verify.core.verdict import (
+    Measurement,
+    Property,
+    Violation,
+    as64,
+    bitwise_equal,
+    compare,
+    oracle_and_tolerance,
+    output_contract_violations,
+    run_checked,
+    sequence_part,
+)
 from gdn_verify.properties import strategies as gs
+from gdn_verify.properties.strategies import Limits
 
 # Rounding error that adds up like a random walk grows as T^0.5; a fitted exponent above
 # 0.75 means errors add coherently (a biased rounding, a gate or beta rounded the same way
@@ -44,139 +58,24 @@ GROWTH_BOUND = 0.75
 GROWTH_LENGTHS = tuple(2**n for n in range(6, 17))  # 64 .. 65536, capped by --max-tokens
 
 
-@dataclass(frozen=True)
-class Measurement:
-    error: float
-    bound: float
-    detail: str = ""
-
-    @property
-    def ratio(self) -> float:
-        return self.error / self.bound if self.bound > 0 else (0.0 if self.error == 0 else float("inf"))
-
-
-class Violation(AssertionError):
-    def __init__(self, message: str, measurement: Measurement | None = None):
-        super().__init__(message)
-        self.measurement = measurement
-
-
-@dataclass(frozen=True)
-class Property:
-    name: str
-    summary: str
-    strategy: Callable[[Implementation, str], st.SearchStrategy]  # -> (problem, params)
-    check: Callable[[Implementation, Problem, dict], Measurement]
-    max_examples: int = 40
-    unsupported_by: Callable[[Implementation], str | None] = lambda impl: None  # reason, or None when it applies
-
-
-def output_contract_violations(result: Result, problem: Problem) -> list[str]:
-    """Shape and dtype contract of ``(o, final_state)`` for ``problem``."""
-    s = problem.shape
-    problems = []
-    want_o = (s["B"], s["T"], s["HV"], s["V"])
-    if result.o is None or tuple(np.shape(result.o)) != want_o:
-        problems.append(f"o has shape {None if result.o is None else tuple(np.shape(result.o))}, expected {want_o}")
-    if result.o_dtype != np.dtype(problem.dtype).name:
-        problems.append(f"o has dtype {result.o_dtype}, expected the input dtype {np.dtype(problem.dtype).name}")
-    if problem.output_final_state:
-        want_s = (s["N"], s["HV"], s["V"], s["K"]) if problem.state_v_first else (s["N"], s["HV"], s["K"], s["V"])
-        if result.final_state is None:
-            problems.append("final_state is None although output_final_state=True")
-        elif tuple(np.shape(result.final_state)) != want_s:
-            problems.append(f"final_state has shape {tuple(np.shape(result.final_state))}, expected {want_s}")
-        elif result.state_dtype != "float32":
-            problems.append(f"final_state has dtype {result.state_dtype}, expected float32")
-    elif result.final_state is not None:
-        problems.append("final_state returned although output_final_state=False")
-    return problems
-
-
-def run_checked(impl: Implementation, problem: Problem, form: str | None = None, options: dict | None = None
-                ) -> Result:
-    """Run ``impl``; a wrong output shape or type is a :class:`Violation`, not a crash."""
-    try:
-        result = impl.run(problem, form, options)
-    except ContractError as exc:
-        raise Violation(f"output contract: {exc}") from None
-    shape_problems = [p for p in output_contract_violations(result, problem) if "dtype" not in p]
-    if shape_problems:
-        raise Violation("output contract: " + "; ".join(shape_problems))
-    return result
-
-
-def _as64(x):
-    return None if x is None else np.asarray(x, np.float64)
-
-
-def _state_kfirst(state, problem: Problem):
-    return None if state is None else (state.swapaxes(-1, -2) if problem.state_v_first else state)
-
-
-def compare(problem: Problem, result: Result, reference: tuple, tolerance: tol.Tolerance, factor: float = 1.0,
-            what: str = "oracle") -> Measurement:
-    """Errors of ``result`` against ``reference`` (NumPy ``(o, final_state)``) within ``factor * tolerance``."""
-    if not np.all(np.isfinite(_as64(result.o))):
-        raise Violation(f"non-finite output values (NaN/Inf) where the {what} is finite")
-    if result.final_state is not None and not np.all(np.isfinite(_as64(result.final_state))):
-        raise Violation(f"non-finite final state values where the {what} is finite")
-    errors = tol.measure(result.o, _state_kfirst(_as64(result.final_state), problem), reference[0],
-                         _state_kfirst(_as64(reference[1]), problem), problem)
-    bound = tol.Tolerance(tolerance.output_rms * factor, tolerance.output_token * factor, tolerance.state * factor,
-                          tolerance.kappa_output, tolerance.kappa_state)
-    bad = bound.violations(errors)
-    ratios = [errors.output_rms / bound.output_rms, errors.output_token / bound.output_token,
-              errors.state / bound.state if bound.state else 0.0]
-    worst = int(np.argmax(ratios))
-    name = ("output_rms", "output_token", "state")[worst]
-    m = Measurement(getattr(errors, name), getattr(bound, name), f"{name} vs {what}")
-    if bad:
-        where = []
-        if errors.worst_token is not None and worst < 2:
-            where.append(f"worst token {errors.worst_token[0]} (flat B*T index), value head {errors.worst_token[1]}")
-        if errors.worst_sequence is not None and worst == 2:
-            where.append(f"worst final state: sequence {errors.worst_sequence[0]}, value head "
-                         f"{errors.worst_sequence[1]}")
-        raise Violation(f"{'; '.join(bad)} (against the {what}; kappa_o={tolerance.kappa_output:.3g}, "
-                        f"kappa_s={tolerance.kappa_state:.3g}){'; ' + '; '.join(where) if where else ''}", m)
-    return m
-
-
-def oracle_and_tolerance(problem: Problem) -> tuple[tuple, tol.Tolerance]:
-    reference = tol.oracle(problem)
-    ref_state = reference[1] if problem.output_final_state else None
-    return (reference[0], ref_state), tol.tolerance(problem, tol.condition(problem, reference))
-
-
 def _no_params(problem_strategy: st.SearchStrategy) -> st.SearchStrategy:
     return problem_strategy.map(lambda p: (p, {}))
 
 
 # 1. matches_reference -------------------------------------------------------------------------
-def check_matches_reference(impl: Implementation, problem: Problem, params: dict) -> Measurement:
-    reference, tolerance = oracle_and_tolerance(problem)
+def check_matches_reference(impl: Implementation, problem: Problem, params: dict,
+                            oracle: Oracle = numpy_oracle) -> Measurement:
+    reference, tolerance = oracle_and_tolerance(problem, oracle)
     return compare(problem, run_checked(impl, problem), reference, tolerance)
 
 
-def strategy_matches_reference(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    return _no_params(gs.problems(dtype=dtype, state_layouts=True))
+def strategy_matches_reference(limits: Limits, large: bool, regimes=gs.GATE_REGIMES) -> st.SearchStrategy:
+    if large:
+        return _no_params(gs.long_problems(limits, regimes))
+    return _no_params(gs.problems(limits, gate_regimes=regimes, state_layouts=True))
 
 
 # 2. varlen_equals_separate --------------------------------------------------------------------
-def sequence_alone(problem: Problem, n: int) -> Problem:
-    """Sequence ``n`` of a varlen pack as a call of its own (``cu_seqlens = [0, L]``)."""
-    start, end = problem.bounds[n], problem.bounds[n + 1]
-
-    def part(x):
-        return x[:, start:end]
-
-    state = None if problem.initial_state is None else problem.initial_state[n : n + 1]
-    return problem.replace(q=part(problem.q), k=part(problem.k), v=part(problem.v), g=part(problem.g),
-                           beta=part(problem.beta), initial_state=state,
-                           cu_seqlens=np.array([0, end - start], np.int64))
-
-
 def check_varlen_equals_separate(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     _, tolerance = oracle_and_tolerance(problem)
     packed = run_checked(impl, problem)
@@ -184,11 +83,11 @@ def check_varlen_equals_separate(impl: Implementation, problem: Problem, params:
     for n, length in enumerate(problem.lengths):
         if length == 0:
             continue
-        alone_problem = sequence_alone(problem, n)
+        alone_problem = problem.sequence(n)
         alone = run_checked(impl, alone_problem)
-        packed_part = _sequence_part(packed, problem, n)
+        packed_part = sequence_part(packed, problem, n)
         try:
-            m = compare(alone_problem, packed_part, (_as64(alone.o), _as64(alone.final_state)), tolerance,
+            m = compare(alone_problem, packed_part, (as64(alone.o), as64(alone.final_state)), tolerance,
                         factor=2.0, what=f"same sequence ({n}) run alone")
         except Violation as exc:
             raise Violation(f"sequence {n} of {problem.num_sequences}: {exc}", exc.measurement) from None
@@ -196,8 +95,8 @@ def check_varlen_equals_separate(impl: Implementation, problem: Problem, params:
     return worst
 
 
-def strategy_varlen(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    return _no_params(gs.problems(dtype=dtype, varlen=True))
+def strategy_varlen(limits: Limits) -> st.SearchStrategy:
+    return _no_params(gs.problems(limits, varlen=True))
 
 
 # 3. no_cross_sequence_leak --------------------------------------------------------------------
@@ -228,24 +127,24 @@ def check_no_cross_sequence_leak(impl: Implementation, problem: Problem, params:
     (that is ``determinism``'s finding, not a leak)."""
     n = params["victim"] % problem.num_sequences
     before = run_checked(impl, problem)
-    exact = _same(before, run_checked(impl, problem))
+    exact = bitwise_equal(before, run_checked(impl, problem))
     after = run_checked(impl, perturb_sequence(problem, n, params["seed"]))
     tolerance = None if exact else oracle_and_tolerance(problem)[1]
     worst = Measurement(0.0, 0.0, "bitwise") if exact else Measurement(0.0, tolerance.output_rms, "within tolerance")
     for m in range(problem.num_sequences):
         if m == n or (problem.lengths[m] == 0 and before.final_state is None):
             continue
-        alone = sequence_alone(problem, m)
-        parts = [_sequence_part(r, problem, m) for r in (before, after)]
+        alone = problem.sequence(m)
+        parts = [sequence_part(r, problem, m) for r in (before, after)]
         if exact:
-            if not _same(*parts):
-                diff = max(np.nanmax(np.abs(_as64(a) - _as64(b)), initial=0.0) for a, b in
+            if not bitwise_equal(*parts):
+                diff = max(np.nanmax(np.abs(as64(a) - as64(b)), initial=0.0) for a, b in
                            ((parts[0].o, parts[1].o), (parts[0].final_state, parts[1].final_state)) if a is not None)
                 raise Violation(f"changing sequence {n} changed the outputs or final state of sequence {m} "
                                 f"(max change {diff:.3g})", Measurement(float(diff), 0.0))
             continue
         try:
-            got = compare(alone, parts[1], (_as64(parts[0].o), _as64(parts[0].final_state)), tolerance, factor=2.0,
+            got = compare(alone, parts[1], (as64(parts[0].o), as64(parts[0].final_state)), tolerance, factor=2.0,
                           what=f"sequence {m} before sequence {n} was changed")
         except Violation as exc:
             raise Violation(f"changing sequence {n} changed sequence {m}: {exc}", exc.measurement) from None
@@ -253,67 +152,41 @@ def check_no_cross_sequence_leak(impl: Implementation, problem: Problem, params:
     return worst
 
 
-def _same(a: Result, b: Result) -> bool:
-    return all((x is None and y is None) or (x is not None and y is not None and
-                                             np.asarray(x).tobytes() == np.asarray(y).tobytes())
-               for x, y in ((a.o, b.o), (a.final_state, b.final_state)))
-
-
-def _sequence_part(r: Result, problem: Problem, n: int) -> Result:
-    start, end = problem.bounds[n], problem.bounds[n + 1]
-    o = np.asarray(r.o).reshape((1, -1) + r.o.shape[2:])[:, start:end]
-    state = None if r.final_state is None else r.final_state[n : n + 1]
-    return Result(o, state, r.o_dtype, r.state_dtype)
-
-
-def strategy_leak(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    return st.tuples(gs.problems(dtype=dtype, varlen=True),
+def strategy_leak(limits: Limits) -> st.SearchStrategy:
+    return st.tuples(gs.problems(limits, varlen=True),
                      st.fixed_dictionaries({"victim": st.integers(0, 7), "seed": st.integers(0, 2**31)}))
 
 
 # 4. state_continuation ------------------------------------------------------------------------
-def split_tokens(problem: Problem, start: int, end: int, initial_state) -> Problem:
-    def part(x):
-        return x[:, start:end]
-
-    return problem.replace(q=part(problem.q), k=part(problem.k), v=part(problem.v), g=part(problem.g),
-                           beta=part(problem.beta), initial_state=initial_state, output_final_state=True)
-
-
 def check_state_continuation(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     T = problem.q.shape[1]
     t = min(params["split"], T)
     _, tolerance = oracle_and_tolerance(problem)
     whole = run_checked(impl, problem)
-    first = run_checked(impl, split_tokens(problem, 0, t, problem.initial_state))
+    first = run_checked(impl, problem.tokens(0, t))
     if first.final_state is None:
         raise Violation("no final state returned for the first part although output_final_state=True")
-    second = run_checked(impl, split_tokens(problem, t, T, np.asarray(first.final_state, np.float32)))
-    o = np.concatenate([_as64(first.o), _as64(second.o)], axis=1).astype(np.float64)
+    second = run_checked(impl, problem.tokens(t, T, np.asarray(first.final_state, np.float32)))
+    o = np.concatenate([as64(first.o), as64(second.o)], axis=1).astype(np.float64)
     joined = Result(o, second.final_state, whole.o_dtype, second.state_dtype)
     try:
-        return compare(problem, joined, (_as64(whole.o), _as64(whole.final_state)), tolerance, factor=2.0,
+        return compare(problem, joined, (as64(whole.o), as64(whole.final_state)), tolerance, factor=2.0,
                        what=f"one call over all {T} tokens")
     except Violation as exc:
         raise Violation(f"split at token {t}: {exc}", exc.measurement) from None
 
 
 @st.composite
-def _continuation_case(draw, dtype: str):
-    problem = draw(gs.problems(dtype=dtype, varlen=False, max_len=200, state_layouts=True))
+def strategy_continuation(draw, limits: Limits):
+    problem = draw(gs.problems(limits, varlen=False, max_len=max(200, limits.max_len), state_layouts=True))
     C = draw(st.sampled_from(gs.CHUNK_SIZES))
     T = problem.q.shape[1]
     split = draw(st.one_of(st.sampled_from([C, C - 1, C + 1, 2 * C]), st.integers(0, max(T, 0))))
     return problem.replace(output_final_state=True), {"split": split}
 
 
-def strategy_continuation(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    return _continuation_case(dtype)
-
-
 # 5. gate_extremes -----------------------------------------------------------------------------
-def strategy_gate_extremes(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    return _no_params(gs.problems(dtype=dtype, gate_regimes=("none", "strong", "spikes", "strong_run", "mixed")))
+EXTREME_REGIMES = ("none", "strong", "spikes", "strong_run", "mixed")
 
 
 # 6. head_mapping ------------------------------------------------------------------------------
@@ -329,7 +202,7 @@ def check_head_mapping(impl: Implementation, problem: Problem, params: dict) -> 
     gva = run_checked(impl, problem)
     expanded = run_checked(impl, expand_heads(problem))
     try:
-        compare(problem, gva, (_as64(expanded.o), _as64(expanded.final_state)), tolerance, factor=2.0,
+        compare(problem, gva, (as64(expanded.o), as64(expanded.final_state)), tolerance, factor=2.0,
                 what="same implementation with q/k heads expanded to HV by h // (HV // H)")
     except Violation as exc:
         s = problem.shape
@@ -337,9 +210,11 @@ def check_head_mapping(impl: Implementation, problem: Problem, params: dict) -> 
     return compare(problem, gva, reference, tolerance)
 
 
-def strategy_head_mapping(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    heads = st.tuples(st.integers(2, 4), st.sampled_from((2, 4))).map(lambda t: (t[0], t[0] * t[1]))
-    return _no_params(gs.problems(dtype=dtype, heads=heads, max_len=80))
+def strategy_head_mapping(limits: Limits) -> st.SearchStrategy:
+    ratios = tuple(r for r in limits.head_ratios if r > 1) or (2,)
+    heads = st.tuples(st.integers(min(2, limits.max_heads), limits.max_heads), st.sampled_from(ratios)).map(
+        lambda t: (t[0], t[0] * t[1]))
+    return _no_params(gs.problems(limits, heads=heads, max_len=80))
 
 
 # 7. determinism -------------------------------------------------------------------------------
@@ -347,23 +222,19 @@ def check_determinism(impl: Implementation, problem: Problem, params: dict) -> M
     first, second = run_checked(impl, problem), run_checked(impl, problem)
     for name in ("o", "final_state"):
         a, b = getattr(first, name), getattr(second, name)
-        if not _same(Result(a, None, None, None), Result(b, None, None, None)):
-            diff = np.nanmax(np.abs(_as64(a) - _as64(b))) if a is not None and b is not None else float("nan")
+        if not bitwise_equal(Result(a, None, None, None), Result(b, None, None, None)):
+            diff = np.nanmax(np.abs(as64(a) - as64(b))) if a is not None and b is not None else float("nan")
             raise Violation(f"two identical calls returned different {name} (max difference {diff:.3g})",
                             Measurement(float(diff), 0.0))
     return Measurement(0.0, 0.0, "bitwise")
 
 
 # 8. error_growth ------------------------------------------------------------------------------
-def prefix(problem: Problem, T: int) -> Problem:
-    return split_tokens(problem, 0, T, problem.initial_state)
-
-
 def check_error_growth(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     lengths = [T for T in params["lengths"] if T <= problem.q.shape[1]]
     errors = []
     for T in lengths:
-        part = prefix(problem, T)
+        part = problem.tokens(0, T)
         reference, tolerance = oracle_and_tolerance(part)
         result = run_checked(impl, part)
         try:
@@ -375,7 +246,7 @@ def check_error_growth(impl: Implementation, problem: Problem, params: dict) -> 
     points = [(T, e) for T, e in zip(lengths, errors) if e > 0]
     if len(points) < 3 or max(errors) < 2 * floor:  # at the output rounding floor: nothing to fit
         return Measurement(0.0, GROWTH_BOUND, f"errors at the rounding floor: {errors}")
-    slope = float(np.polyfit(np.log([p[0] for p in points]), np.log([p[1] for p in points]), 1)[0])
+    slope = growth_exponent([p[0] for p in points], [p[1] for p in points])
     table = ", ".join(f"T={T}: {e:.2e}" for T, e in zip(lengths, errors))
     m = Measurement(slope, GROWTH_BOUND, f"growth exponent; {table}")
     if slope > GROWTH_BOUND:
@@ -384,9 +255,9 @@ def check_error_growth(impl: Implementation, problem: Problem, params: dict) -> 
 
 
 @st.composite
-def _growth_case(draw, dtype: str, max_tokens: int):
-    lengths = tuple(T for T in GROWTH_LENGTHS if T <= max_tokens) or (max_tokens,)
-    problem = draw(gs.problems(dtype=dtype, varlen=False, max_len=1, max_dim=32,
+def strategy_growth(draw, limits: Limits):
+    lengths = tuple(T for T in GROWTH_LENGTHS if T <= limits.max_tokens) or (limits.max_tokens,)
+    problem = draw(gs.problems(limits, varlen=False, max_len=1, max_dim=32,
                                heads=st.just((1, 2)), gate_regimes=("none", "mild")))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     T, (K, V) = lengths[-1], (problem.q.shape[-1], problem.v.shape[-1])
@@ -402,10 +273,6 @@ def _growth_case(draw, dtype: str, max_tokens: int):
     return long.astype(problem.dtype), {"lengths": list(lengths)}
 
 
-def strategy_growth(impl: Implementation, dtype: str, max_tokens: int = 2048) -> st.SearchStrategy:
-    return _growth_case(dtype, max_tokens)
-
-
 # 9. linearity ---------------------------------------------------------------------------------
 def check_linearity(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     rng = np.random.default_rng(params["seed"])
@@ -414,28 +281,28 @@ def check_linearity(impl: Implementation, problem: Problem, params: dict) -> Mea
     s1 = problem.initial_state if problem.initial_state is not None else None
     s2 = None if s1 is None else rng.standard_normal(s1.shape).astype(np.float32)
     p2 = problem.replace(v=v2, initial_state=s2)
-    v3 = (_as64(problem.v) + _as64(v2)).astype(dtype)
+    v3 = (as64(problem.v) + as64(v2)).astype(dtype)
     p3 = problem.replace(v=v3, initial_state=None if s1 is None else (s1 + s2).astype(np.float32))
     r1, r2, r3 = run_checked(impl, problem), run_checked(impl, p2), run_checked(impl, p3)
     _, tolerance = oracle_and_tolerance(p3)
-    expected_state = None if r1.final_state is None else _as64(r1.final_state) + _as64(r2.final_state)
+    expected_state = None if r1.final_state is None else as64(r1.final_state) + as64(r2.final_state)
     try:
-        m = compare(p3, r3, (_as64(r1.o) + _as64(r2.o), expected_state), tolerance, factor=3.0,
+        m = compare(p3, r3, (as64(r1.o) + as64(r2.o), expected_state), tolerance, factor=3.0,
                     what="sum of the outputs for (v1, S1) and (v2, S2)")
     except Violation as exc:
         raise Violation(f"not linear in (v, initial_state): {exc}", exc.measurement) from None
     if not problem.use_qk_l2norm_in_kernel:
-        doubled = run_checked(impl, problem.replace(q=(_as64(problem.q) * 2).astype(dtype)))
+        doubled = run_checked(impl, problem.replace(q=(as64(problem.q) * 2).astype(dtype)))
         try:
-            compare(problem, Result(_as64(doubled.o) / 2, r1.final_state, r1.o_dtype, r1.state_dtype),
-                    (_as64(r1.o), _as64(r1.final_state)), tolerance, factor=3.0, what="output for q (halved 2q)")
+            compare(problem, Result(as64(doubled.o) / 2, r1.final_state, r1.o_dtype, r1.state_dtype),
+                    (as64(r1.o), as64(r1.final_state)), tolerance, factor=3.0, what="output for q (halved 2q)")
         except Violation as exc:
             raise Violation(f"scaling q by 2 does not scale o by 2: {exc}", exc.measurement) from None
     return m
 
 
-def strategy_linearity(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    return st.tuples(gs.problems(dtype=dtype, max_len=80), st.fixed_dictionaries({"seed": st.integers(0, 2**31)}))
+def strategy_linearity(limits: Limits) -> st.SearchStrategy:
+    return st.tuples(gs.problems(limits, max_len=80), st.fixed_dictionaries({"seed": st.integers(0, 2**31)}))
 
 
 # 10. output_contract --------------------------------------------------------------------------
@@ -451,13 +318,9 @@ def check_output_contract(impl: Implementation, problem: Problem, params: dict) 
 
 
 @st.composite
-def _contract_case(draw, dtype: str):
-    problem = draw(gs.problems(dtype=dtype, max_len=70, state_layouts=True))
+def strategy_contract(draw, limits: Limits):
+    problem = draw(gs.problems(limits, max_len=70, state_layouts=True))
     return problem.replace(output_final_state=draw(st.booleans())), {}
-
-
-def strategy_contract(impl: Implementation, dtype: str) -> st.SearchStrategy:
-    return _contract_case(dtype)
 
 
 # 11. chunk_equals_recurrent -------------------------------------------------------------------
@@ -466,7 +329,7 @@ def check_chunk_equals_recurrent(impl: Implementation, problem: Problem, params:
         raise NotImplementedError(f"{impl.name} has no chunk and recurrent forms to compare")
     _, tolerance = oracle_and_tolerance(problem)
     chunk, recurrent = run_checked(impl, problem, "chunk"), run_checked(impl, problem, "recurrent")
-    return compare(problem, chunk, (_as64(recurrent.o), _as64(recurrent.final_state)), tolerance, factor=2.0,
+    return compare(problem, chunk, (as64(recurrent.o), as64(recurrent.final_state)), tolerance, factor=2.0,
                    what="recurrent form of the same implementation")
 
 
@@ -479,8 +342,8 @@ def raw_gate_inputs(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
 
 
 @st.composite
-def _in_kernel_gate_case(draw, dtype: str):
-    problem = draw(gs.problems(dtype=dtype, gate_regimes=("none",)))
+def strategy_in_kernel_gate(draw, limits: Limits):
+    problem = draw(gs.problems(limits, gate_regimes=("none",)))
     HV = problem.v.shape[2]
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     # Like Qwen3-Next's initialisation: A = exp(A_log) in [1, 16], dt_bias = softplus^-1(dt), dt in [1e-3, 0.1].
@@ -518,8 +381,8 @@ def check_in_kernel_options(impl: Implementation, problem: Problem, params: dict
 
 # 13. in_kernel_beta_sigmoid -------------------------------------------------------------------
 @st.composite
-def _beta_sigmoid_case(draw, dtype: str):
-    problem = draw(gs.problems(dtype=dtype))
+def strategy_beta_sigmoid(draw, limits: Limits):
+    problem = draw(gs.problems(limits))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     logits = raw_gate_inputs(rng, problem.beta.shape).astype(problem.dtype)
     return problem.replace(beta=logits), {"beta_logits": True, "allow_neg_eigval": draw(st.booleans())}
@@ -534,7 +397,7 @@ def check_state_layout(impl: Implementation, problem: Problem, params: dict) -> 
     plain = run_checked(impl, k_first)
     reference, tolerance = oracle_and_tolerance(k_first)
     try:
-        compare(v_first, transposed, (_as64(plain.o), _as64(plain.final_state).swapaxes(-1, -2)), tolerance,
+        compare(v_first, transposed, (as64(plain.o), as64(plain.final_state).swapaxes(-1, -2)), tolerance,
                 factor=2.0, what="same call with the k-first state layout")
     except Violation as exc:
         raise Violation(f"state_v_first=True: {exc}", exc.measurement) from None
@@ -542,48 +405,65 @@ def check_state_layout(impl: Implementation, problem: Problem, params: dict) -> 
 
 
 @st.composite
-def _state_layout_case(draw, dtype: str):
-    problem = draw(gs.problems(dtype=dtype, state_layouts=False))
+def strategy_state_layout(draw, limits: Limits):
+    problem = draw(gs.problems(limits, state_layouts=False))
     s = problem.shape
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     state = rng.standard_normal((s["N"], s["HV"], s["K"], s["V"])).astype(np.float32)
     return problem.replace(initial_state=state, output_final_state=True), {}
 
 
-PROPERTIES: dict[str, Property] = {
-    p.name: p
-    for p in (
-        Property("matches_reference", "outputs and final state within tolerance of the float64 oracle",
-                 strategy_matches_reference, check_matches_reference, 100),
-        Property("determinism", "identical calls return bitwise identical results",
-                 lambda impl, dtype: _no_params(gs.problems(dtype=dtype, max_len=80)), check_determinism, 20),
-        Property("varlen_equals_separate", "a packed varlen call equals each sequence alone",
-                 strategy_varlen, check_varlen_equals_separate, 40),
-        Property("no_cross_sequence_leak", "changing one sequence leaves the others bitwise unchanged",
-                 strategy_leak, check_no_cross_sequence_leak, 40),
-        Property("state_continuation", "[0,t) then [t,T) from its final state equals one call",
-                 strategy_continuation, check_state_continuation, 50),
-        Property("gate_extremes", "no decay, strong and saturated gates: finite and within tolerance",
-                 strategy_gate_extremes, check_matches_reference, 60),
-        Property("head_mapping", "value head h uses q/k head h // (HV // H)",
-                 strategy_head_mapping, check_head_mapping, 30),
-        Property("error_growth", f"error vs T grows at most like T^{GROWTH_BOUND}",
-                 strategy_growth, check_error_growth, 4),
-        Property("linearity", "jointly linear in (v, initial_state); o(2q) = 2 o(q)",
-                 strategy_linearity, check_linearity, 30),
-        Property("output_contract", "documented shapes and dtypes, final state exactly when asked",
-                 strategy_contract, check_output_contract, 40),
-        Property("chunk_equals_recurrent", "chunked and recurrent forms agree",
-                 lambda impl, dtype: _no_params(gs.problems(dtype=dtype)), check_chunk_equals_recurrent, 30,
-                 lambda impl: None if {"chunk", "recurrent"} <= set(impl.forms)
-                 else f"{impl.name} has no chunk and recurrent forms to compare"),
-        Property("in_kernel_gate", "use_gate_in_kernel: g = -exp(A_log) softplus(g + dt_bias) inside the kernel",
-                 lambda impl, dtype: _in_kernel_gate_case(dtype), check_in_kernel_options, 40),
-        Property("in_kernel_beta_sigmoid", "use_beta_sigmoid_in_kernel: beta = sigmoid(beta), x2 with allow_neg_eigval",
-                 lambda impl, dtype: _beta_sigmoid_case(dtype), check_in_kernel_options, 40),
-        Property("state_layout", "state_v_first: k-first results with the state transposed",
-                 lambda impl, dtype: _state_layout_case(dtype), check_state_layout, 30),
-    )
-}
+def _needs_forms(impl: Implementation) -> str | None:
+    if {"chunk", "recurrent"} <= set(impl.forms):
+        return None
+    return f"{impl.name} has no chunk and recurrent forms to compare"
 
-__all__ = ["PROPERTIES", "DTYPES", "Measurement", "Property", "Violation"]
+
+def _needs_native(impl: Implementation) -> str | None:
+    return None if impl.native_forms else f"{impl.name} has no native (FLA-convention) form"
+
+
+def native_properties(limits: Limits, large: Limits | None = None, oracle: Oracle = numpy_oracle) -> list[Property]:
+    """The 14 properties of the native convention, drawing within ``limits``.
+
+    ``large`` (with a float64 ``oracle`` able to check such sizes, e.g. the GPU recurrence): the
+    sizes ``matches_reference`` and ``gate_extremes`` draw instead, for long fuzz campaigns.
+    """
+    big = large is not None
+    draw_from = large if big else limits
+    check_big = partial(check_matches_reference, oracle=oracle) if big else check_matches_reference
+    suffix = " (large sizes)" if big else ""
+
+    def prop(name, summary, strategy, check, examples, unsupported_by=_needs_native):
+        return Property(name, summary, lambda impl: strategy, check, examples, unsupported_by)
+
+    return [
+        prop("matches_reference", "outputs and final state within tolerance of the float64 oracle" + suffix,
+             strategy_matches_reference(draw_from, big), check_big, 100),
+        prop("determinism", "identical calls return bitwise identical results",
+             _no_params(gs.problems(limits, max_len=80)), check_determinism, 20),
+        prop("varlen_equals_separate", "a packed varlen call equals each sequence alone",
+             strategy_varlen(limits), check_varlen_equals_separate, 40),
+        prop("no_cross_sequence_leak", "changing one sequence leaves the others bitwise unchanged",
+             strategy_leak(limits), check_no_cross_sequence_leak, 40),
+        prop("state_continuation", "[0,t) then [t,T) from its final state equals one call",
+             strategy_continuation(limits), check_state_continuation, 50),
+        prop("gate_extremes", "no decay, strong and saturated gates: finite and within tolerance" + suffix,
+             strategy_matches_reference(draw_from, big, EXTREME_REGIMES), check_big, 60),
+        prop("head_mapping", "value head h uses q/k head h // (HV // H)",
+             strategy_head_mapping(limits), check_head_mapping, 30),
+        prop("error_growth", f"error vs T grows at most like T^{GROWTH_BOUND}",
+             strategy_growth(limits), check_error_growth, 4),
+        prop("linearity", "jointly linear in (v, initial_state); o(2q) = 2 o(q)",
+             strategy_linearity(limits), check_linearity, 30),
+        prop("output_contract", "documented shapes and dtypes, final state exactly when asked",
+             strategy_contract(limits), check_output_contract, 40),
+        prop("chunk_equals_recurrent", "chunked and recurrent forms agree",
+             _no_params(gs.problems(limits)), check_chunk_equals_recurrent, 30, _needs_forms),
+        prop("in_kernel_gate", "use_gate_in_kernel: g = -exp(A_log) softplus(g + dt_bias) inside the kernel",
+             strategy_in_kernel_gate(limits), check_in_kernel_options, 40),
+        prop("in_kernel_beta_sigmoid", "use_beta_sigmoid_in_kernel: beta = sigmoid(beta), x2 with allow_neg_eigval",
+             strategy_beta_sigmoid(limits), check_in_kernel_options, 40),
+        prop("state_layout", "state_v_first: k-first results with the state transposed",
+             strategy_state_layout(limits), check_state_layout, 30),
+    ]

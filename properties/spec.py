@@ -19,11 +19,13 @@ from hypothesis import strategies as st
 
 from gdn_verify.core import arrays
 from gdn_verify.core import tolerance as tol
-from gdn_verify.implementations.spec import start_slots
-from gdn_verify.implementations import Implementation, Result
+from gdn_verify.core.conventions import start_slots
+from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result
+from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.core.verdict import Measurement, Property, Violation, compare
 from gdn_verify.properties import strategies as gs
-from gdn_verify.properties.native import Measurement, Property, Violation, compare
+from gdn_verify.properties.strategies import Limits
 
 
 def make_pool(params: dict, HV: int, K: int, V: int) -> np.ndarray:
@@ -32,10 +34,11 @@ def make_pool(params: dict, HV: int, K: int, V: int) -> np.ndarray:
 
 
 @st.composite
-def spec_cases(draw, dtype: str | None = None, max_columns: int = 4, max_requests: int = 4):
+def spec_cases(draw, limits: Limits, max_columns: int = 4, max_requests: int = 4):
     """``(problem, params)`` for the speculative-decoding convention; distinct slots, spares included."""
-    H, HV = draw(gs.head_counts(max_heads=2))
-    K, V = draw(gs.head_dims(max_dim=32))
+    dtype = limits.dtype
+    H, HV = draw(gs.head_counts(limits.replace(max_heads=min(2, limits.max_heads))))
+    K, V = draw(gs.head_dims(limits, max_dim=32))
     C = draw(st.integers(1, max_columns))
     N = draw(st.integers(1, max_requests))
     lengths = draw(st.lists(st.integers(1, C), min_size=N, max_size=N))
@@ -73,7 +76,7 @@ def run_spec(impl: Implementation, problem: Problem, params: dict) -> tuple[np.n
         return arrays.to_kind(np.asarray(x, dtype) if dtype is not None else x, kind)
 
     pool_arg = to(pool.copy())
-    o = impl.forms["spec"](
+    o = impl.forms[SPEC_FORM](
         to(problem.q), to(problem.k), to(problem.v), to(problem.g), to(problem.beta), pool_arg,
         to(problem.cu_seqlens, np.int64), to(params["ssm_state_indices"], np.int32),
         to(params["num_accepted_tokens"], np.int32), scale=problem.scale,
@@ -87,9 +90,8 @@ def _requests(problem: Problem, n_list, initial: np.ndarray, upto: int | None = 
     ends = [bounds[n + 1] if upto is None else bounds[n] + upto + 1 for n in n_list]
     pieces = [np.arange(bounds[n], end) for n, end in zip(n_list, ends)]
     take = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-    fields = {name: getattr(problem, name)[:, take] for name in ("q", "k", "v", "g", "beta")}
     cu = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
-    return problem.replace(**fields, cu_seqlens=cu, initial_state=initial, output_final_state=True)
+    return problem.take(take, cu, initial)
 
 
 def check_spec_decode_slots(impl: Implementation, problem: Problem, params: dict) -> Measurement:
@@ -117,7 +119,7 @@ def check_spec_decode_slots(impl: Implementation, problem: Problem, params: dict
     native = _requests(problem, real, before[starts[real]])
     take = np.concatenate([np.arange(bounds[n], bounds[n + 1]) for n in real])
     got = Result(np.asarray(o)[:, take], None, None, None)
-    reference = tol.oracle(native)
+    reference = numpy_oracle(native)
     tolerance = tol.tolerance(native, tol.condition(native, reference))
     try:
         worst = compare(native, got, (reference[0], None), tolerance)
@@ -129,7 +131,7 @@ def check_spec_decode_slots(impl: Implementation, problem: Problem, params: dict
         if not running:
             continue
         prefix = _requests(problem, running, before[starts[running]], upto=t)
-        ref_o, ref_state = tol.oracle(prefix)
+        ref_o, ref_state = numpy_oracle(prefix)
         bound = tol.tolerance(prefix, tol.condition(prefix, (ref_o, ref_state))).state
         state_got = after[indices[running, t]]
         err, where = tol.state_errors(state_got, ref_state, prefix.initial_state)
@@ -154,7 +156,7 @@ def _explain_start(problem: Problem, params: dict, o, before, real) -> str:
             if column == accepted[n] - 1 or indices[n, column] < 0:
                 continue
             alt = _requests(problem, [n], before[[indices[n, column]]])
-            ref = tol.oracle(alt)
+            ref = numpy_oracle(alt)
             try:
                 compare(alt, Result(native_o, None, None, None), (ref[0], None),
                         tol.tolerance(alt, tol.condition(alt, ref)))
@@ -166,8 +168,12 @@ def _explain_start(problem: Problem, params: dict, o, before, real) -> str:
     return ("; " + "; ".join(notes)) if notes else ""
 
 
-SPEC_PROPERTIES: dict[str, Property] = {
-    "spec_decode_slots": Property(
-        "spec_decode_slots", "speculative decoding reads the accepted slot, writes each token's slot, nothing else",
-        lambda impl, dtype: spec_cases(dtype), check_spec_decode_slots, 60),
-}
+def _needs_spec(impl: Implementation) -> str | None:
+    return None if SPEC_FORM in impl.forms else f"{impl.name} has no speculative-decoding form"
+
+
+def spec_properties(limits: Limits) -> list[Property]:
+    """The properties of the speculative-decoding form (``forms["spec"]``)."""
+    return [Property("spec_decode_slots",
+                     "speculative decoding reads the accepted slot, writes each token's slot, nothing else",
+                     lambda impl: spec_cases(limits), check_spec_decode_slots, 60, _needs_spec, form=SPEC_FORM)]

@@ -8,9 +8,8 @@ integer, which keeps large arrays cheap. Problems are well posed: keys are unit-
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -23,43 +22,50 @@ SMALL_DIMS = (2, 4, 8, 16, 32)
 GATE_REGIMES = ("none", "mild", "moderate", "strong", "spikes", "strong_run", "mixed")
 
 
-def head_counts(max_heads: int = 4, ratios=(1, 2, 4)) -> st.SearchStrategy[tuple[int, int]]:
-    """``(H, HV)`` with ``H`` in 1..max_heads and ``HV / H`` in ``ratios`` (GVA)."""
-    return st.tuples(st.integers(1, max_heads), st.sampled_from(ratios)).map(lambda t: (t[0], t[0] * t[1]))
+@dataclass(frozen=True)
+class Limits:
+    """What the strategies may draw: the one place problem sizes are configured.
+
+    ``dtype`` the input dtype (None: draw one of float64/32/16 and bfloat16); ``head_dims`` the
+    sizes K and V are drawn from (restrict it for kernels built, or compiled, per size);
+    ``max_tokens`` the longest T of ``error_growth``.
+    """
+
+    dtype: str | None = None
+    max_len: int = 130
+    max_sequences: int = 6
+    max_batch: int = 3
+    max_heads: int = 4
+    head_ratios: tuple[int, ...] = (1, 2, 4)
+    head_dims: tuple[int, ...] = SMALL_DIMS + AWKWARD_DIMS
+    max_tokens: int = 2048
+
+    def replace(self, **changes: Any) -> Limits:
+        return replace(self, **changes)
 
 
-# Kernels specialised per head size (Triton constexprs, templates) compile for each new one;
-# ``--dims`` restricts every strategy below to the sizes a kernel is built for.
-_ONLY_DIMS: ContextVar[tuple[int, ...] | None] = ContextVar("only_dims", default=None)
+# Larger problems for fuzz campaigns (matches_reference and gate_extremes only): on a CPU what the
+# NumPy oracle computes in about a second, on a GPU what the float64 GPU recurrence can check.
+LARGE_CPU = Limits(max_len=512, max_sequences=8, head_dims=(1, 3, 16, 32, 60, 64))
+LARGE_GPU = Limits(max_len=65536, max_sequences=4, head_ratios=(1, 2, 4, 8), head_dims=(64, 100, 128))
 
 
-@contextmanager
-def only_head_dims(dims: tuple[int, ...] | None) -> Iterator[None]:
-    """While active, ``K`` and ``V`` are drawn from ``dims`` only (None: no restriction)."""
-    token = _ONLY_DIMS.set(tuple(dims) if dims else None)
-    try:
-        yield
-    finally:
-        _ONLY_DIMS.reset(token)
+def head_counts(limits: Limits) -> st.SearchStrategy[tuple[int, int]]:
+    """``(H, HV)`` with ``H`` in 1..max_heads and ``HV / H`` in ``head_ratios`` (GVA)."""
+    return st.tuples(st.integers(1, limits.max_heads), st.sampled_from(limits.head_ratios)).map(
+        lambda t: (t[0], t[0] * t[1]))
 
 
-def allowed_dims(default: tuple[int, ...], max_dim: int | None = None) -> tuple[int, ...]:
-    """``default`` up to ``max_dim``, or the ``only_head_dims`` restriction (its smallest if none fits)."""
-    only = _ONLY_DIMS.get()
-    dims = only if only is not None else default
+def allowed_dims(limits: Limits, max_dim: int | None = None) -> tuple[int, ...]:
+    """``limits.head_dims`` up to ``max_dim`` (the smallest allowed size if none fits)."""
+    dims = limits.head_dims
     limit = max_dim if max_dim is not None else max(dims)
     return tuple(d for d in dims if d <= limit) or (min(dims),)
 
 
-@st.composite
-def head_dim(draw, default: tuple[int, ...], max_dim: int | None = None) -> int:
-    """One head size from ``allowed_dims``, read when drawn so that ``only_head_dims`` applies."""
-    return draw(st.sampled_from(allowed_dims(default, max_dim)))
-
-
-def head_dims(max_dim: int = 128) -> st.SearchStrategy[tuple[int, int]]:
+def head_dims(limits: Limits, max_dim: int | None = None) -> st.SearchStrategy[tuple[int, int]]:
     """``(K, V)``, small or awkward sizes, ``K != V`` allowed."""
-    dims = head_dim(SMALL_DIMS + AWKWARD_DIMS, max_dim)
+    dims = st.sampled_from(allowed_dims(limits, max_dim))
     return st.tuples(dims, dims)
 
 
@@ -130,19 +136,20 @@ def unit_rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 @st.composite
 def problems(
     draw,
-    dtype: str | None = None,
-    max_len: int = 130,
-    max_dim: int = 128,
+    limits: Limits,
+    max_len: int | None = None,
+    max_dim: int | None = None,
     varlen: bool | None = None,
     heads: st.SearchStrategy | None = None,
     gate_regimes=GATE_REGIMES,
     state_layouts: bool = False,
-    max_sequences: int = 6,
 ) -> Problem:
-    """A well-posed GDN problem. ``dtype`` None draws one of float64/32/16 and bfloat16."""
-    H, HV = draw(heads if heads is not None else head_counts())
-    K, V = draw(head_dims(max_dim))
-    B, T, cu = draw(layouts(max_len=max_len, varlen=varlen, max_sequences=max_sequences))
+    """A well-posed GDN problem within ``limits`` (``max_len`` and ``max_dim`` tighten them)."""
+    dtype = limits.dtype
+    H, HV = draw(heads if heads is not None else head_counts(limits))
+    K, V = draw(head_dims(limits, max_dim))
+    B, T, cu = draw(layouts(max_batch=limits.max_batch, max_sequences=limits.max_sequences,
+                            max_len=limits.max_len if max_len is None else max_len, varlen=varlen))
     regime = draw(st.sampled_from(gate_regimes))
     l2norm = draw(st.booleans())
     zero_rows = l2norm and draw(st.booleans())
@@ -174,3 +181,11 @@ def problems(
                       use_qk_l2norm_in_kernel=l2norm, state_v_first=v_first,
                       notes=dict(gate_regime=regime, state=state_kind))
     return problem.astype(DTYPES[dtype_name])
+
+
+def long_problems(limits: Limits, gate_regimes=GATE_REGIMES) -> st.SearchStrategy[Problem]:
+    """:func:`problems` reaching ``limits.max_len`` (fuzz campaigns), lengths biased to powers of two."""
+    lengths = st.sampled_from(tuple(2**i for i in range(17) if 2**i <= limits.max_len))
+    return st.tuples(head_counts(limits), head_dims(limits), lengths).flatmap(
+        lambda t: problems(limits, max_len=t[2], max_dim=max(t[1]), heads=st.just(t[0]), gate_regimes=gate_regimes,
+                           state_layouts=True))

@@ -57,8 +57,9 @@ def plugins(tmp_path):
     (["check", "--impl", "numpy", "--max-examples", "0"], "--max-examples"),
     (["check", "--impl", "numpy", "--max-tokens", "10"], "--max-tokens"),
     (["check", "--impl", "planted:not_a_bug"], "unknown bug"),
-    (["replay", "missing.npz", "--impl", "numpy"], "no case file"),
-    (["fuzz"], "needs --impl"),
+    (["replay", "missing.npz", "--impl", "numpy"], "CASE: 'missing.npz': no such case file"),
+    (["check", "--impl", "numpy", "--dims", "a,b"], "--dims"),
+    (["check", "--impl", "numpy", "--array", "torch"], "--array"),
     (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
 ])
 def test_misuse_exits_2_with_one_line(args, message, plugins):
@@ -84,7 +85,7 @@ def test_broken_plugins_are_violations_not_crashes(fn, text, plugins):
                  "--properties", "matches_reference", cwd=plugins)
     assert result.returncode == 1
     assert text in result.stdout and "Traceback" not in result.stderr
-    assert "replay: python cli.py replay" in result.stdout
+    assert "replay: gdn-verify replay /" in result.stdout
 
 
 def test_failure_prints_minimal_example_and_replays(tmp_path):
@@ -93,7 +94,7 @@ def test_failure_prints_minimal_example_and_replays(tmp_path):
     assert result.returncode == 1
     assert "FAILED matches_reference" in result.stdout and "minimal example: B=" in result.stdout
     command = next(line for line in result.stdout.splitlines() if "replay:" in line).split("replay: ")[1]
-    case = command.split()[3]
+    case = command.split()[2]
     assert cli("replay", case, "--impl", "planted:off_by_one_final_state", cwd=tmp_path).returncode == 1
     fixed = cli("replay", case, "--impl", "numpy", cwd=tmp_path)
     assert fixed.returncode == 0 and "passed" in fixed.stdout

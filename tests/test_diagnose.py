@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gdn_verify.implementations import planted
-from gdn_verify.runners.diagnose import NumpyStaged, _chunks, _unchunks, diagnose, localise, replay_diagnosis
-from gdn_verify.implementations import resolve
 from gdn_verify.core.problem import Problem
+from gdn_verify.implementations import planted, resolve
 from gdn_verify.properties.strategies import GATE_REGIMES, beta_values, gate_values, unit_rows
+from gdn_verify.runners.diagnose import NumpyStaged, _chunks, _unchunks, diagnose, localise, replay_diagnosis
 
 
 def problem(seed=0, regime="mild", lengths=(70, 80), HV=2, K=32, V=16, state=True) -> Problem:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gdn_verify.implementations import flashinfer as fi
+from gdn_verify.api import check
 from gdn_verify.core import reference
-from gdn_verify.runners.check import CheckOptions, run_property
-from gdn_verify.implementations import ConfigurationError, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.properties.native import PROPERTIES
+from gdn_verify.implementations import ConfigurationError, Implementation
+from gdn_verify.implementations import flashinfer as fi
 from gdn_verify.properties.strategies import beta_values, gate_values, unit_rows
 
 
@@ -143,8 +142,8 @@ def test_float32_problems_pass_the_property_suite_through_both_adapters(tmp_path
     for name, adapter in (("prefill", fi.prefill_adapter(standin_prefill)),
                           ("decode", fi.decode_adapter(standin_decode))):
         impl = Implementation(f"standin-{name}", {"default": adapter})
-        options = CheckOptions(dtype="float32", max_examples=25, seed=5, cases_dir=tmp_path)
-        result = run_property(PROPERTIES["matches_reference"], impl, options)
+        result = check(impl, dtype="float32", properties=["matches_reference"], max_examples=25, seed=5,
+                       cases_dir=tmp_path)["matches_reference"]
         # K != V is unsupported by FlashInfer's prefill; everything else must pass.
         assert result.status == "passed", result.failure and result.failure.message
 
@@ -180,8 +179,8 @@ def test_forgotten_state_transpose_is_caught(which, tmp_path):
     want_o, _ = reference.recurrent_gated_delta_rule(**problem.kwargs())
     assert np.max(np.abs(o - want_o)) > 1e-2
     impl = Implementation("wrong", {"default": adapter})
-    result = run_property(PROPERTIES["matches_reference"], impl,
-                          CheckOptions(dtype="float32", max_examples=40, seed=1, cases_dir=tmp_path))
+    result = check(impl, dtype="float32", properties=["matches_reference"], max_examples=40, seed=1,
+                   cases_dir=tmp_path)["matches_reference"]
     assert result.status == "failed"
 
 

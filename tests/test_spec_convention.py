@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 
+from gdn_verify.api import check, replay
+from gdn_verify.core import conventions
+from gdn_verify.core.implementation import ConfigurationError
 from gdn_verify.implementations import spec as cs
-from gdn_verify.runners.check import CheckOptions, run_property
-from gdn_verify.implementations import ConfigurationError, Implementation
-from gdn_verify.spec_runner import check_spec, replay_spec
-from gdn_verify.properties.spec import SPEC_PROPERTIES
 
-PROP = SPEC_PROPERTIES["spec_decode_slots"]
+PROP = "spec_decode_slots"
 
 
 def run(fn, tmp_path, dtype="float32", n=40, seed=0):
-    impl = fn if isinstance(fn, Implementation) else Implementation("test", {"spec": fn})
-    return run_property(PROP, impl, CheckOptions(dtype=dtype, max_examples=n, seed=seed, cases_dir=tmp_path))
+    result = check(fn, convention="spec", dtype=dtype, properties=[PROP], max_examples=n, seed=seed,
+                   cases_dir=tmp_path)
+    return result[PROP]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -36,7 +34,7 @@ def test_reading_the_first_slot_is_caught_and_named(tmp_path):
 
 
 def _padding_tokens(cu, indices, accepted):
-    starts = cs.start_slots(np.asarray(indices), np.asarray(accepted))
+    starts = conventions.start_slots(np.asarray(indices), np.asarray(accepted))
     return [t for n in range(len(cu) - 1) if starts[n] < 0 for t in range(cu[n], cu[n + 1])]
 
 
@@ -77,17 +75,16 @@ def test_writing_only_the_last_token_slot_is_caught(tmp_path):
     assert result.status == "failed" and "holds a state off" in result.failure.message
 
 
-def test_cli_functions_check_and_replay(tmp_path, monkeypatch):
+def test_spec_is_one_more_form_checked_and_replayed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    assert check_spec("spec-numpy", max_examples=10, seed=1, out=out) == 0
-    out = io.StringIO()
-    assert check_spec("spec-planted:reads_first_slot", max_examples=30, seed=1, out=out) == 1
-    case = next(line.split()[4] for line in out.getvalue().splitlines() if "replay:" in line)
-    assert "--convention spec" in out.getvalue()
-    assert replay_spec(case, "spec-planted:reads_first_slot", out=io.StringIO()) == 1
-    assert replay_spec(case, "spec-numpy", out=io.StringIO()) == 0
-    with pytest.raises(ConfigurationError):
-        check_spec("numpy")
-    with pytest.raises(ConfigurationError):
-        replay_spec("missing.npz", "spec-numpy")
+    assert check("numpy", properties=[PROP], max_examples=10, seed=1).passed  # numpy has a spec form
+    result = check("planted:spec_reads_first_slot", max_examples=30, seed=1)
+    assert [r.name for r in result.failures] == [PROP]  # the native properties do not apply to it
+    assert all(r.status == "unsupported" for r in result.results if r.name != PROP) or len(result.results) == 1
+    case = result[PROP].failure.case_path
+    assert replay(case).status == "failed"  # against the recorded implementation
+    assert replay(case, "numpy").status == "passed"
+    with pytest.raises(ConfigurationError, match="^convention: "):
+        check("numpy", convention="spec")
+    with pytest.raises(ConfigurationError, match="^case: "):
+        replay("missing.npz", "numpy")

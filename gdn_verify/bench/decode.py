@@ -360,27 +360,3 @@ def format_table(rows: list[dict]) -> str:
             if per:
                 lines.append(f"DecodeStep call to result per variant (us): {per}.")
     return "\n".join(lines) + "\n"
-
-
-def main(args) -> int:
-    """``cli.py bench``: decode and/or prefill tables, side by side with FLA and a copy."""
-    from gdn_verify.core import arrays
-    from gdn_verify.implementations import ConfigurationError
-
-    try:
-        arrays.check_kind("cupy")
-    except arrays.ArrayKindUnavailable as exc:
-        raise ConfigurationError(f"bench needs a CUDA GPU: {exc}") from None
-    tables = []
-    if args.what in ("decode", "all"):
-        tables.append("## Decode (recurrent kernel)\n\n" + format_table(decode_bench()))
-    if args.what in ("prefill", "all"):
-        from gdn_verify.bench import prefill as prefill_bench
-
-        tables.append("## Prefill (chunked kernel)\n\n" + prefill_bench.format_table(prefill_bench.prefill_bench()))
-    text = "\n\n".join(tables)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    return 0

@@ -23,7 +23,7 @@ def _torch():
     try:
         import torch
     except ImportError as exc:
-        raise ArrayKindUnavailable("--array torch needs PyTorch (pip install '.[torch]')") from exc
+        raise ArrayKindUnavailable("torch arrays need PyTorch (pip install '.[torch]')") from exc
     return torch
 
 
@@ -31,13 +31,13 @@ def _cupy():
     try:
         import cupy
         if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise ArrayKindUnavailable("--array cupy needs a CUDA GPU; none is visible")
+            raise ArrayKindUnavailable("cupy arrays need a CUDA GPU; none is visible")
     except ImportError as exc:
-        raise ArrayKindUnavailable("--array cupy needs CuPy (pip install '.[cuda13]' or '.[cuda12]')") from exc
+        raise ArrayKindUnavailable("cupy arrays need CuPy (pip install '.[cuda13]' or '.[cuda12]')") from exc
     except ArrayKindUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - CUDA driver errors come in many types
-        raise ArrayKindUnavailable(f"--array cupy: no usable CUDA GPU ({exc})") from exc
+        raise ArrayKindUnavailable(f"cupy arrays: no usable CUDA GPU ({exc})") from exc
     return cupy
 
 

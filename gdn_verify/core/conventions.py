@@ -208,3 +208,9 @@ def unpack_output(packed: Packed, o: np.ndarray) -> np.ndarray:
 def export_state(packed: Packed, state: np.ndarray) -> np.ndarray:
     """A k-first ``[N, HV, K, V]`` state in the caller's layout."""
     return np.ascontiguousarray(state.swapaxes(-1, -2)) if packed.state_v_first else state
+
+
+def start_slots(ssm_state_indices: np.ndarray, num_accepted_tokens: np.ndarray) -> np.ndarray:
+    """Speculative decoding: ``[N]`` slot each request reads, ``ssm_state_indices[n, num_accepted_tokens[n] - 1]``."""
+    rows = np.arange(len(num_accepted_tokens))
+    return np.asarray(ssm_state_indices)[rows, np.asarray(num_accepted_tokens) - 1]

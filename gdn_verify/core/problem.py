@@ -84,6 +84,31 @@ class Problem:
     def replace(self, **changes) -> Problem:
         return replace(self, **changes)
 
+    def tokens(self, start: int, end: int, initial_state: Any = "keep") -> Problem:
+        """Tokens ``[start, end)`` of every batch row as a call of its own that returns its final state.
+
+        ``initial_state``: the state to start from (default: the problem's own).
+        """
+        state = self.initial_state if isinstance(initial_state, str) else initial_state
+        return self.replace(**{name: getattr(self, name)[:, start:end] for name in INPUT_FIELDS},
+                            initial_state=state, output_final_state=True)
+
+    def take(self, index: np.ndarray, cu_seqlens: np.ndarray, initial_state: np.ndarray | None) -> Problem:
+        """A varlen call (``B == 1``) of the flat ``B * T`` tokens ``index``, packed by ``cu_seqlens``."""
+        fields = {}
+        for name in INPUT_FIELDS:
+            x = getattr(self, name)
+            fields[name] = x.reshape((1, -1) + x.shape[2:])[:, np.asarray(index, np.int64)]
+        return self.replace(**fields, cu_seqlens=np.asarray(cu_seqlens, np.int64), initial_state=initial_state,
+                            output_final_state=True)
+
+    def sequence(self, n: int) -> Problem:
+        """Sequence ``n`` (of a varlen pack or a batch) as a call of its own, from its own initial state."""
+        start, end = self.bounds[n], self.bounds[n + 1]
+        state = None if self.initial_state is None else self.initial_state[n : n + 1]
+        return self.take(np.arange(start, end), np.array([0, end - start]), state).replace(
+            output_final_state=self.output_final_state)
+
     def astype(self, dtype) -> Problem:
         """The same problem with ``q, k, v, g, beta`` rounded to ``dtype``."""
         return self.replace(**{name: getattr(self, name).astype(dtype) for name in INPUT_FIELDS})

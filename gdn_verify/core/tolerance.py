@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
+from gdn_verify.core.oracle import Oracle, numpy_oracle
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 C_IN = 2.0
 C_WORK = 16.0
@@ -176,23 +176,8 @@ def measure(o, final_state, ref_o, ref_state, problem: Problem) -> Errors:
     return Errors(rms, token, state, where, seq)
 
 
-# Longest sequence for which the token loop is the oracle; beyond it the chunked form (equal to
-# it within 1e-13, both checked against mpmath) is several times faster, which is what lets
-# error_growth reach 64k tokens.
-RECURRENT_ORACLE_MAX_TOKENS = 512
-
-
-def oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
-    """Float64 oracle outputs ``(o, final_state)``, the final state always computed."""
-    kw = problem.kwargs()
-    kw["output_final_state"] = True
-    kw["state_v_first"] = problem.state_v_first
-    if problem.lengths.max(initial=0) > RECURRENT_ORACLE_MAX_TOKENS:
-        return chunk_gated_delta_rule(**kw)
-    return recurrent_gated_delta_rule(**kw)
-
-
-def condition(problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: int = 0) -> Kappa:
+def condition(problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: int = 0,
+              oracle: Oracle = numpy_oracle) -> Kappa:
     """Estimated relative condition numbers of the three metrics, each at least 1.
 
     The oracle is rerun on inputs multiplied elementwise by ``1 + PERTURBATION * r`` with

@@ -1,10 +1,11 @@
-"""Implementations that ``check`` can verify: built-in ones by name, plug-ins as ``MODULE:FUNCTION``.
+"""Implementations that a check can verify: built-in ones by name, plug-ins as ``MODULE:FUNCTION``.
 
-Every implementation is called in the native convention
-``fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-use_qk_l2norm_in_kernel=False, cu_seqlens=None) -> (o, final_state)`` (``state_v_first=True``
-is passed only when a problem asks for it). An implementation that raises
-``NotImplementedError`` for a feature has that feature reported as unsupported.
+Built-in: ``numpy`` (float32 NumPy, chunked and recurrent forms and the speculative-decoding
+form), ``numpy-chunk``, ``numpy-chunk16``, ``numpy-recurrent``, ``oracle``, ``planted:BUG``
+(``planted.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``) and
+FlashInfer (``flashinfer.py``). A plug-in's function is its native form, or with
+``convention="spec"`` its speculative-decoding form. :func:`choose_oracle` is the one place that
+picks the float64 oracle for problems of a given array kind.
 """
 
 from __future__ import annotations
@@ -12,90 +13,20 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from gdn_verify.core import arrays, reference
+from gdn_verify.core.implementation import (
+    SPEC_FORM,
+    ConfigurationError,
+    ContractError,
+    Implementation,
+    Result,
+)
+from gdn_verify.core.oracle import Oracle, from_implementation, numpy_oracle
+from gdn_verify.implementations import numpy_impl, spec
 
-from gdn_verify.core import arrays
-
-from gdn_verify.implementations import numpy_impl
-
-from gdn_verify.core import reference
-from gdn_verify.core.problem import Problem
-
-
-class ConfigurationError(ValueError):
-    """Misuse: unknown implementation, unimportable module, missing function, bad option."""
-
-
-@dataclass(frozen=True)
-class Result:
-    """An implementation's outputs as NumPy arrays (dtypes kept) and the dtypes it returned."""
-
-    o: Any
-    final_state: Any
-    o_dtype: str | None
-    state_dtype: str | None
-
-
-def _dtype_name(x: Any) -> str | None:
-    if x is None:
-        return None
-    name = str(getattr(x, "dtype", type(x).__name__))
-    return name.removeprefix("torch.")
-
-
-@dataclass
-class Implementation:
-    """A named GDN implementation with one or more algorithmic forms.
-
-    ``forms`` maps a form name (``"chunk"``, ``"recurrent"``) to a callable in the native
-    convention; the first form is the default. ``array`` is the array type the callables take.
-    """
-
-    name: str
-    forms: dict[str, Callable]
-    array: str = "numpy"
-    description: str = ""
-    default_dtype: str = "float32"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def default_form(self) -> str:
-        return next(iter(self.forms))
-
-    def run(self, problem: Problem, form: str | None = None, options: dict[str, Any] | None = None) -> Result:
-        """Call the implementation on ``problem`` and bring the outputs back to NumPy.
-
-        ``options``: extra keyword arguments (FLA's in-kernel gate options); NumPy arrays among
-        them are converted like the inputs. An option the callable does not accept (a
-        ``TypeError`` naming it) raises ``NotImplementedError``: the feature is unsupported.
-        """
-        fn = self.forms[form or self.default_form]
-        kw = problem.kwargs()
-        for name in ("q", "k", "v", "g", "beta", "initial_state"):
-            kw[name] = arrays.to_kind(kw[name], self.array)
-        if kw["cu_seqlens"] is not None:
-            kw["cu_seqlens"] = arrays.to_kind(np.asarray(kw["cu_seqlens"], np.int64), self.array)
-        for name, value in (options or {}).items():
-            kw[name] = arrays.to_kind(value, self.array) if isinstance(value, np.ndarray) else value
-        try:
-            out = fn(**kw)
-        except TypeError as exc:
-            rejected = [name for name in ("state_v_first", *(options or {})) if f"'{name}'" in str(exc)]
-            if rejected:
-                raise NotImplementedError(f"{rejected[0]} is not accepted") from exc
-            raise
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise ContractError(f"expected a pair (o, final_state), got {type(out).__name__}")
-        o, final_state = out
-        return Result(arrays.to_numpy(o), arrays.to_numpy(final_state), _dtype_name(o), _dtype_name(final_state))
-
-
-class ContractError(AssertionError):
-    """The implementation returned something other than the documented outputs."""
+CONVENTIONS = ("native", "spec")
 
 
 def _oracle_chunk(**kw):
@@ -109,8 +40,9 @@ def _chunk16(**kw):
 BUILTIN: dict[str, Callable[[], Implementation]] = {
     "numpy": lambda: Implementation(
         "numpy",
-        {"chunk": numpy_impl.chunk_gated_delta_rule, "recurrent": numpy_impl.recurrent_gated_delta_rule},
-        description="float32 NumPy, chunked (C=64) with a recurrent form",
+        {"chunk": numpy_impl.chunk_gated_delta_rule, "recurrent": numpy_impl.recurrent_gated_delta_rule,
+         SPEC_FORM: spec.spec_reference},
+        description="float32 NumPy, chunked (C=64) with recurrent and speculative-decoding forms",
     ),
     "numpy-chunk": lambda: Implementation(
         "numpy-chunk", {"chunk": numpy_impl.chunk_gated_delta_rule}, description="float32 NumPy chunked, C=64"
@@ -141,36 +73,56 @@ LAZY: dict[str, str] = {
 
 
 def names() -> list[str]:
-    """Names accepted by ``--impl`` besides ``MODULE:FUNCTION`` and ``planted:BUG``."""
+    """Built-in names, besides ``MODULE:FUNCTION`` and ``planted:BUG``."""
     return sorted(BUILTIN) + sorted(LAZY)
 
 
-def load_plugin(spec: str, array: str = "numpy") -> Implementation:
+def load_plugin(spec_text: str, array: str = "numpy", convention: str = "native") -> Implementation:
     """``MODULE:FUNCTION`` importable from ``PYTHONPATH`` or the current directory."""
-    module_name, _, function_name = spec.partition(":")
+    module_name, _, function_name = spec_text.partition(":")
     if not module_name or not function_name:
-        raise ConfigurationError(f"--impl {spec!r}: expected MODULE:FUNCTION")
+        raise ConfigurationError("impl", f"{spec_text!r}: expected MODULE:FUNCTION")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's configuration
-        raise ConfigurationError(f"--impl {spec!r}: cannot import module {module_name!r}: {exc}") from None
+        raise ConfigurationError("impl", f"{spec_text!r}: cannot import module {module_name!r}: {exc}") from None
     fn = getattr(module, function_name, None)
     if fn is None or not callable(fn):
-        raise ConfigurationError(f"--impl {spec!r}: module {module_name!r} has no function {function_name!r}")
-    # A chunked plug-in may expose its stages for ``replay --diagnose`` as ``FUNCTION.stages``
-    # (a ``gdn_verify.diagnose.StagedImplementation``).
+        raise ConfigurationError("impl", f"{spec_text!r}: module {module_name!r} has no function {function_name!r}")
+    return from_callable(fn, array, convention, name=spec_text)
+
+
+def from_callable(fn: Callable, array: str = "numpy", convention: str = "native", name: str | None = None
+                  ) -> Implementation:
+    """A user's callable as an implementation (its only form: native, or spec with ``convention="spec"``).
+
+    A chunked plug-in may expose its stages for ``replay --diagnose`` as ``fn.stages`` (a
+    ``gdn_verify.runners.diagnose.StagedImplementation``).
+    """
+    if convention not in CONVENTIONS:
+        raise ConfigurationError("convention", f"{convention!r}: choose from {', '.join(CONVENTIONS)}")
+    if array not in arrays.ARRAY_KINDS:
+        raise ConfigurationError("array", f"{array!r}: choose from {', '.join(arrays.ARRAY_KINDS)}")
+    name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     stages = getattr(fn, "stages", None)
-    return Implementation(spec, {"default": fn}, array=array, description=f"plug-in {spec}",
+    form = SPEC_FORM if convention == "spec" else "default"
+    return Implementation(name, {form: fn}, array=array, description=f"plug-in {name}",
                           default_dtype="float32" if array == "numpy" else "bfloat16",
                           extra={} if stages is None else {"stages": stages})
 
 
-def resolve(name: str, array: str | None = None) -> Implementation:
-    """The implementation named ``name``; raises :class:`ConfigurationError` on misuse."""
+def resolve(name: str, array: str | None = None, convention: str = "native") -> Implementation:
+    """The implementation named ``name``; raises :class:`ConfigurationError` on misuse.
+
+    ``array`` and ``convention`` apply to ``MODULE:FUNCTION`` plug-ins (built-ins know theirs).
+    """
     if array is not None and array not in arrays.ARRAY_KINDS:
-        raise ConfigurationError(f"--array {array!r}: choose from {', '.join(arrays.ARRAY_KINDS)}")
+        raise ConfigurationError("array", f"{array!r}: choose from {', '.join(arrays.ARRAY_KINDS)}")
+    if convention not in CONVENTIONS:
+        raise ConfigurationError("convention", f"{convention!r}: choose from {', '.join(CONVENTIONS)}")
+    plugin = ":" in name and not name.startswith("planted:")
     if name in BUILTIN:
         impl = BUILTIN[name]()
     elif name.startswith("planted:"):
@@ -182,17 +134,20 @@ def resolve(name: str, array: str | None = None) -> Implementation:
         try:
             impl = getattr(importlib.import_module(module_name), factory)()
         except (ImportError, arrays.ArrayKindUnavailable) as exc:
-            raise ConfigurationError(f"--impl {name}: unavailable here: {exc}") from None
-    elif ":" in name:
-        impl = load_plugin(name, array or "numpy")
+            raise ConfigurationError("impl", f"{name}: unavailable here: {exc}") from None
+    elif plugin:
+        impl = load_plugin(name, array or "numpy", convention)
     else:
-        raise ConfigurationError(f"--impl {name!r}: unknown; choose from {', '.join(names())} or MODULE:FUNCTION")
-    if array is not None and array != impl.array and ":" not in name:
-        raise ConfigurationError(f"--array applies to MODULE:FUNCTION plug-ins; {name} takes {impl.array} arrays")
+        raise ConfigurationError("impl", f"{name!r}: unknown; choose from {', '.join(names())} or MODULE:FUNCTION")
+    if not plugin and array is not None and array != impl.array:
+        raise ConfigurationError("array", f"applies to MODULE:FUNCTION plug-ins; {name} takes {impl.array} arrays")
+    if not plugin and convention != "native":
+        raise ConfigurationError("convention", f"applies to MODULE:FUNCTION plug-ins; {name}'s forms are "
+                                 f"{', '.join(impl.forms)}")
     try:
         arrays.check_kind(impl.array)
     except arrays.ArrayKindUnavailable as exc:
-        raise ConfigurationError(str(exc)) from None
+        raise ConfigurationError("array", str(exc)) from None
     return impl
 
 
@@ -204,3 +159,23 @@ def default_name() -> tuple[str, str]:
     except (arrays.ArrayKindUnavailable, ImportError) as exc:
         return "numpy", f"no usable CUDA GPU ({exc}); using the float32 NumPy implementation"
     return "cupy", "a CUDA GPU with CuPy is usable; using the CuPy kernels"
+
+
+def choose_oracle(array: str) -> tuple[str, Oracle]:
+    """The float64 oracle for problems of an implementation taking ``array`` arrays.
+
+    GPU arrays: the float64 GPU recurrence (``cupy-oracle``) when it can run here, so that large
+    problems are checked in seconds; otherwise (and for NumPy) the NumPy oracle.
+    """
+    if array != "numpy":
+        try:
+            return "cupy-oracle (float64 GPU recurrence)", from_implementation(resolve("cupy-oracle"))
+        except ConfigurationError:
+            pass
+    return "gdn_verify.core.reference (float64 NumPy)", numpy_oracle
+
+
+__all__ = [
+    "ConfigurationError", "ContractError", "Implementation", "Result", "choose_oracle", "default_name",
+    "from_callable", "load_plugin", "names", "resolve",
+]

@@ -1,4 +1,4 @@
-"""The CuPy kernels as ``check`` implementations: ``cupy``, ``cupy-recurrent``, ``cupy-chunk``, ``cupy-oracle``.
+"""The CuPy kernels (``cupy_kernels``) under test: ``cupy``, ``cupy-recurrent``, ``cupy-chunk``, ``cupy-oracle``.
 
 Importing this module needs CuPy and a CUDA device (``implementations.resolve`` turns the
 failure into a one-line "unavailable here"). Problems travel as torch tensors when PyTorch
@@ -8,7 +8,7 @@ is installed, since CuPy has no bfloat16, else as CuPy arrays.
 from __future__ import annotations
 
 from gdn_verify.core import arrays
-from gdn_verify.implementations import Implementation
+from gdn_verify.core.implementation import SPEC_FORM, Implementation
 
 arrays.check_kind("cupy")
 
@@ -56,7 +56,8 @@ def cupy_chunk() -> Implementation:
 
 
 def cupy_auto() -> Implementation:
-    forms = {"auto": auto, "chunk": chunk.chunk_gated_delta_rule, "recurrent": recurrent.recurrent_gated_delta_rule}
+    forms = {"auto": auto, "chunk": chunk.chunk_gated_delta_rule, "recurrent": recurrent.recurrent_gated_delta_rule,
+             SPEC_FORM: recurrent.spec_decode}
     return Implementation("cupy", forms, _array_kind(),
                           f"CuPy kernels: recurrent up to {RECURRENT_MAX_TOKENS} tokens, else chunked", "bfloat16")
 

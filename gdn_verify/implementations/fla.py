@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from gdn_verify.core import arrays
-from gdn_verify.implementations import ConfigurationError, Implementation
+from gdn_verify.core.implementation import ConfigurationError, Implementation
 
 
 def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
@@ -22,9 +24,9 @@ def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
 
         loaded = load()
     except ImportError as exc:
-        raise ConfigurationError(f"{what} is not installed ({install}): {exc}") from None
+        raise ConfigurationError("impl", f"{what} is not installed ({install}): {exc}") from None
     if not torch.cuda.is_available():
-        raise ConfigurationError(f"{what}'s kernels need a CUDA GPU; none is visible")
+        raise ConfigurationError("impl", f"{what}'s kernels need a CUDA GPU; none is visible")
     return loaded
 
 
@@ -47,9 +49,57 @@ def _wrap(fn):
     return call
 
 
-def fla_chunk() -> Implementation:
-    from gdn_verify.runners.diagnose import FlaStaged
+class FlaStaged:
+    """FLA 0.6's stage functions on a CUDA GPU (torch); imports FLA on construction."""
 
+    chunk_size = 64
+    working_unit_roundoff = 2.0**-24
+
+    def __init__(self):
+        try:
+            import torch
+            from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+            from fla.ops.common.chunk_o import chunk_fwd_o
+            from fla.ops.common.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt_fwd
+            from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd
+            from fla.ops.utils import chunk_local_cumsum, solve_tril
+        except ImportError as exc:
+            raise ConfigurationError("impl", f"FLA is not installed (pip install fla-core==0.6.0): {exc}") from None
+        self.torch = torch
+        self.f = dict(cumsum=chunk_local_cumsum, kkt=chunk_scaled_dot_kkt_fwd, solve=solve_tril,
+                      wu=recompute_w_u_fwd, h=chunk_gated_delta_rule_fwd_h, o=chunk_fwd_o)
+
+    def _t(self, x):
+        return self.torch.from_numpy(np.ascontiguousarray(x, np.float32)).cuda()
+
+    def _n(self, x):
+        return x.float().cpu().numpy()
+
+    def cumsum(self, g):
+        return self._n(self.f["cumsum"](self._t(g), chunk_size=64))
+
+    def kkt(self, k, beta, G):
+        return self._n(self.f["kkt"](k=self._t(k), g=self._t(G), beta=self._t(beta),
+                                     output_dtype=self.torch.float32))
+
+    def solve_tril(self, A):
+        return self._n(self.f["solve"](A=self._t(A), output_dtype=self.torch.float32))
+
+    def w_u(self, k, v, beta, Ai, G):
+        w, u = self.f["wu"](k=self._t(k), v=self._t(v), beta=self._t(beta), A=self._t(Ai), g=self._t(G))
+        return self._n(w), self._n(u)
+
+    def fwd_h(self, k, W, U, G, initial_state):
+        h, v_new, final = self.f["h"](k=self._t(k), w=self._t(W), u=self._t(U), g=self._t(G),
+                                      initial_state=self._t(initial_state), output_final_state=True)
+        return self._n(h), self._n(v_new), self._n(final)
+
+    def fwd_o(self, q, k, v_new, h, G, scale):
+        return self._n(self.f["o"](q=self._t(q), k=self._t(k), v=self._t(v_new), h=self._t(h), g=self._t(G),
+                                   scale=scale))
+
+
+def fla_chunk() -> Implementation:
     chunk, _ = _fla()
     arrays.check_kind("torch")
     return Implementation("fla-chunk", {"chunk": _wrap(chunk)}, "torch", "FLA 0.6 chunk_gated_delta_rule", "bfloat16",

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from gdn_verify.core.implementation import Implementation
 from gdn_verify.implementations.fla import cuda_library
-from gdn_verify.implementations import Implementation
 
 RAW_LIMIT = 40.0
 

@@ -12,10 +12,11 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from gdn_verify.implementations import numpy_impl
 from gdn_verify.core.conventions import export_state, pack, unpack_output
-from gdn_verify.implementations import ConfigurationError, Implementation
+from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.reference import segment_sums, unit_lower_inverse
+from gdn_verify.implementations import numpy_impl
+from gdn_verify.implementations.spec import spec_reads_first_slot
 
 
 def _packed(kw: dict, pad: int = 1):
@@ -225,11 +226,15 @@ BUGS: dict[str, tuple[str, Callable]] = {
     "gate_bias_ignored": ("use_gate_in_kernel drops dt_bias", gate_bias_ignored),
     "neg_eigval_ignored": ("allow_neg_eigval is accepted but ignored", neg_eigval_ignored),
     "nondeterministic": ("results change between identical calls", nondeterministic),
+    "spec_reads_first_slot": ("speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
+                              spec_reads_first_slot),
 }
 
 
 def implementation(bug: str) -> Implementation:
+    """``planted:BUG``; a ``spec_`` bug is a speculative-decoding form, the others native."""
     if bug not in BUGS:
-        raise ConfigurationError(f"planted:{bug}: unknown bug; choose from {', '.join(BUGS)}")
+        raise ConfigurationError("impl", f"planted:{bug}: unknown bug; choose from {', '.join(BUGS)}")
     description, fn = BUGS[bug]
-    return Implementation(f"planted:{bug}", {"default": fn}, description=description)
+    form = SPEC_FORM if bug.startswith("spec_") else "default"
+    return Implementation(f"planted:{bug}", {form: fn}, description=description)

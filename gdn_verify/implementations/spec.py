@@ -1,4 +1,4 @@
-"""The vLLM-style speculative-decoding convention (``--convention spec``) and its NumPy reference.
+"""The speculative-decoding form (vLLM-style state slots): its NumPy reference and a planted bug.
 
 A plug-in in this convention is called as::
 
@@ -25,13 +25,6 @@ from collections.abc import Callable
 import numpy as np
 
 from gdn_verify.implementations import numpy_impl
-from gdn_verify.implementations import ConfigurationError, Implementation, load_plugin
-
-
-def start_slots(ssm_state_indices: np.ndarray, num_accepted_tokens: np.ndarray) -> np.ndarray:
-    """``[N]`` slot each request reads: ``ssm_state_indices[n, num_accepted_tokens[n] - 1]``."""
-    rows = np.arange(len(num_accepted_tokens))
-    return np.asarray(ssm_state_indices)[rows, np.asarray(num_accepted_tokens) - 1]
 
 
 def _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale=None,
@@ -68,25 +61,3 @@ def spec_reads_first_slot(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_in
     """Planted bug: every request starts from ``ssm_state_indices[n, 0]``, ignoring the accepted count."""
     return _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale,
                        use_qk_l2norm_in_kernel, read_column=lambda n, accepted: 0)
-
-
-BUILTIN: dict[str, tuple[Callable, str]] = {
-    "spec-numpy": (spec_reference, "float32 NumPy reference of the speculative-decoding convention"),
-    "spec-planted:reads_first_slot": (spec_reads_first_slot, "planted bug: reads ssm_state_indices[n, 0]"),
-}
-
-
-def resolve_spec(name: str, array: str | None = None) -> Implementation:
-    """A spec-convention implementation: a built-in name above or ``MODULE:FUNCTION``.
-
-    The callable is the implementation's only form, ``"spec"``.
-    """
-    if name in BUILTIN:
-        fn, description = BUILTIN[name]
-        return Implementation(name, {"spec": fn}, description=description)
-    if ":" not in name or name.startswith("spec-"):
-        raise ConfigurationError(f"--impl {name!r} with --convention spec: choose from {', '.join(BUILTIN)} "
-                                 "or MODULE:FUNCTION")
-    plugin = load_plugin(name, array or "numpy")
-    return Implementation(plugin.name, {"spec": plugin.forms["default"]}, plugin.array, plugin.description,
-                          plugin.default_dtype)

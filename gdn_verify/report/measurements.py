@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gdn_verify.core import error_stats as precision
-
-from gdn_verify.core import reference
+from gdn_verify.core import error_stats
 from gdn_verify.core import tolerance as tol
-from gdn_verify.implementations import ConfigurationError, Implementation, resolve
+from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.oracle import Oracle
 from gdn_verify.core.problem import DTYPES, Problem
 
 CHUNK = 64  # the chunk size of the kernels under study; its boundaries are marked on the error map
@@ -87,27 +86,6 @@ def make_problem(rng: np.random.Generator, sizes: Sizes, lengths: list[int] | No
     return Problem(q, k, v, g, beta, initial_state=state, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
 
 
-Oracle = Callable[[Problem], tuple[np.ndarray, np.ndarray]]
-
-
-def choose_oracle() -> tuple[str, Oracle]:
-    """``("cupy-oracle", fn)`` (the float64 GPU recurrence) when a GPU is usable, else the NumPy chunked oracle."""
-    try:
-        gpu = resolve("cupy-oracle")
-    except ConfigurationError:
-        def numpy_oracle(problem: Problem):
-            kw = {**problem.kwargs(), "output_final_state": True}
-            return reference.chunk_gated_delta_rule(**kw)
-
-        return "gdn_verify.reference (float64 NumPy, chunked)", numpy_oracle
-
-    def gpu_oracle(problem: Problem):
-        result = gpu.run(problem.replace(output_final_state=True))
-        return np.asarray(result.o, np.float64), np.asarray(result.final_state, np.float64)
-
-    return "cupy-oracle (float64 GPU recurrence)", gpu_oracle
-
-
 def oracle_prefixes(oracle: Oracle, problem: Problem, lengths: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Oracle output over all ``lengths[-1]`` tokens and the final state after each prefix length.
 
@@ -116,8 +94,7 @@ def oracle_prefixes(oracle: Oracle, problem: Problem, lengths: list[int]) -> tup
     """
     outputs, states, state, start = [], [], problem.initial_state, 0
     for end in lengths:
-        part = problem.replace(**{name: getattr(problem, name)[:, start:end] for name in ("q", "k", "v", "g", "beta")},
-                               initial_state=state)
+        part = problem.tokens(start, end, state)
         o, state = oracle(part)
         outputs.append(o)
         states.append(state)
@@ -127,10 +104,6 @@ def oracle_prefixes(oracle: Oracle, problem: Problem, lengths: list[int]) -> tup
 
 def _finite_or_none(x: float) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
-
-
-def _prefix(problem: Problem, T: int) -> Problem:
-    return problem.replace(**{name: getattr(problem, name)[:, :T] for name in ("q", "k", "v", "g", "beta")})
 
 
 def _failure(exc: BaseException) -> str:
@@ -182,20 +155,21 @@ class Runner:
         ref_o, ref_states = oracle_prefixes(self.oracle, problem, self.lengths)
         results["rounding_floor"][dtype] = dict(
             lengths=self.lengths,
-            output_rms=[precision.rounding_floor(ref_o[:, :T], DTYPES[dtype], np.array([0, T])) for T in self.lengths])
+            output_rms=[error_stats.rounding_floor(ref_o[:, :T], DTYPES[dtype], np.array([0, T]))
+                        for T in self.lengths])
         for impl in self.impls:
             entry = dict(impl=impl.name, dtype=dtype, lengths=[], output_rms=[], output_token=[], state=[])
             results["error_vs_length"].append(entry)
             try:
                 for T, ref_state in zip(self.lengths, ref_states):
                     self.step(f"{impl.name}, {dtype}, T={T}")
-                    part = _prefix(problem, T)
+                    part = problem.tokens(0, T)
                     out = impl.run(part)
                     errors = tol.measure(out.o, out.final_state, ref_o[:, :T], ref_state, part)
                     entry["lengths"].append(T)
                     for name in ("output_rms", "output_token", "state"):
                         entry[name].append(_finite_or_none(getattr(errors, name)))
-                entry["exponent"] = precision.growth_exponent(entry["lengths"], entry["output_rms"])
+                entry["exponent"] = error_stats.growth_exponent(entry["lengths"], entry["output_rms"])
                 entry["output_dtype"] = out.o_dtype
                 self.step(f"{impl.name}, {dtype}, distributions")
                 results["distributions"].append(self._distribution(impl, dtype, out.o, ref_o))
@@ -207,8 +181,8 @@ class Runner:
         if o.dtype.kind != "f" and o.dtype != DTYPES["bfloat16"]:
             o = o.astype(np.float64)
         return dict(impl=impl.name, dtype=dtype, output_dtype=o.dtype.name, tokens=int(ref.shape[1]),
-                    relative_error=precision.relative_error_histogram(precision.elementwise_relative_error(o, ref)),
-                    ulp=precision.ulp_histogram(precision.ulp_distance(o, ref)))
+                    relative_error=error_stats.relative_error_histogram(error_stats.elementwise_relative_error(o, ref)),
+                    ulp=error_stats.ulp_histogram(error_stats.ulp_distance(o, ref)))
 
     # 3: where the error is ----------------------------------------------------------------------
     def _error_map(self, problem: Problem, dtype: str, results: dict, maps: dict) -> None:
@@ -272,7 +246,7 @@ class Runner:
         for label, p in zip(section["labels"], problems):
             self.step(f"oracle, {dtype}, {axis}={label}")
             refs.append(self.oracle(p))
-        section["rounding_floor"][dtype] = [precision.rounding_floor(r[0], DTYPES[dtype], p.bounds)
+        section["rounding_floor"][dtype] = [error_stats.rounding_floor(r[0], DTYPES[dtype], p.bounds)
                                             for r, p in zip(refs, problems)]
         for impl in self.impls:
             entry = dict(impl=impl.name, dtype=dtype, output_rms=[], state=[])

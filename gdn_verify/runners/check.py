@@ -1,8 +1,10 @@
-"""The check runner: drive each property with Hypothesis and collect a verdict per property.
+"""The check runner: drive properties with Hypothesis and collect a verdict per property.
 
-``run_check`` returns one :class:`PropertyResult` per property: ``passed``, ``failed`` (with
-the minimal, shrunk example saved as a replayable ``.npz`` case) or ``unsupported`` (the
-implementation raised ``NotImplementedError`` on every example).
+:func:`run_property` returns a :class:`PropertyResult`: ``passed``, ``failed`` (with the
+minimal, shrunk example saved as a replayable ``.npz`` case) or ``unsupported`` (the property
+does not apply, or the implementation raised ``NotImplementedError`` on every example).
+Properties arrive as objects (``gdn_verify.properties.catalogue``); progress is reported through
+a callback.
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 
-from gdn_verify.implementations import ConfigurationError, Implementation
+from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.properties.native import PROPERTIES, Measurement, Property, Violation
-from gdn_verify.properties.strategies import only_head_dims
+from gdn_verify.core.verdict import Measurement, Property, Violation
 
 CASES_DIR = Path(".gdn_verify") / "cases"
+
+Progress = Callable[[str, int, "Measurement | None"], None]  # (property, examples so far, worst so far)
 
 
 @dataclass
@@ -45,59 +49,37 @@ class PropertyResult:
     seconds: float = 0.0
     note: str = ""
 
-    def as_dict(self) -> dict:
-        d = dict(name=self.name, status=self.status, examples=self.examples, unsupported=self.unsupported,
-                 seconds=round(self.seconds, 2), note=self.note)
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = dict(name=self.name, status=self.status, examples=self.examples,
+                                 unsupported=self.unsupported, seconds=round(self.seconds, 2), note=self.note)
         if self.worst is not None:
             d["worst"] = dict(error=self.worst.error, bound=self.worst.bound, detail=self.worst.detail)
         if self.failure is not None:
             d["failure"] = dict(message=self.failure.message, problem=self.failure.problem.describe(),
                                 params=self.failure.params,
-                                case=str(self.failure.case_path) if self.failure.case_path else None)
+                                case=str(self.failure.case_path.resolve()) if self.failure.case_path else None)
         return d
 
 
 @dataclass
-class CheckOptions:
-    dtype: str
+class RunSettings:
+    """How Hypothesis runs a property (what it draws is the property's own configuration)."""
+
     max_examples: int | None = None  # None: each property's default
     seed: int | None = None
     database: str | None = None  # directory of Hypothesis's example database (None: no database)
     cases_dir: Path = field(default_factory=lambda: CASES_DIR)
-    max_tokens: int = 2048  # longest T for error_growth
-    head_dims: tuple[int, ...] | None = None  # K and V drawn only from these (None: every size)
 
 
-def parse_head_dims(text: str | None) -> tuple[int, ...] | None:
-    """``--dims 64,128`` as ``(64, 128)``; :class:`ConfigurationError` otherwise."""
-    if text is None:
-        return None
-    try:
-        dims = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise ConfigurationError(f"--dims {text!r}: expected comma-separated head sizes such as 64,128") from None
-    if not dims or min(dims) < 1:
-        raise ConfigurationError(f"--dims {text!r}: expected positive head sizes such as 64,128")
-    return dims
-
-
-def strategy_for(prop: Property, impl: Implementation, options: CheckOptions):
-    if prop.name == "error_growth":
-        from gdn_verify.properties.native import strategy_growth
-
-        return strategy_growth(impl, options.dtype, options.max_tokens)
-    return prop.strategy(impl, options.dtype)
-
-
-def save_case(failure: Failure, prop: str, impl: Implementation, options: CheckOptions) -> Path:
+def save_case(failure: Failure, prop: str, impl: Implementation, cases_dir: Path) -> Path:
     digest = hashlib.sha1(repr((prop, impl.name, failure.problem.describe(), failure.params)).encode()).hexdigest()
-    path = options.cases_dir / f"{prop}-{digest[:10]}.npz"
-    return failure.problem.save(path, property=prop, impl=impl.name, params=failure.params, message=failure.message,
-                                dtype=options.dtype)
+    path = cases_dir / f"{prop}-{digest[:10]}.npz"
+    return failure.problem.save(path, property=prop, impl=impl.name, array=impl.array, params=failure.params,
+                                message=failure.message, dtype=failure.problem.dtype.name)
 
 
-def run_property(prop: Property, impl: Implementation, options: CheckOptions,
-                 progress: Callable[[str, int, Measurement | None], None] | None = None) -> PropertyResult:
+def run_property(prop: Property, impl: Implementation, run: RunSettings, progress: Progress | None = None
+                 ) -> PropertyResult:
     """Run one property; ``progress(name, examples_so_far, worst)`` is called after each example."""
     result = PropertyResult(prop.name, "passed")
     reason = prop.unsupported_by(impl)
@@ -126,23 +108,22 @@ def run_property(prop: Property, impl: Implementation, options: CheckOptions,
         if progress is not None:
             progress(prop.name, result.examples, result.worst)
 
-    n = options.max_examples if options.max_examples is not None else prop.max_examples
+    n = run.max_examples if run.max_examples is not None else prop.max_examples
     config = settings(
-        max_examples=n, deadline=None, database=None if options.database is None else
-        hypothesis.database.DirectoryBasedExampleDatabase(options.database),
+        max_examples=n, deadline=None, database=None if run.database is None else
+        hypothesis.database.DirectoryBasedExampleDatabase(run.database),
         suppress_health_check=list(HealthCheck), verbosity=hypothesis.Verbosity.quiet, print_blob=False,
         report_multiple_bugs=False, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     )
-    wrapped = config(hypothesis.given(strategy_for(prop, impl, options))(test))
-    if options.seed is not None and options.database is None:
+    wrapped = config(hypothesis.given(prop.strategy(impl))(test))
+    if run.seed is not None and run.database is None:
         # Hypothesis ignores its database under a fixed seed, so a database wins over a seed.
-        wrapped = hypothesis.seed(options.seed)(wrapped)
+        wrapped = hypothesis.seed(run.seed)(wrapped)
     # Hypothesis keys saved examples on the test's source; every property shares `test`, so
     # give each (property, implementation) its own key.
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = f"{prop.name}/{impl.name}".encode()
     try:
-        with only_head_dims(options.head_dims):
-            wrapped()
+        wrapped()
     except Unsatisfiable:
         result.status = "unsupported"
         result.note = "the implementation raised NotImplementedError on every example"
@@ -154,7 +135,7 @@ def run_property(prop: Property, impl: Implementation, options: CheckOptions,
         result.failure = failures[-1]
         if result.failure.measurement is not None:  # the worst error is the failure's, not the passing examples'
             result.worst = result.failure.measurement
-        result.failure.case_path = save_case(result.failure, prop.name, impl, options)
+        result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     else:
         if result.examples and result.unsupported == result.examples:
             result.status = "unsupported"
@@ -165,28 +146,33 @@ def run_property(prop: Property, impl: Implementation, options: CheckOptions,
     return result
 
 
-def run_check(impl: Implementation, properties: list[str], options: CheckOptions,
-              progress: Callable[[str, int, Measurement | None], None] | None = None,
+def run_check(impl: Implementation, properties: list[Property], run: RunSettings, progress: Progress | None = None,
               on_result: Callable[[PropertyResult], None] | None = None) -> list[PropertyResult]:
+    """Run each property in turn; ``on_result`` sees each verdict as soon as it is known."""
     results = []
-    for name in properties:
-        result = run_property(PROPERTIES[name], impl, options, progress)
+    for prop in properties:
+        result = run_property(prop, impl, run, progress)
         results.append(result)
         if on_result is not None:
             on_result(result)
     return results
 
 
-def replay(path: str | Path, impl: Implementation, prop_name: str | None = None) -> tuple[str, Measurement | None]:
-    """Rerun a saved case: ``("passed" | "failed: message" | "unsupported", measurement)``."""
-    problem, meta = Problem.load(path)
-    name = prop_name or meta.get("property", "matches_reference")
-    if name not in PROPERTIES:
-        raise ValueError(f"unknown property {name!r} in case {path}")
+@dataclass
+class Replay:
+    """What rerunning a saved case gave: ``passed``, ``failed`` (with the message) or ``unsupported``."""
+
+    status: str
+    message: str
+    measurement: Measurement | None
+
+
+def replay(problem: Problem, params: dict, impl: Implementation, prop: Property) -> Replay:
+    """Rerun ``prop`` on one saved case."""
     try:
-        m = PROPERTIES[name].check(impl, problem, meta.get("params", {}))
+        m = prop.check(impl, problem, params)
     except NotImplementedError as exc:
-        return f"unsupported ({exc})", None
+        return Replay("unsupported", str(exc), None)
     except Violation as exc:
-        return f"failed: {exc}", exc.measurement
-    return "passed", m
+        return Replay("failed", str(exc), exc.measurement)
+    return Replay("passed", "", m)

@@ -43,7 +43,8 @@ import numpy as np
 
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.conventions import Packed, pack
-from gdn_verify.implementations import Implementation
+from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.reference import unit_lower_inverse
 
@@ -77,7 +78,7 @@ class Localisation:
 
 def localise(impl: Implementation, problem: Problem) -> Localisation:
     """Where ``impl``'s outputs on ``problem`` first leave the tolerance of the float64 oracle."""
-    reference = tol.oracle(problem)
+    reference = numpy_oracle(problem)
     tolerance = tol.tolerance(problem, tol.condition(problem, reference))
     result = impl.run(problem)
     errors = tol.token_errors(result.o, reference[0], problem.bounds)
@@ -210,58 +211,6 @@ class NumpyStaged(StageAlgebra):
 
     def __init__(self, chunk_size: int = 64):
         super().__init__(chunk_size, np.float32)
-
-
-class FlaStaged:
-    """FLA 0.6's stage functions on a CUDA GPU (torch); imports FLA on construction."""
-
-    chunk_size = 64
-    working_unit_roundoff = 2.0**-24
-
-    def __init__(self):
-        try:
-            import torch
-            from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
-            from fla.ops.common.chunk_o import chunk_fwd_o
-            from fla.ops.common.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt_fwd
-            from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd
-            from fla.ops.utils import chunk_local_cumsum, solve_tril
-        except ImportError as exc:
-            from gdn_verify.implementations import ConfigurationError
-
-            raise ConfigurationError(f"FLA is not installed (pip install fla-core==0.6.0): {exc}") from None
-        self.torch = torch
-        self.f = dict(cumsum=chunk_local_cumsum, kkt=chunk_scaled_dot_kkt_fwd, solve=solve_tril,
-                      wu=recompute_w_u_fwd, h=chunk_gated_delta_rule_fwd_h, o=chunk_fwd_o)
-
-    def _t(self, x):
-        return self.torch.from_numpy(np.ascontiguousarray(x, np.float32)).cuda()
-
-    def _n(self, x):
-        return x.float().cpu().numpy()
-
-    def cumsum(self, g):
-        return self._n(self.f["cumsum"](self._t(g), chunk_size=64))
-
-    def kkt(self, k, beta, G):
-        return self._n(self.f["kkt"](k=self._t(k), g=self._t(G), beta=self._t(beta),
-                                     output_dtype=self.torch.float32))
-
-    def solve_tril(self, A):
-        return self._n(self.f["solve"](A=self._t(A), output_dtype=self.torch.float32))
-
-    def w_u(self, k, v, beta, Ai, G):
-        w, u = self.f["wu"](k=self._t(k), v=self._t(v), beta=self._t(beta), A=self._t(Ai), g=self._t(G))
-        return self._n(w), self._n(u)
-
-    def fwd_h(self, k, W, U, G, initial_state):
-        h, v_new, final = self.f["h"](k=self._t(k), w=self._t(W), u=self._t(U), g=self._t(G),
-                                      initial_state=self._t(initial_state), output_final_state=True)
-        return self._n(h), self._n(v_new), self._n(final)
-
-    def fwd_o(self, q, k, v_new, h, G, scale):
-        return self._n(self.f["o"](q=self._t(q), k=self._t(k), v=self._t(v_new), h=self._t(h), g=self._t(G),
-                                   scale=scale))
 
 
 # float64 references with magnitudes ------------------------------------------------------------------

@@ -1,0 +1,239 @@
+"""The public Python API: ``check``, ``replay``, ``fuzz`` and ``selftest`` on any implementation.
+
+``impl`` is a callable in FLA's convention, a ``"MODULE:FUNCTION"`` string, a built-in name
+(``numpy``, ``cupy``, ``fla-chunk``, ... see ``gdn_verify.implementations.names()``) or an
+:class:`~gdn_verify.core.implementation.Implementation`. Bad arguments raise
+:class:`~gdn_verify.core.implementation.ConfigurationError` (a ``ValueError``) naming the argument.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gdn_verify import console, implementations
+from gdn_verify.core.implementation import ConfigurationError, Implementation
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.core.verdict import Property
+from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
+from gdn_verify.runners import fuzz as fuzz_runner
+from gdn_verify.runners.check import CASES_DIR, Progress, PropertyResult, Replay, RunSettings, run_check
+from gdn_verify.runners.check import replay as replay_case
+from gdn_verify.runners.selftest import Planted, run_selftest
+
+ImplLike = Implementation | Callable | str
+
+
+def implementation(impl: ImplLike, array: str | None = None, convention: str = "native") -> Implementation:
+    """``impl`` as an :class:`Implementation` (see the module docstring for what it may be)."""
+    if isinstance(impl, Implementation):
+        return impl
+    if isinstance(impl, str):
+        return implementations.resolve(impl, array, convention)
+    if callable(impl):
+        return implementations.from_callable(impl, array or "numpy", convention)
+    raise ConfigurationError("impl", f"expected a callable, 'MODULE:FUNCTION' or a built-in name, got "
+                             f"{type(impl).__name__}")
+
+
+def _dtype(dtype: str | None, impl: Implementation) -> str:
+    dtype = dtype or impl.default_dtype
+    if dtype not in DTYPES:
+        raise ConfigurationError("dtype", f"{dtype!r}: choose from {', '.join(DTYPES)}")
+    return dtype
+
+
+def _limits(impl: Implementation, dtype: str, dims: Sequence[int] | None, max_tokens: int | None) -> Limits:
+    limits = Limits(dtype=dtype, max_tokens=max_tokens or (2048 if impl.array == "numpy" else 65536))
+    if limits.max_tokens < 64:
+        raise ConfigurationError("max_tokens", f"{max_tokens}: must be at least 64")
+    if dims is not None:
+        try:
+            head_dims = tuple(sorted({int(d) for d in dims}))
+        except (TypeError, ValueError):
+            raise ConfigurationError("dims", f"{dims!r}: expected head sizes such as (64, 128)") from None
+        if not head_dims or min(head_dims) < 1:
+            raise ConfigurationError("dims", f"{dims!r}: expected positive head sizes such as (64, 128)")
+        limits = limits.replace(head_dims=head_dims)
+    return limits
+
+
+def catalogue_for(impl: Implementation, options: dict[str, Any]) -> dict[str, Property]:
+    """The properties for ``impl`` under ``check``'s keyword arguments (``dtype``, ``dims``, ``max_tokens``)."""
+    dtype = _dtype(options.get("dtype"), impl)
+    return catalogue(_limits(impl, dtype, options.get("dims"), options.get("max_tokens")))
+
+
+def select(available: dict[str, Property], names: Sequence[str] | None, impl: Implementation) -> list[Property]:
+    """The properties named (all by default, those of a form the implementation lacks left out)."""
+    if names is None:
+        forms = {"spec" if name == "spec" else "native" for name in impl.forms}
+        return [p for p in available.values() if p.form in forms]
+    unknown = [n for n in names if n not in available]
+    if unknown or not names:
+        raise ConfigurationError("properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from "
+                                 f"{', '.join(available)}")
+    return [available[n] for n in names]
+
+
+def _max_examples(n: int | None) -> int | None:
+    if n is not None and n < 1:
+        raise ConfigurationError("max_examples", f"{n}: must be at least 1")
+    return n
+
+
+@dataclass
+class CheckResult:
+    """Every property's verdict for one implementation and dtype."""
+
+    impl: Implementation
+    dtype: str
+    seed: int
+    results: list[PropertyResult] = field(default_factory=list)
+    convention: str = "native"
+
+    @property
+    def passed(self) -> bool:
+        """No property failed (unsupported ones do not count against it)."""
+        return not self.failures
+
+    @property
+    def failures(self) -> list[PropertyResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    def __getitem__(self, name: str) -> PropertyResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(r.status == s for r in self.results) for s in ("passed", "failed", "unsupported")}
+
+    def replay_command(self, result: PropertyResult) -> str | None:
+        """The shell command that reruns a failed property's minimal example."""
+        if result.failure is None or result.failure.case_path is None:
+            return None
+        return console.replay_command(result.failure.case_path, self.impl, self.convention)
+
+    def report(self) -> str:
+        """Every failure with its minimal example and replay command, then the counts."""
+        lines = [console.format_failure(r, self.replay_command(r)) for r in self.failures]
+        c = self.counts()
+        lines.append(f"{self.impl.name}, {self.dtype}: {c['passed']} passed, {c['failed']} failed, "
+                     f"{c['unsupported']} unsupported")
+        return "\n".join(lines)
+
+    def assert_passed(self) -> None:
+        """Raise ``AssertionError`` carrying each failure's minimal example (for a user's own test)."""
+        if not self.passed:
+            raise AssertionError(self.report())
+
+    def as_dict(self) -> dict[str, Any]:
+        rows = []
+        for r in self.results:
+            row = r.as_dict()
+            if row.get("failure"):
+                row["failure"]["replay"] = self.replay_command(r)
+            rows.append(row)
+        return dict(impl=self.impl.name, array=self.impl.array, dtype=self.dtype, seed=self.seed,
+                    totals=self.counts(), results=rows)
+
+
+def check(impl: ImplLike, *, array: str | None = None, dtype: str | None = None,
+          properties: Sequence[str] | None = None, seed: int | None = None, max_examples: int | None = None,
+          dims: Sequence[int] | None = None, max_tokens: int | None = None, database: str | Path | None = None,
+          cases_dir: str | Path = CASES_DIR, convention: str = "native", progress: Progress | None = None,
+          on_result: Callable[[PropertyResult], None] | None = None) -> CheckResult:
+    """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
+
+    ``array``: the array type a callable or ``MODULE:FUNCTION`` takes (numpy, torch, cupy);
+    ``dtype``: input dtype (float32 for NumPy, bfloat16 for GPU arrays by default);
+    ``properties``: names (default: all that apply); ``seed``: Hypothesis seed (default random,
+    recorded in the result); ``max_examples``: per property (default: each property's own);
+    ``dims``: draw head sizes K and V only from these (kernels compiled per size);
+    ``max_tokens``: longest T of ``error_growth``; ``database``: Hypothesis example database
+    directory (it takes precedence over ``seed``); ``cases_dir``: where minimal cases are saved;
+    ``convention="spec"``: a callable in the speculative-decoding convention.
+    """
+    impl = implementation(impl, array, convention)
+    dtype = _dtype(dtype, impl)
+    limits = _limits(impl, dtype, dims, max_tokens)
+    props = select(catalogue(limits), properties, impl)
+    seed = seed if seed is not None else random.randrange(2**31)
+    run = RunSettings(max_examples=_max_examples(max_examples), seed=seed,
+                      database=None if database is None else str(database), cases_dir=Path(cases_dir))
+    result = CheckResult(impl, dtype, seed, convention=convention)
+    result.results = run_check(impl, props, run, progress, on_result)
+    return result
+
+
+@dataclass
+class ReplayResult(Replay):
+    """A replayed case: the outcome, and the implementation, property and problem it ran."""
+
+    impl: Implementation | None = None
+    property: str = ""
+    problem: Problem | None = None
+
+
+def replay(case: str | Path, impl: ImplLike | None = None, *, array: str | None = None,
+           property: str | None = None) -> ReplayResult:
+    """Rerun a saved case, by default against the implementation and array type recorded in it."""
+    path = Path(case)
+    if not path.is_file():
+        raise ConfigurationError("case", f"{str(case)!r}: no such case file")
+    try:
+        problem, meta = Problem.load(path)
+    except (ValueError, KeyError, OSError) as exc:
+        raise ConfigurationError("case", f"{case}: cannot read the case: {exc}") from None
+    name = property or meta.get("property", "matches_reference")
+    available = catalogue(Limits(dtype=problem.dtype.name))
+    if name not in available:
+        raise ConfigurationError("property", f"{name!r} (from {case}): choose from {', '.join(available)}")
+    prop = available[name]
+    if impl is None:
+        if "impl" not in meta:
+            raise ConfigurationError("impl", f"{case} records no implementation; name one")
+        impl, array = meta["impl"], array or meta.get("array")
+    convention = "spec" if prop.form == "spec" else "native"
+    if isinstance(impl, str) and (":" not in impl or impl.startswith("planted:")):
+        convention, array = "native", None  # built-ins know their own array type and forms
+    impl = implementation(impl, array, convention)
+    outcome = replay_case(problem, meta.get("params", {}), impl, prop)
+    return ReplayResult(outcome.status, outcome.message, outcome.measurement, impl, name, problem)
+
+
+def fuzz(impl: ImplLike, budget: str | float = "30m", *, array: str | None = None, dtype: str | None = None,
+         properties: Sequence[str] | None = None, seed: int | None = None, dims: Sequence[int] | None = None,
+         max_tokens: int = 2048, database: str | Path = fuzz_runner.DATABASE_DIR, cases_dir: str | Path = CASES_DIR,
+         convention: str = "native", progress: Callable[[fuzz_runner.FuzzReport, str], None] | None = None,
+         on_result: Callable[[PropertyResult], None] | None = None) -> fuzz_runner.FuzzReport:
+    """A time-budgeted campaign (``budget``: seconds or ``"90s"``, ``"30m"``, ``"1h"``).
+
+    On GPU arrays ``matches_reference`` and ``gate_extremes`` draw large problems checked against
+    the float64 GPU oracle when it can run here.
+    """
+    seconds = fuzz_runner.parse_budget(budget)
+    impl = implementation(impl, array, convention)
+    dtype = _dtype(dtype, impl)
+    limits = _limits(impl, dtype, dims, max_tokens)
+    oracle_name, oracle = implementations.choose_oracle(impl.array)
+    large = LARGE_GPU if impl.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
+    large = large.replace(dtype=dtype, head_dims=limits.head_dims if dims is not None else large.head_dims)
+    props = select(catalogue(limits, large, oracle), properties, impl)
+    return fuzz_runner.run_fuzz(impl, props, seconds, seed=seed, database=Path(database), cases_dir=Path(cases_dir),
+                                progress=progress, on_result=on_result)
+
+
+def selftest(*, dtype: str = "float32", seed: int | None = None, max_examples: int | None = None,
+             on_bug: Callable[[Planted], None] | None = None) -> list[Planted]:
+    """Run the suite against every planted bug; each row says which property caught it (None: missed)."""
+    if dtype not in DTYPES:
+        raise ConfigurationError("dtype", f"{dtype!r}: choose from {', '.join(DTYPES)}")
+    props = list(catalogue(Limits(dtype=dtype)).values())
+    run = RunSettings(max_examples=_max_examples(max_examples), seed=seed)
+    return run_selftest(props, run, on_bug)

@@ -1,0 +1,96 @@
+"""How results look on a terminal: the one progress display, the one failure and replay formatter.
+
+Used by the command line and the pytest plugin; the runners themselves never print.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from gdn_verify.core.implementation import Implementation
+    from gdn_verify.runners.check import PropertyResult
+
+
+def number(x: float | None) -> str:
+    """A measured number to 3 significant digits (``-`` for None)."""
+    return "-" if x is None else f"{x:.3g}"
+
+
+class ProgressDisplay:
+    """One status line on ``stream``: rewritten in place on a terminal, else a line every ``interval`` seconds.
+
+    ``update(text)`` is throttled; ``print(line)`` writes a permanent line above the status line.
+    """
+
+    def __init__(self, stream: TextIO | None = None, interval: float = 10.0):
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.interval = 0.1 if self.live else interval
+        self.last = float("-inf")
+        self.shown = False
+
+    def update(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        if self.live:
+            self.stream.write("\r" + text[:118].ljust(118))
+            self.shown = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def clear(self) -> None:
+        if self.live and self.shown:
+            self.stream.write("\r" + " " * 118 + "\r")
+            self.stream.flush()
+            self.shown = False
+
+    def print(self, line: str, stream: TextIO | None = None) -> None:
+        self.clear()
+        out = stream if stream is not None else sys.stdout
+        out.write(line + "\n")
+        out.flush()
+
+
+def replay_command(case: str | Path, impl: Implementation, convention: str = "native") -> str:
+    """``gdn-verify replay /absolute/case.npz --impl NAME [--array A] [--convention spec]``: works from any folder."""
+    words = ["gdn-verify", "replay", str(Path(case).resolve()), "--impl", impl.name]
+    plugin = ":" in impl.name and not impl.name.startswith("planted:")
+    if plugin and impl.array != "numpy":
+        words += ["--array", impl.array]
+    if plugin and convention != "native":
+        words += ["--convention", convention]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def format_result(r: PropertyResult) -> str:
+    """One line per property: status, examples, worst error against its bound, seconds, note."""
+    worst = ""
+    if r.worst is not None and r.status != "unsupported":
+        if r.worst.bound:
+            worst = f"worst {r.worst.error:.2e} (bound {r.worst.bound:.2e}, {r.worst.detail.split(';')[0]})"
+        elif r.status == "failed":
+            worst = f"max difference {r.worst.error:.2e} (exact contract)"
+        else:
+            worst = f"exact ({r.worst.detail})"
+    note = f"  [{r.note}]" if r.note else ""
+    return f"  {r.name:<24} {r.status:<11} {r.examples:4d} examples  {worst}  {r.seconds:.1f}s{note}"
+
+
+def format_failure(r: PropertyResult, replay: str | None) -> str:
+    """A failed property: the message, the minimal example, its parameters and the replay command."""
+    f = r.failure
+    assert f is not None
+    lines = [f"FAILED {r.name}: {f.message}", f"  minimal example: {f.problem.describe()}"]
+    if f.params:
+        lines.append(f"  parameters: {f.params}")
+    if replay:
+        lines.append(f"  replay: {replay}")
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""What an implementation under test is: named callables (forms) and how one is called.
+
+Every native form is called in FLA's convention
+``fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+use_qk_l2norm_in_kernel=False, cu_seqlens=None) -> (o, final_state)`` (``state_v_first=True``
+is passed only when a problem asks for it). The form named ``"spec"``, when present, is the
+speculative-decoding convention of ``gdn_verify.core.conventions`` (``SPEC_SIGNATURE``). An
+implementation that raises ``NotImplementedError`` for a feature has that feature reported as
+unsupported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gdn_verify.core import arrays
+from gdn_verify.core.problem import Problem
+
+SPEC_FORM = "spec"
+
+
+class ConfigurationError(ValueError):
+    """Misuse (unknown implementation, unimportable module, bad option), naming the offending field.
+
+    ``field`` is the argument's name in the Python API (``impl``, ``dims``, ``dtype``); the command
+    line maps it to its flag. ``str(exc)`` is ``"field: message"``.
+    """
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class ContractError(AssertionError):
+    """The implementation returned something other than the documented outputs."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """An implementation's outputs as NumPy arrays (dtypes kept) and the dtypes it returned."""
+
+    o: Any
+    final_state: Any
+    o_dtype: str | None
+    state_dtype: str | None
+
+
+def _dtype_name(x: Any) -> str | None:
+    if x is None:
+        return None
+    name = str(getattr(x, "dtype", type(x).__name__))
+    return name.removeprefix("torch.")
+
+
+@dataclass
+class Implementation:
+    """A named GDN implementation with one or more algorithmic forms.
+
+    ``forms`` maps a form name (``"chunk"``, ``"recurrent"``, ``"spec"``) to a callable; the first
+    native (non-spec) form is the default. ``array`` is the array type the callables take.
+    """
+
+    name: str
+    forms: dict[str, Callable]
+    array: str = "numpy"
+    description: str = ""
+    default_dtype: str = "float32"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def native_forms(self) -> list[str]:
+        return [name for name in self.forms if name != SPEC_FORM]
+
+    @property
+    def default_form(self) -> str:
+        native = self.native_forms
+        if not native:
+            raise NotImplementedError(f"{self.name} has only the speculative-decoding form")
+        return native[0]
+
+    def run(self, problem: Problem, form: str | None = None, options: dict[str, Any] | None = None) -> Result:
+        """Call the implementation on ``problem`` and bring the outputs back to NumPy.
+
+        ``options``: extra keyword arguments (FLA's in-kernel gate options); NumPy arrays among
+        them are converted like the inputs. An option the callable does not accept (a
+        ``TypeError`` naming it) raises ``NotImplementedError``: the feature is unsupported.
+        """
+        fn = self.forms[form or self.default_form]
+        kw = problem.kwargs()
+        for name in ("q", "k", "v", "g", "beta", "initial_state"):
+            kw[name] = arrays.to_kind(kw[name], self.array)
+        if kw["cu_seqlens"] is not None:
+            kw["cu_seqlens"] = arrays.to_kind(np.asarray(kw["cu_seqlens"], np.int64), self.array)
+        for name, value in (options or {}).items():
+            kw[name] = arrays.to_kind(value, self.array) if isinstance(value, np.ndarray) else value
+        try:
+            out = fn(**kw)
+        except TypeError as exc:
+            rejected = [name for name in ("state_v_first", *(options or {})) if f"'{name}'" in str(exc)]
+            if rejected:
+                raise NotImplementedError(f"{rejected[0]} is not accepted") from exc
+            raise
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ContractError(f"expected a pair (o, final_state), got {type(out).__name__}")
+        o, final_state = out
+        return Result(arrays.to_numpy(o), arrays.to_numpy(final_state), _dtype_name(o), _dtype_name(final_state))

@@ -1,0 +1,155 @@
+"""The verdict engine: measurements, violations, the output contract and the comparison against a reference.
+
+A property's check returns a :class:`Measurement` (the worst error it saw and the bound it held
+it to) or raises :class:`Violation`. :func:`compare` holds an implementation's outputs to the
+tolerance model of ``gdn_verify.core.tolerance`` against the float64 oracle (or against another
+run of the same implementation, with a factor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gdn_verify.core import tolerance as tol
+from gdn_verify.core.implementation import ContractError, Implementation, Result
+from gdn_verify.core.oracle import Oracle, numpy_oracle
+from gdn_verify.core.problem import Problem
+
+
+@dataclass(frozen=True)
+class Measurement:
+    error: float
+    bound: float
+    detail: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.error / self.bound if self.bound > 0 else (0.0 if self.error == 0 else float("inf"))
+
+
+class Violation(AssertionError):
+    def __init__(self, message: str, measurement: Measurement | None = None):
+        super().__init__(message)
+        self.measurement = measurement
+
+
+def _applies(impl: Implementation) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Property:
+    """A named property as the runners see it: configured once, then drawn and checked.
+
+    ``strategy(impl)`` is a Hypothesis strategy of ``(problem, params)``; ``check(impl, problem,
+    params)`` returns a :class:`Measurement` or raises :class:`Violation` (``NotImplementedError``
+    from the implementation means unsupported); ``unsupported_by(impl)`` is a reason, or None
+    when the property applies. ``form`` is the form it calls: ``"native"`` or ``"spec"``.
+    """
+
+    name: str
+    summary: str
+    strategy: Callable[[Implementation], Any]
+    check: Callable[[Implementation, Problem, dict], Measurement]
+    max_examples: int = 40
+    unsupported_by: Callable[[Implementation], str | None] = _applies
+    form: str = "native"
+
+
+def output_contract_violations(result: Result, problem: Problem) -> list[str]:
+    """Shape and dtype contract of ``(o, final_state)`` for ``problem``."""
+    s = problem.shape
+    problems = []
+    want_o = (s["B"], s["T"], s["HV"], s["V"])
+    if result.o is None or tuple(np.shape(result.o)) != want_o:
+        problems.append(f"o has shape {None if result.o is None else tuple(np.shape(result.o))}, expected {want_o}")
+    if result.o_dtype != np.dtype(problem.dtype).name:
+        problems.append(f"o has dtype {result.o_dtype}, expected the input dtype {np.dtype(problem.dtype).name}")
+    if problem.output_final_state:
+        want_s = (s["N"], s["HV"], s["V"], s["K"]) if problem.state_v_first else (s["N"], s["HV"], s["K"], s["V"])
+        if result.final_state is None:
+            problems.append("final_state is None although output_final_state=True")
+        elif tuple(np.shape(result.final_state)) != want_s:
+            problems.append(f"final_state has shape {tuple(np.shape(result.final_state))}, expected {want_s}")
+        elif result.state_dtype != "float32":
+            problems.append(f"final_state has dtype {result.state_dtype}, expected float32")
+    elif result.final_state is not None:
+        problems.append("final_state returned although output_final_state=False")
+    return problems
+
+
+def run_checked(impl: Implementation, problem: Problem, form: str | None = None, options: dict | None = None
+                ) -> Result:
+    """Run ``impl``; a wrong output shape or type is a :class:`Violation`, not a crash."""
+    try:
+        result = impl.run(problem, form, options)
+    except ContractError as exc:
+        raise Violation(f"output contract: {exc}") from None
+    shape_problems = [p for p in output_contract_violations(result, problem) if "dtype" not in p]
+    if shape_problems:
+        raise Violation("output contract: " + "; ".join(shape_problems))
+    return result
+
+
+def as64(x: Any) -> np.ndarray | None:
+    """``x`` as float64 NumPy (None stays None)."""
+    return None if x is None else np.asarray(x, np.float64)
+
+
+def _state_kfirst(state: Any, problem: Problem) -> Any:
+    return None if state is None else (state.swapaxes(-1, -2) if problem.state_v_first else state)
+
+
+def compare(problem: Problem, result: Result, reference: tuple, tolerance: tol.Tolerance, factor: float = 1.0,
+            what: str = "oracle") -> Measurement:
+    """Errors of ``result`` against ``reference`` (NumPy ``(o, final_state)``) within ``factor * tolerance``."""
+    if not np.all(np.isfinite(as64(result.o))):
+        raise Violation(f"non-finite output values (NaN/Inf) where the {what} is finite")
+    if result.final_state is not None and not np.all(np.isfinite(as64(result.final_state))):
+        raise Violation(f"non-finite final state values where the {what} is finite")
+    errors = tol.measure(result.o, _state_kfirst(as64(result.final_state), problem), reference[0],
+                         _state_kfirst(as64(reference[1]), problem), problem)
+    bound = tol.Tolerance(tolerance.output_rms * factor, tolerance.output_token * factor, tolerance.state * factor,
+                          tolerance.kappa_output, tolerance.kappa_state)
+    bad = bound.violations(errors)
+    ratios = [errors.output_rms / bound.output_rms, errors.output_token / bound.output_token,
+              errors.state / bound.state if bound.state else 0.0]
+    worst = int(np.argmax(ratios))
+    name = ("output_rms", "output_token", "state")[worst]
+    m = Measurement(getattr(errors, name), getattr(bound, name), f"{name} vs {what}")
+    if bad:
+        where = []
+        if errors.worst_token is not None and worst < 2:
+            where.append(f"worst token {errors.worst_token[0]} (flat B*T index), value head {errors.worst_token[1]}")
+        if errors.worst_sequence is not None and worst == 2:
+            where.append(f"worst final state: sequence {errors.worst_sequence[0]}, value head "
+                         f"{errors.worst_sequence[1]}")
+        raise Violation(f"{'; '.join(bad)} (against the {what}; kappa_o={tolerance.kappa_output:.3g}, "
+                        f"kappa_s={tolerance.kappa_state:.3g}){'; ' + '; '.join(where) if where else ''}", m)
+    return m
+
+
+def oracle_and_tolerance(problem: Problem, oracle: Oracle = numpy_oracle) -> tuple[tuple, tol.Tolerance]:
+    """The oracle's ``(o, final_state or None)`` and the tolerance a correct implementation meets."""
+    reference = oracle(problem)
+    ref_state = reference[1] if problem.output_final_state else None
+    return (reference[0], ref_state), tol.tolerance(problem, tol.condition(problem, reference, oracle=oracle))
+
+
+def bitwise_equal(a: Result, b: Result) -> bool:
+    """Outputs and final states are bitwise identical (both None counts as equal)."""
+    return all((x is None and y is None) or (x is not None and y is not None and
+                                             np.asarray(x).tobytes() == np.asarray(y).tobytes())
+               for x, y in ((a.o, b.o), (a.final_state, b.final_state)))
+
+
+def sequence_part(r: Result, problem: Problem, n: int) -> Result:
+    """The outputs and final state of sequence ``n`` of ``problem`` within the result ``r``."""
+    start, end = problem.bounds[n], problem.bounds[n + 1]
+    o = np.asarray(r.o).reshape((1, -1) + r.o.shape[2:])[:, start:end]
+    state = None if r.final_state is None else r.final_state[n : n + 1]
+    return Result(o, state, r.o_dtype, r.state_dtype)

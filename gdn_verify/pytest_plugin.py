@@ -1,0 +1,128 @@
+"""pytest plugin (``pytest11`` entry point ``gdn_verify``): run the property suite from pytest.
+
+``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
+[--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
+[--gdn-convention native|spec]`` adds one test item per property (``gdn-verify::NAME``), in any
+folder; a failing item shows the minimal example and the replay command, an unsupported one is
+skipped with the reason. For tests of one's own, the ``gdn_check`` fixture calls
+:func:`gdn_verify.check` with those options as defaults::
+
+    def test_my_kernel(gdn_check):
+        gdn_check(my_kernel, array="torch", properties=["matches_reference"]).assert_passed()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gdn_verify import api, console
+from gdn_verify.core.implementation import ConfigurationError
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gdn-verify", "Gated DeltaNet kernel verification")
+    group.addoption("--gdn-impl", help="implementation to check: MODULE:FUNCTION or a built-in name")
+    group.addoption("--gdn-array", help="array type the implementation takes: numpy, torch, cupy")
+    group.addoption("--gdn-dtype", help="input dtype: float64, float32, float16, bfloat16")
+    group.addoption("--gdn-properties", help="comma-separated subset of the properties (default: all that apply)")
+    group.addoption("--gdn-seed", type=int, help="Hypothesis seed (default: random, shown in the header)")
+    group.addoption("--gdn-max-examples", type=int, help="examples per property (default: each property's own)")
+    group.addoption("--gdn-dims", help="head sizes K and V to draw, e.g. 64,128")
+    group.addoption("--gdn-convention", default="native", help="native (FLA) or spec (speculative decoding)")
+
+
+def _options(config: pytest.Config) -> dict[str, Any]:
+    """Keyword arguments of :func:`gdn_verify.check` from the command line (unset ones left out)."""
+    opt = config.getoption
+    kw: dict[str, Any] = dict(array=opt("gdn_array"), dtype=opt("gdn_dtype"), seed=opt("gdn_seed"),
+                              max_examples=opt("gdn_max_examples"), convention=opt("gdn_convention"))
+    if opt("gdn_dims"):
+        kw["dims"] = tuple(int(d) for d in opt("gdn_dims").split(","))
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+class PropertyItem(pytest.Item):
+    """One property of the suite against the implementation named by ``--gdn-impl``."""
+
+    def __init__(self, *, prop: str, suite: dict[str, Any], **kw: Any):
+        super().__init__(**kw)
+        self.prop, self.suite = prop, suite
+
+    def runtest(self) -> None:
+        impl = self.suite["impl"]
+        result = api.check(impl, properties=[self.prop], **{k: v for k, v in self.suite["options"].items()
+                                                            if k not in ("array", "convention")})
+        (r,) = result.results
+        if r.status == "unsupported":
+            pytest.skip(r.note)
+        if r.status == "failed":
+            raise PropertyFailed(console.format_failure(r, result.replay_command(r)))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, PropertyFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        return self.suite["impl"].name, None, f"gdn-verify::{self.prop}"
+
+
+class PropertyFailed(AssertionError):
+    """A property failed; the message is the minimal example and the replay command."""
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    suite = config.stash.get(_SUITE, None)
+    if suite is None:
+        return None
+    impl = suite["impl"]
+    return (f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={suite['options']['dtype']}, "
+            f"seed={suite['options']['seed']}")
+
+
+_SUITE = pytest.StashKey[dict]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name = config.getoption("gdn_impl", None)
+    if not name:
+        return
+    options = _options(config)
+    try:
+        impl = api.implementation(name, options.get("array"), options.get("convention", "native"))
+    except ConfigurationError as exc:
+        raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
+    import random
+
+    options.setdefault("seed", random.randrange(2**31))
+    options.setdefault("dtype", impl.default_dtype)
+    config.stash[_SUITE] = dict(impl=impl, options=options)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite = config.stash.get(_SUITE, None)
+    if suite is None:
+        return
+    impl = suite["impl"]
+    names = config.getoption("gdn_properties")
+    try:
+        props = api.select(api.catalogue_for(impl, suite["options"]), names.split(",") if names else None, impl)
+    except ConfigurationError as exc:
+        raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
+    for p in props:
+        items.append(PropertyItem.from_parent(session, name=p.name, nodeid=f"gdn-verify::{p.name}", prop=p.name,
+                                              suite=suite))
+
+
+@pytest.fixture
+def gdn_check(request: pytest.FixtureRequest) -> Callable[..., api.CheckResult]:
+    """``gdn_check(impl, **kw)``: :func:`gdn_verify.check` with the ``--gdn-*`` options as defaults."""
+    defaults = _options(request.config)
+
+    def run(impl: Any, **kw: Any) -> api.CheckResult:
+        return api.check(impl, **{**defaults, **kw})
+
+    return run

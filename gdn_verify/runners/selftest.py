@@ -1,0 +1,47 @@
+"""Selftest: every planted bug (``gdn_verify.implementations.planted``) must be caught by some property."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gdn_verify.core.verdict import Property
+from gdn_verify.implementations import planted
+from gdn_verify.runners.check import PropertyResult, RunSettings, run_property
+
+
+@dataclass
+class Planted:
+    """One planted bug's outcome: the first property that failed on it (None: missed)."""
+
+    bug: str
+    description: str
+    caught_by: PropertyResult | None
+    seconds: float
+
+    @property
+    def margin(self) -> float | None:
+        """How far over its bound the catching property's worst example was (error / bound)."""
+        r = self.caught_by
+        return None if r is None or r.worst is None or not r.worst.bound else r.worst.ratio
+
+
+def run_selftest(properties: list[Property], run: RunSettings,
+                 on_bug: Callable[[Planted], None] | None = None) -> list[Planted]:
+    """Check each planted bug against ``properties`` in order, stopping at the first that fails."""
+    rows = []
+    for bug, (description, _) in planted.BUGS.items():
+        impl = planted.implementation(bug)
+        start = time.perf_counter()
+        caught = None
+        for prop in properties:
+            result = run_property(prop, impl, run)
+            if result.status == "failed":
+                caught = result
+                break
+        row = Planted(bug, description, caught, time.perf_counter() - start)
+        rows.append(row)
+        if on_bug is not None:
+            on_bug(row)
+    return rows
