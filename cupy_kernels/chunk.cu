@@ -23,7 +23,8 @@
 // Kd and v_new, so they leave the state exactly unchanged.
 //
 // Input element type T is float, __half or __nv_bfloat16; g and beta are float or T (gate_flags
-// bit 0: g is T, bit 1: beta is T). Head sizes K, V in 1..256 (any value: loads are guarded and
+// bit 0: g is T, bit 1: beta is T); bits 2-4 select FLA's in-kernel gate options (native_gate,
+// native_beta). Metadata (chunk tables) is built by the launcher from validated offsets. Head sizes K, V in 1..256 (any value: loads are guarded and
 // shared-memory tiles zero padded). All CTAs have 256 threads; block-level products use a 16 x 16
 // thread grid where thread (ty, tx) owns rows ty + 16 r and columns tx + 16 c of the result.
 //
@@ -59,6 +60,38 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 template <typename T>
 __device__ __forceinline__ float load_gate(const void* p, size_t i, bool is_t) {
     return is_t ? to_float(static_cast<const T*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+// gate_flags bits: how g and beta are stored and which of FLA's in-kernel gate options apply.
+constexpr int kGateIsT = 1;       // g is stored as T (else fp32)
+constexpr int kBetaIsT = 2;       // beta is stored as T (else fp32)
+constexpr int kGateInKernel = 4;  // use_gate_in_kernel: g = -exp(A_log) * softplus(g + dt_bias)
+constexpr int kBetaSigmoid = 8;   // use_beta_sigmoid_in_kernel: beta = sigmoid(beta)
+constexpr int kNegEigval = 16;    // allow_neg_eigval: beta = 2 * sigmoid(beta)
+
+// The native log decay of flat gate element idx (value head hv). A_log and dt_bias are fp32 [HV];
+// dt_bias may be null (0). Softplus is the identity above 20, like FLA's and torch's.
+template <typename T>
+__device__ __forceinline__ float native_gate(const void* g, size_t idx, int flags, const float* A_log,
+                                             const float* dt_bias, int hv) {
+    float x = load_gate<T>(g, idx, flags & kGateIsT);
+    if (flags & kGateInKernel) {
+        x += dt_bias != nullptr ? dt_bias[hv] : 0.f;
+        x = -expf(A_log[hv]) * (x > 20.f ? x : log1pf(expf(x)));
+    }
+    return x;
+}
+
+// The native beta of flat element idx: stored, or sigmoid of stored logits (x2 with kNegEigval).
+template <typename T>
+__device__ __forceinline__ float native_beta(const void* beta, size_t idx, int flags) {
+    float x = load_gate<T>(beta, idx, flags & kBetaIsT);
+    if (flags & kBetaSigmoid) {
+        const float e = expf(-fabsf(x));  // no overflow for large |x|
+        x = x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+        if (flags & kNegEigval) x *= 2.f;
+    }
+    return x;
 }
 
 // Odd row stride: threads reading the same column of consecutive rows hit distinct banks.
@@ -321,7 +354,8 @@ __device__ __forceinline__ void cta_product(const Operand& a1, const Operand& b1
 template <typename T, int C, bool TC>
 __global__ void __launch_bounds__(gdn_chunk::kThreads)
     gdn_chunk_intra(const T* __restrict__ k, const T* __restrict__ v, const void* __restrict__ g,
-                    const void* __restrict__ beta, int gate_flags, const long long* __restrict__ chunk_start,
+                    const void* __restrict__ beta, int gate_flags, const float* __restrict__ A_log,
+                    const float* __restrict__ dt_bias, const long long* __restrict__ chunk_start,
                     const int* __restrict__ chunk_len, int H, int HV, int K, int V, int l2norm,
                     float* __restrict__ w_out, float* __restrict__ u_out, float* __restrict__ kd_out,
                     float* __restrict__ gates_out) {
@@ -349,8 +383,8 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 
     for (int i = threadIdx.x; i < C; i += kThreads) {
         const size_t idx = static_cast<size_t>(t0 + i) * HV + hv;
-        gs[i] = i < len ? load_gate<T>(g, idx, gate_flags & 1) : 0.f;
-        bs[i] = i < len ? load_gate<T>(beta, idx, gate_flags & 2) : 0.f;
+        gs[i] = i < len ? native_gate<T>(g, idx, gate_flags, A_log, dt_bias, hv) : 0.f;
+        bs[i] = i < len ? native_beta<T>(beta, idx, gate_flags) : 0.f;
     }
     load_rows<T, C>(xs, XS, k + static_cast<size_t>(t0) * H * K + static_cast<size_t>(hk) * K,
                     static_cast<size_t>(H) * K, len, K);
@@ -605,6 +639,7 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 template <typename T, int C, bool TC>
 __global__ void __launch_bounds__(gdn_chunk::kThreads)
     gdn_chunk_output(const T* __restrict__ q, const T* __restrict__ k, const void* __restrict__ g, int gate_flags,
+                     const float* __restrict__ A_log, const float* __restrict__ dt_bias,
                      const long long* __restrict__ chunk_start, const int* __restrict__ chunk_len,
                      const float* __restrict__ states, const float* __restrict__ v_new,
                      const float* __restrict__ gates, int H, int HV, int K, int V, int l2norm, float scale,
@@ -630,7 +665,9 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
 
     for (int i = threadIdx.x; i < C; i += kThreads) {
-        gs[i] = i < len ? load_gate<T>(g, static_cast<size_t>(t0 + i) * HV + hv, gate_flags & 1) : 0.f;
+        // the same function as the intra kernel's, so both kernels see bitwise identical gates
+        gs[i] = i < len ? native_gate<T>(g, static_cast<size_t>(t0 + i) * HV + hv, gate_flags, A_log, dt_bias, hv)
+                        : 0.f;
         eg[i] = expf(gates[base * 2 * C + i]);  // exp(G), G as kernel a summed it
     }
     const size_t qk_off = static_cast<size_t>(t0) * H * K + static_cast<size_t>(hk) * K;
@@ -711,9 +748,11 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 // Standalone nvcc build (CI): instantiate every variant so that each one is compiled and checked.
 #define GDN_CHUNK_INSTANTIATE(T, C, TC)                                                                    \
     template __global__ void gdn_chunk_intra<T, C, TC>(const T*, const T*, const void*, const void*, int,  \
+                                                       const float*, const float*,                         \
                                                        const long long*, const int*, int, int, int, int,   \
                                                        int, float*, float*, float*, float*);               \
     template __global__ void gdn_chunk_output<T, C, TC>(const T*, const T*, const void*, int,              \
+                                                        const float*, const float*,                        \
                                                         const long long*, const int*, const float*,        \
                                                         const float*, const float*, int, int, int, int,    \
                                                         int, float, T*);

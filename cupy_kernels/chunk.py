@@ -2,17 +2,21 @@
 
 Native convention (FLA ``chunk_gated_delta_rule``): ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``,
 ``g, beta [B, T, HV]``, ``initial_state [N, HV, K, V]`` fp32 (``[N, HV, V, K]`` with
-``state_v_first``), ``cu_seqlens [N + 1]`` with ``B == 1``. Inputs are CuPy arrays or DLPack
-tensors (torch): they are used in place, never copied when contiguous; torch bfloat16 travels as
-an int16 view. Outputs come back in the kind of ``q`` (torch in, torch out).
+``state_v_first``), ``cu_seqlens [N + 1]`` with ``B == 1``, and FLA's in-kernel gate options.
+Inputs are CuPy arrays or DLPack tensors (torch) on the current device: they are used in place
+and must be contiguous (the launcher never copies silently); torch bfloat16 travels as an int16
+view. Outputs come back in the kind of ``q`` (torch in, torch out). Tensor policy: the
+``cupy_kernels`` package docstring; this launcher's documented exception is that device
+``cu_seqlens`` are read on the host (one synchronization), since the chunk tables size the grid
+and the scratch.
 
 Two arithmetic paths (the ``TC`` template flag of the kernels): bf16 / fp16 inputs take the
 tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
 are split into two bf16 parts and multiplied with three MMAs, about 2^-16 relative error), fp32
 inputs the plain FP32 path (no TF32); ``use_tensor_cores`` overrides the choice. Both run in
-three launches on the current stream (torch's current stream for torch inputs): intra-chunk
-(W, U), state passing, output. Scratch buffers come from CuPy's memory pool. CuPy is imported
-lazily, so importing this module needs no GPU.
+three launches on the caller's stream (torch's current stream for torch inputs, CuPy's for
+CuPy arrays): intra-chunk (W, U), state passing, output. Scratch buffers come from CuPy's memory
+pool. CuPy is imported lazily, so importing this module needs no GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify.core.conventions import sequence_bounds
+from cupy_kernels import tensors as ts
 
 _SOURCE = Path(__file__).with_name("chunk.cu")
 CHUNK_SIZES = (16, 32, 64)
@@ -33,6 +37,8 @@ _THREADS = 256
 _STATE_TILE = 16  # kStateTile in chunk.cu
 _OUT_TILE = 64  # kOutTile in chunk.cu
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+# gate_flags bits (chunk.cu kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
+_G_IS_T, _BETA_IS_T, _GATE_IN_KERNEL, _BETA_SIGMOID, _NEG_EIGVAL = 1, 2, 4, 8, 16
 
 # Tests set this to fill outputs and scratch with NaN before the launches, so any element a
 # kernel fails to write (or any scratch it reads before writing) shows up as NaN.
@@ -55,9 +61,9 @@ def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
 
 
 class _Arg:
-    """One input on the GPU as a contiguous CuPy array, with its element type and origin."""
+    """One input on the current GPU as a CuPy array sharing its memory, with its element type and origin."""
 
-    def __init__(self, name: str, x: Any):
+    def __init__(self, name: str, x: Any, device: int):
         import cupy
 
         self.name = name
@@ -65,13 +71,13 @@ class _Arg:
         bf16 = False
         if isinstance(x, cupy.ndarray):
             arr = x
-        elif type(x).__module__.split(".")[0] == "torch":
+        elif ts.is_torch(x):
             import torch
 
             self.torch = True
             x = x.detach()  # DLPack refuses tensors that require grad; detach shares the memory
-            if not x.is_cuda:
-                raise ValueError(f"{name}: expected a CUDA tensor, got one on {x.device}")
+            if not x.is_cuda or x.get_device() != device:
+                raise ValueError(f"{name}: expected a tensor on the current CUDA device ({device}), got {x.device}")
             if x.dtype == torch.bfloat16:
                 # CuPy has no bfloat16: share the bits as int16 and tell the kernel the type.
                 x, bf16 = x.view(torch.int16), True
@@ -83,26 +89,49 @@ class _Arg:
                 raise ValueError(f"{name}: cannot be shared through DLPack ({exc})") from None
         else:
             raise ValueError(f"{name}: expected a CuPy array or a DLPack GPU tensor, got {type(x).__name__}")
+        if arr.data.device_id != device:
+            raise ValueError(f"{name}: array lives on device {arr.data.device_id}, the current device is {device}")
         if bf16:
             self.dtype = "bfloat16"
         elif arr.dtype.name in _CTYPES:
             self.dtype = arr.dtype.name
         else:
             raise ValueError(f"{name}: expected float32, float16 or bfloat16, got {arr.dtype}")
-        self.array = cupy.ascontiguousarray(arr)  # no copy when already contiguous
+        if arr.size and not arr.flags.c_contiguous:
+            raise ValueError(
+                f"{name}: must be contiguous, got strides {arr.strides} (bytes) for shape {arr.shape}; "
+                "the launcher never copies silently: pass .contiguous() / cupy.ascontiguousarray()"
+            )
+        self.array = arr
         self.shape = tuple(arr.shape)
 
 
-def _host_ints(name: str, x: Any) -> np.ndarray:
-    """``cu_seqlens`` on the host (one small device-to-host copy for GPU arrays)."""
-    if hasattr(x, "get") and type(x).__module__.split(".")[0] == "cupy":
-        return x.get()
-    if type(x).__module__.split(".")[0] == "torch":
-        return x.detach().cpu().numpy()
-    try:
-        return np.asarray(x)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"{name}: cannot be read on the host ({exc})") from None
+def _bounds(cu_seqlens: Any, B: int, T: int) -> np.ndarray:
+    """Validated ``[N + 1]`` int64 offsets on the host (device ``cu_seqlens``: one synchronizing copy)."""
+    if cu_seqlens is None:
+        return np.arange(B + 1, dtype=np.int64) * T
+    host = ts.host_ints(cu_seqlens)
+    if host is None:
+        if ts.is_torch(cu_seqlens):
+            host = cu_seqlens.detach().cpu().numpy()  # ordered after torch's current stream
+        elif hasattr(cu_seqlens, "get"):
+            host = cu_seqlens.get()  # CuPy: ordered after CuPy's current stream
+        else:
+            try:
+                host = ts.cupy().from_dlpack(cu_seqlens).get()
+            except Exception as exc:  # noqa: BLE001
+                raise ValueError(f"cu_seqlens: cannot be read on the host ({exc})") from None
+    return ts.check_cu_seqlens_host(host, B, T)
+
+
+def _head_params(name: str, x: Any, HV: int, device: int):
+    """``A_log`` / ``dt_bias``: float32 ``[HV]``, contiguous, on the device (None stays None)."""
+    if x is None:
+        return None
+    a = _Arg(name, x, device)
+    if a.shape != (HV,) or a.dtype != "float32":
+        raise ValueError(f"{name}: expected float32 [HV] = ({HV},), got {a.dtype} {a.shape}")
+    return a.array
 
 
 def chunk_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -156,25 +185,53 @@ def chunk_gated_delta_rule(
     state_v_first: bool = False,
     cu_seqlens=None,
     *,
+    use_gate_in_kernel: bool = False,
+    A_log: Any = None,
+    dt_bias: Any = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
     chunk_size: int = 64,
     use_tensor_cores: bool | None = None,
+    checked: bool | None = None,
 ) -> tuple[Any, Any | None]:
     """Chunked GDN forward on the GPU. Returns ``(o [B, T, HV, V] in q's dtype, final_state | None)``.
 
     ``final_state`` is fp32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``).
     ``chunk_size`` is 16, 32 or 64; head sizes ``K, V`` up to 256. Bad arguments raise
-    ``ValueError`` naming the argument. ``use_tensor_cores`` picks the arithmetic path: ``None``
-    (default) uses tensor cores for bf16 / fp16 inputs and plain FP32 for fp32 inputs.
+    ``ValueError`` naming the argument; ``cu_seqlens`` is always validated on the host (so
+    ``checked`` changes nothing here; it exists for symmetry with the recurrent launchers).
+    FLA's options: ``use_gate_in_kernel`` (``g`` raw, decay ``-exp(A_log) * softplus(g + dt_bias)``;
+    ``A_log``, ``dt_bias`` float32 ``[HV]``, ``dt_bias`` optional), ``use_beta_sigmoid_in_kernel``
+    (``beta`` holds logits) with ``allow_neg_eigval`` (``beta = 2 * sigmoid``).
+    ``use_tensor_cores`` picks the arithmetic path: ``None`` (default) uses tensor cores for
+    bf16 / fp16 inputs and plain FP32 for fp32 inputs.
     """
     import cupy
 
+    del checked  # always checked: the chunk tables are built on the host from validated offsets
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
     if use_tensor_cores not in (None, True, False):
         raise ValueError(f"use_tensor_cores: must be None, True or False, got {use_tensor_cores!r}")
-    qa, ka, va, ga, ba = (_Arg(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
-    for a, rank, layout in ((qa, 4, "[B, T, H, K]"), (ka, 4, "[B, T, H, K]"), (va, 4, "[B, T, HV, V]"),
-                            (ga, 3, "[B, T, HV]"), (ba, 3, "[B, T, HV]")):
+    if use_gate_in_kernel and A_log is None:
+        raise ValueError("A_log: required when use_gate_in_kernel=True")
+    if not use_gate_in_kernel and A_log is not None:
+        raise ValueError("A_log: only read with use_gate_in_kernel=True")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True")
+    device = ts.current_device()
+    words = ts.error_words(device)
+    if words.pending():  # an earlier recurrent launch's bad metadata: report it before going on
+        words.raise_pending(deferred=True)
+    args = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    qa, ka, va, ga, ba = (_Arg(n, x, device) for n, x in args)
+    for a, rank, layout in (
+        (qa, 4, "[B, T, H, K]"),
+        (ka, 4, "[B, T, H, K]"),
+        (va, 4, "[B, T, HV, V]"),
+        (ga, 3, "[B, T, HV]"),
+        (ba, 3, "[B, T, HV]"),
+    ):
         if len(a.shape) != rank:
             raise ValueError(f"{a.name}: expected rank {rank} {layout}, got shape {a.shape}")
     B, T, H, K = qa.shape
@@ -200,31 +257,50 @@ def chunk_gated_delta_rule(
         scale = K**-0.5
     elif not math.isfinite(scale):
         raise ValueError(f"scale: must be finite, got {scale}")
+    a_log = _head_params("A_log", A_log, HV, device)
+    d_bias = _head_params("dt_bias", dt_bias, HV, device)
+    gate_flags = (_G_IS_T if ga.dtype != "float32" else 0) | (_BETA_IS_T if ba.dtype != "float32" else 0)
+    gate_flags |= _GATE_IN_KERNEL if use_gate_in_kernel else 0
+    gate_flags |= (_BETA_SIGMOID if use_beta_sigmoid_in_kernel else 0) | (_NEG_EIGVAL if allow_neg_eigval else 0)
 
-    bounds = sequence_bounds(None if cu_seqlens is None else _host_ints("cu_seqlens", cu_seqlens), B, T)
+    bounds = _bounds(cu_seqlens, B, T)
     N = bounds.size - 1
     chunk_start, chunk_len, seq_chunk_off = chunk_tables(bounds, chunk_size)
     NC = int(chunk_start.size)
 
     init = None
     if initial_state is not None:
-        init = _Arg("initial_state", initial_state)
+        init = _Arg("initial_state", initial_state, device)
         want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         if init.shape != want or init.dtype != "float32":
             layout = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
             raise ValueError(f"initial_state: expected float32 {layout} = {want}, got {init.dtype} {init.shape}")
 
-    stream = None
-    if any(a.torch for a in (qa, ka, va, ga, ba)):
-        import torch
-
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(qa.array.device.id).cuda_stream)
-
+    # the caller's stream: torch's current stream for torch tensors, CuPy's current one otherwise
+    stream = cupy.cuda.ExternalStream(ts.torch_stream(device)) if qa.torch else cupy.cuda.get_current_stream()
     tensor_cores = qa.dtype != "float32" if use_tensor_cores is None else bool(use_tensor_cores)
-    with qa.array.device, stream if stream is not None else cupy.cuda.get_current_stream():
+    with stream:
         o, final_state = _run(
-            qa, ka, va, ga, ba, float(scale), init, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
-            chunk_size, chunk_start, chunk_len, seq_chunk_off, N, NC, tensor_cores,
+            qa,
+            ka,
+            va,
+            ga,
+            ba,
+            float(scale),
+            init,
+            output_final_state,
+            use_qk_l2norm_in_kernel,
+            state_v_first,
+            chunk_size,
+            chunk_start,
+            chunk_len,
+            seq_chunk_off,
+            N,
+            NC,
+            tensor_cores,
+            gate_flags,
+            a_log,
+            d_bias,
         )
 
     if qa.torch:
@@ -238,8 +314,28 @@ def chunk_gated_delta_rule(
     return o, final_state
 
 
-def _run(qa, ka, va, ga, ba, scale, init, output_final_state, l2norm, state_v_first, C, chunk_start, chunk_len,
-         seq_chunk_off, N, NC, tensor_cores=False):
+def _run(
+    qa,
+    ka,
+    va,
+    ga,
+    ba,
+    scale,
+    init,
+    output_final_state,
+    l2norm,
+    state_v_first,
+    C,
+    chunk_start,
+    chunk_len,
+    seq_chunk_off,
+    N,
+    NC,
+    tensor_cores=False,
+    gate_flags=0,
+    a_log=None,
+    d_bias=None,
+):
     """Allocate outputs and scratch on the current device and stream, and run the three kernels."""
     import cupy
 
@@ -262,24 +358,84 @@ def _run(qa, ka, va, ga, ba, scale, init, output_final_state, l2norm, state_v_fi
     d_start = cupy.asarray(chunk_start)
     d_len = cupy.asarray(chunk_len)
     d_off = cupy.asarray(seq_chunk_off)
-    gate_flags = int(ga.dtype != "float32") | (int(ba.dtype != "float32") << 1)
     i32 = np.int32
+    null = np.uintp(0)  # a null pointer argument (dt_bias absent, or no in-kernel gate)
     init_array = init.array if init is not None else cupy.empty((1,), cupy.float32)
 
     if NC > 0:
-        _launch(intra, (NC, HV), (
-            ka.array, va.array, ga.array, ba.array, i32(gate_flags), d_start, d_len,
-            i32(H), i32(HV), i32(K), i32(V), i32(l2norm), w, u, kd, gates,
-        ), smem_intra)
+        _launch(
+            intra,
+            (NC, HV),
+            (
+                ka.array,
+                va.array,
+                ga.array,
+                ba.array,
+                i32(gate_flags),
+                null if a_log is None else a_log,
+                null if d_bias is None else d_bias,
+                d_start,
+                d_len,
+                i32(H),
+                i32(HV),
+                i32(K),
+                i32(V),
+                i32(l2norm),
+                w,
+                u,
+                kd,
+                gates,
+            ),
+            smem_intra,
+        )
     if NC > 0 or output_final_state:
         tiles = -(-V // _STATE_TILE)
-        _launch(state, (N * tiles, HV), (
-            w, u, kd, gates, d_off, init_array, i32(init is not None), i32(state_v_first),
-            i32(HV), i32(K), i32(V), states, v_new, final_state, i32(output_final_state),
-        ), smem_state)
+        _launch(
+            state,
+            (N * tiles, HV),
+            (
+                w,
+                u,
+                kd,
+                gates,
+                d_off,
+                init_array,
+                i32(init is not None),
+                i32(state_v_first),
+                i32(HV),
+                i32(K),
+                i32(V),
+                states,
+                v_new,
+                final_state,
+                i32(output_final_state),
+            ),
+            smem_state,
+        )
     if NC > 0:
-        _launch(output, (NC, HV), (
-            qa.array, ka.array, ga.array, i32(gate_flags), d_start, d_len, states, v_new, gates,
-            i32(H), i32(HV), i32(K), i32(V), i32(l2norm), np.float32(scale), o,
-        ), smem_output)
+        _launch(
+            output,
+            (NC, HV),
+            (
+                qa.array,
+                ka.array,
+                ga.array,
+                i32(gate_flags),
+                null if a_log is None else a_log,
+                null if d_bias is None else d_bias,
+                d_start,
+                d_len,
+                states,
+                v_new,
+                gates,
+                i32(H),
+                i32(HV),
+                i32(K),
+                i32(V),
+                i32(l2norm),
+                np.float32(scale),
+                o,
+            ),
+            smem_output,
+        )
     return o, final_state if output_final_state else None

@@ -22,7 +22,10 @@
 // Templates: DT (q/k/v element type: 0 f32, 1 f16, 2 bf16 stored as raw 16-bit, 3 f64),
 // AccT (compute and state type: float, or double for the GPU oracle), VFIRST (state layout),
 // the lane tiling (LC, AC, BR), and CS (streaming cache hints on the state's 16-byte loads and
-// stores). Gates, slot tables and scalars are runtime-typed, so the launcher instantiates (via
+// stores). The kernel's options (l2norm, FLA's use_gate_in_kernel / use_beta_sigmoid_in_kernel /
+// allow_neg_eigval, vector widths) are runtime flags. Metadata (cu_seqlens, slot tables, accepted
+// counts) is validated by the warps that use it: bad values are reported in Params::err and never
+// used as an address. Gates, slot tables and scalars are runtime-typed, so the launcher instantiates (via
 // name_expressions) only what it uses. Decode variants (see RECURRENT_NOTES.md): "wide" is
 // (LC 4, BR 16) k-first / (LC 8, AC 4, BR 4) v-first, 64 floats per lane; "narrow" halves the
 // state per lane (k-first LC 2, BR 8: 32-byte row segments; v-first BR 2); "-cs" sets CS.
@@ -37,16 +40,17 @@ struct Params {
     const void* q;         // [B, T, H, K] DT (last dim contiguous, other strides in elements below)
     const void* k;         // [B, T, H, K] DT
     const void* v;         // [B, T, HV, V] DT
-    const void* g;         // [B, T, HV] log decay, or raw `a` when FLAG_RAW_GATES
-    const void* beta;      // [B, T, HV] post-sigmoid beta, or raw `b` when FLAG_RAW_GATES
-    const void* A_log;     // [HV] (raw gates only)
-    const void* dt_bias;   // [HV] (raw gates only)
+    const void* g;         // [B, T, HV] log decay, or the raw gate input when FLAG_GATE_IN_KERNEL
+    const void* beta;      // [B, T, HV] beta, or logits when FLAG_BETA_SIGMOID
+    const void* A_log;     // [HV] (FLAG_GATE_IN_KERNEL only)
+    const void* dt_bias;   // [HV] or null (FLAG_GATE_IN_KERNEL only; null means 0)
     const void* state_in;  // AccT [slots, HV, K, V] (or [.., V, K]); null means zeros
     void* state_out;       // AccT, same layout; null means no state is written
     void* o;               // out dtype [B, T, HV, V], contiguous
     const void* cu_seqlens;       // [N + 1] (int32/int64) or null (then N == B, T tokens each)
     const void* slot_idx;         // slot table (int32/int64), see slot_mode
     const void* num_accepted;     // [N] (int32/int64), spec decoding only
+    int* err;              // [ERR_WORDS] error words (mapped host memory): bad metadata sets one to 1
     long long q_sb, q_st, q_sh;
     long long k_sb, k_st, k_sh;
     long long v_sb, v_st, v_sh;
@@ -72,11 +76,27 @@ constexpr int MODE_PREFILL = 1;
 constexpr int MODE_SPEC = 2;
 
 constexpr long long FLAG_L2NORM = 1;
-constexpr long long FLAG_RAW_GATES = 2;
+constexpr long long FLAG_GATE_IN_KERNEL = 2;  // g = -exp(A_log) * softplus(g + dt_bias)
 constexpr long long FLAG_STATE_VEC = 4;  // state rows 16-byte aligned: vector loads/stores allowed
 constexpr long long FLAG_QK_VEC = 8;     // q/k rows aligned for VW-element vectors
 constexpr long long FLAG_V_VEC = 16;     // v rows aligned for VW-element vectors
 constexpr long long FLAG_O_VEC = 32;     // o rows aligned for VW-element vectors
+constexpr long long FLAG_BETA_SIGMOID = 64;  // beta = sigmoid(beta)
+constexpr long long FLAG_NEG_EIGVAL = 128;   // beta = 2 * sigmoid(beta) (with FLAG_BETA_SIGMOID)
+
+// Error words (Params::err), one per metadata argument; the launcher names the argument. A warp
+// that sees bad metadata skips all of its memory traffic (no read or write through the bad value)
+// and stores 1 into the word: a plain store of a constant, so concurrent writers cannot conflict.
+constexpr int ERR_CU_SEQLENS = 0;     // offsets not 0 = c_0 <= c_1 <= ... <= c_N = T (spec: length > S)
+constexpr int ERR_SLOT_INDICES = 1;   // pool slot >= number of slots
+constexpr int ERR_STATE_INDICES = 2;  // spec decoding: ssm_state_indices entry >= number of slots
+constexpr int ERR_ACCEPTED = 3;       // spec decoding: num_accepted_tokens outside [1, S]
+constexpr int ERR_WORDS = 4;  // the launcher's buffer size (tensors.ERROR_WORDS)
+static_assert(ERR_ACCEPTED < ERR_WORDS, "error words");
+
+__device__ __forceinline__ void report(const Params& p, int word) {
+    if ((threadIdx.x & 31) == 0) *static_cast<volatile int*>(p.err + word) = 1;
+}
 
 template <int DT> struct Storage;
 template <> struct Storage<F32> { using type = float; };
@@ -143,10 +163,6 @@ __device__ __forceinline__ AccT raw_to(unsigned long long bits, int code) {
 __device__ __forceinline__ long long load_index(const void* base, long long i, int code) {
     if (code == I64) return static_cast<const long long*>(base)[i];
     return static_cast<const int*>(base)[i];
-}
-
-__device__ __forceinline__ long long clamp_index(long long x, long long lo, long long hi) {
-    return x < lo ? lo : (x > hi ? hi : x);
 }
 
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T x[N]; };
@@ -241,31 +257,49 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
     const int dcodes = static_cast<int>(p.dtypes);
     const int g_code = dcodes & 15, b_code = (dcodes >> 4) & 15, idx_code = (dcodes >> 16) & 15,
               acc_code = (dcodes >> 20) & 15;
-    const bool l2norm = p.flags & FLAG_L2NORM, raw_gates = p.flags & FLAG_RAW_GATES;
+    const bool l2norm = p.flags & FLAG_L2NORM, gate_in_kernel = p.flags & FLAG_GATE_IN_KERNEL;
+    const bool beta_sigmoid = p.flags & FLAG_BETA_SIGMOID, neg_eigval = p.flags & FLAG_NEG_EIGVAL;
     const bool state_vec = p.flags & FLAG_STATE_VEC, qk_vec = p.flags & FLAG_QK_VEC,
                v_vec = p.flags & FLAG_V_VEC, o_vec = p.flags & FLAG_O_VEC;
 
-    // ---- token range: flat rows b * T + t for t in [t_begin, t_end)
+    // ---- token range: flat rows b * T + t for t in [t_begin, t_end). Bad offsets are detected
+    // here, by every warp of the sequences they touch, and nothing is read or written through them.
     long long b, t_begin, t_end;
     if (p.cu_seqlens != nullptr) {
         b = 0;
-        // clamp so a malformed cu_seqlens cannot address outside the T tokens
         const int cu_code = (dcodes >> 24) & 15;
-        t_begin = clamp_index(load_index(p.cu_seqlens, n, cu_code), 0, p.T);
-        t_end = clamp_index(load_index(p.cu_seqlens, n + 1, cu_code), t_begin, p.T);
+        t_begin = load_index(p.cu_seqlens, n, cu_code);
+        t_end = load_index(p.cu_seqlens, n + 1, cu_code);
+        bool bad = t_begin < 0 || t_end > p.T || t_end < t_begin || (n == 0 && t_begin != 0) ||
+                   (n == p.N - 1 && t_end != p.T);
+        if constexpr (MODE == MODE_SPEC) bad = bad || t_end - t_begin > p.idx_cols;  // one slot per token
+        if (bad) {
+            report(p, ERR_CU_SEQLENS);
+            return;
+        }
     } else {
         b = n;
         t_begin = 0;
         t_end = p.T;
     }
 
-    // ---- state slots
+    // ---- state slots: a negative slot is padding (vLLM's PAD_SLOT_ID); one past the pool is an
+    // error, handled like padding (zero output, no state touched) once reported.
     long long read_slot = n, write_slot = n;
     if constexpr (MODE != MODE_SPEC) {
-        if (p.slot_mode == 1) read_slot = write_slot = load_index(p.slot_idx, n, idx_code);
+        if (p.slot_mode == 1) {
+            read_slot = write_slot = load_index(p.slot_idx, n, idx_code);
+            if (read_slot >= p.num_slots) report(p, ERR_SLOT_INDICES);
+        }
     } else {
         const long long acc = load_index(p.num_accepted, n, acc_code);
-        read_slot = (acc >= 1 && acc <= p.idx_cols) ? load_index(p.slot_idx, n * p.idx_stride + acc - 1, idx_code) : -1;
+        if (acc >= 1 && acc <= p.idx_cols) {
+            read_slot = load_index(p.slot_idx, n * p.idx_stride + acc - 1, idx_code);
+            if (read_slot >= p.num_slots) report(p, ERR_STATE_INDICES);
+        } else {
+            report(p, ERR_ACCEPTED);
+            read_slot = -1;
+        }
         write_slot = -1;  // per-token writes below
     }
     const bool padding = (MODE == MODE_SPEC || p.slot_mode != 0) && (read_slot < 0 || read_slot >= p.num_slots);
@@ -317,11 +351,12 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
         }
     }
 
-    // per-head constants of the raw gate form: g = -exp(A_log) * softplus(a + dt_bias)
+    // per-head constants of the in-kernel gate: g = -exp(A_log) * softplus(g + dt_bias)
     AccT neg_A = AccT(0), dt_bias = AccT(0);
-    if (raw_gates) {
+    if (gate_in_kernel) {
         neg_A = -exp_(raw_to<AccT>(load_raw(p.A_log, hv, (dcodes >> 8) & 15), (dcodes >> 8) & 15));
-        dt_bias = raw_to<AccT>(load_raw(p.dt_bias, hv, (dcodes >> 12) & 15), (dcodes >> 12) & 15);
+        if (p.dt_bias != nullptr)
+            dt_bias = raw_to<AccT>(load_raw(p.dt_bias, hv, (dcodes >> 12) & 15), (dcodes >> 12) & 15);
     }
 
     const In* const qp = static_cast<const In*>(p.q);
@@ -401,12 +436,15 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
             if (t + 1 < t_end) fetch(t + 1);
         }
 
-        if (raw_gates) {
-            const AccT x = g + dt_bias;  // g holds raw `a`, beta raw `b`
-            const AccT softplus = x > AccT(20) ? x : log1p_(exp_(x));
+        if (gate_in_kernel) {
+            const AccT x = g + dt_bias;  // g holds the raw gate input
+            const AccT softplus = x > AccT(20) ? x : log1p_(exp_(x));  // FLA's / torch's threshold 20
             g = neg_A * softplus;
-            const AccT e = exp_(-fabs(beta));  // sigmoid without overflow for large |b|
+        }
+        if (beta_sigmoid) {
+            const AccT e = exp_(-fabs(beta));  // sigmoid without overflow for large |logit|
             beta = beta >= AccT(0) ? AccT(1) / (AccT(1) + e) : e / (AccT(1) + e);
+            if (neg_eigval) beta *= AccT(2);  // beta in [0, 2): negative eigenvalues of I - beta k k^T
         }
         const AccT alpha = exp_(g);
 
@@ -487,10 +525,10 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
         if constexpr (MODE == MODE_SPEC) {
             // speculative decoding: the state after this request's j-th token goes to slot_idx[n, j]
             const long long j = t - t_begin;
-            if (j < p.idx_cols) {
-                const long long slot = load_index(p.slot_idx, n * p.idx_stride + j, idx_code);
-                if (slot >= 0 && slot < p.num_slots) store_state(slot);
-            }
+            // (j < idx_cols: longer requests were rejected above)
+            const long long slot = load_index(p.slot_idx, n * p.idx_stride + j, idx_code);
+            if (slot >= p.num_slots) report(p, ERR_STATE_INDICES);
+            else if (slot >= 0) store_state(slot);
         }
     }
     if (MODE != MODE_SPEC && p.state_out != nullptr) store_state(write_slot);

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One GPU session: install FLA from the carried wheel, GPU tests, checks, memcheck, benchmarks.
 # Usage on the device machine (repo root): bash scripts/gpu_session.sh [phases...]
-# Phases: env tests checks sanitizer bench fla report fuzz_start fuzz_collect extra
+# Phases: env tests checks sanitizer bench fla report fuzz_start fuzz_collect extra issue17
 # (default: env tests checks sanitizer bench). Logs go to $OUT (or ./gpu_logs).
+# issue17 runs scripts/gpu_issue17.sh: decode bench, GPU tests with the bad-input corpus,
+# memcheck and racecheck (its own 7 logs; run it alone, it needs most of a 10-minute command).
 # fuzz_start launches the four FLA campaigns (FUZZ_BUDGET each, default 10m) in their own
 # process sessions, so they outlive this command on a machine that stays warm; fuzz_collect,
 # in a later command, waits for them and packs their logs, databases and cases.
-set -u
+set -u -o pipefail
 OUT=${OUT:-gpu_logs}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -33,7 +35,7 @@ for phase in $phases; do
         python3 cli.py check --impl cupy-oracle --dtype float64 --seed "$seed" --properties matches_reference,gate_extremes,varlen_equals_separate 2>&1 | grep -v "^  running"
       } > "$OUT/checks.log" 2>&1 ;;
     sanitizer)
-      timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -x tests/test_cupy_recurrent.py tests/test_cupy_chunk.py -p no:cacheprovider > "$OUT/memcheck.log" 2>&1
+      timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -x tests/test_cupy_recurrent.py tests/test_cupy_gates.py tests/test_cupy_chunk.py -p no:cacheprovider > "$OUT/memcheck.log" 2>&1
       echo "memcheck exit $?" >> "$OUT/memcheck.log"
       tail -n 5 "$OUT/memcheck.log" ;;
     bench)
@@ -70,6 +72,8 @@ for phase in $phases; do
       for _ in $(seq "${FUZZ_WAIT:-120}"); do pgrep -f "cli.py fuzz" > /dev/null || break; sleep 5; done
       pgrep -af "cli.py fuzz"; tail -n 4 /tmp/fuzz/*.log
       tar -czf "$OUT/fuzz.tar.gz" -C /tmp fuzz ;;
+    issue17)
+      bash scripts/gpu_issue17.sh ;;
     extra)
       { timeout 150 python3 cli.py check --convention spec --impl cupy_kernels.recurrent:spec_decode --array torch \
           --seed "$seed" 2>&1 | grep -v "^  running"; echo "exit ${PIPESTATUS[0]}"

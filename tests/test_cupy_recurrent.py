@@ -288,7 +288,7 @@ def test_pool_contract(cp, kern, idx_dtype, v_first):
     slots, B, H, HV, K, V = 7, 5, 1, 2, 32, 32
     c = case(12, B=B, T=1, H=H, HV=HV, K=K, V=V, with_state=False)
     pool = rng.standard_normal((slots, HV) + ((V, K) if v_first else (K, V))).astype(np.float32)
-    idx = np.array([5, -1, 0, 3, 7], idx_dtype)  # -1 padding, 7 out of range (padding too)
+    idx = np.array([5, -1, 0, 3, -7], idx_dtype)  # any negative index is padding (past the pool: an error)
     gpu_pool = cp.asarray(pool)
     inputs = {n: cp.asarray(np.float32(c[n])) for n in ("q", "k", "v", "g", "beta")}
     poison(cp)
@@ -440,12 +440,21 @@ def test_empty_token_axis(cp, torch, chunk_form):
 VARIANTS = ["wide", "wide-cs", "narrow", "narrow-cs"]
 
 
+def use_default_variant(monkeypatch, variant):
+    """Make ``variant`` the default decode tiling (and drop cached plans made with another one)."""
+    from cupy_kernels import recurrent_kernel
+
+    monkeypatch.setattr(recurrent_kernel, "DEFAULT_VARIANT", variant)
+    recurrent_kernel._PLANS.clear()
+    monkeypatch.setattr(recurrent_kernel, "_PLANS", {})
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("v_first", [False, True])
 @pytest.mark.parametrize("K,V", [(128, 128), (60, 100), (256, 64)])
 def test_decode_variants(cp, kern, monkeypatch, variant, v_first, K, V):
     """Every decode variant (tiling / cache hints / register cap) computes the same step."""
-    monkeypatch.setattr(kern, "DEFAULT_DECODE_VARIANT", variant)
+    use_default_variant(monkeypatch, variant)
     c = case(50 + K + V, B=3, T=1, H=1, HV=2, K=K, V=V, v_first=v_first)
     o, s, ref_o, ref_s = run_both(cp, kern, c, l2norm=True, v_first=v_first)
     assert rel(o, ref_o) < FP32_TOL and rel(s, ref_s) < FP32_TOL
@@ -459,7 +468,7 @@ def test_decode_variant_unknown(cp, kern):
 
 @pytest.mark.parametrize("variant", ["wide", "narrow-cs"])
 def test_pool_contract_variants(cp, kern, monkeypatch, variant):
-    monkeypatch.setattr(kern, "DEFAULT_DECODE_VARIANT", variant)
+    use_default_variant(monkeypatch, variant)
     test_pool_contract(cp, kern, np.int32, False)
 
 

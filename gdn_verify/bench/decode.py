@@ -12,7 +12,7 @@
   ``4 * SMs`` CTAs of 256 threads). Each reads ``state_bytes`` and writes ``state_bytes``, like our
   kernel's state traffic. The earlier table used the framework copy alone, which on the H100 ran at
   2.4 TB/s for buffers of 512 MB and more (2.9 TB/s at 128 MB): a weak ceiling;
-- every decode kernel variant (``cupy_kernels.recurrent.DECODE_VARIANTS``) through ``DecodeStep``
+- every decode kernel variant (``cupy_kernels.decode.DECODE_VARIANTS``) through ``DecodeStep``
   (state updated in place: the same bytes), so one GPU run shows which variant wins.
 
 Kernel times come from CUDA graphs (torch graphs when torch is present, CuPy stream capture
@@ -194,7 +194,7 @@ def decode_bench(
     """
     import cupy
 
-    from cupy_kernels.recurrent import DECODE_VARIANTS, DecodeStep
+    from cupy_kernels.decode import DECODE_VARIANTS, DecodeStep
     from cupy_kernels.recurrent import recurrent_gated_delta_rule as ours
 
     say = progress or (lambda _msg: None)

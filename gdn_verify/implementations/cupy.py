@@ -12,7 +12,7 @@ from gdn_verify.core.implementation import SPEC_FORM, Implementation
 
 arrays.check_kind("cupy")
 
-from cupy_kernels import chunk, recurrent  # noqa: E402 - only once a GPU is known to be usable
+from cupy_kernels import chunk, decode, recurrent  # noqa: E402 - only once a GPU is known to be usable
 
 # Longest sequence for which ``cupy`` takes the recurrent kernel: decode and speculative
 # decoding (a few tokens per request) read the state once; the chunked form pays off beyond.
@@ -57,7 +57,7 @@ def cupy_chunk() -> Implementation:
 
 def cupy_auto() -> Implementation:
     forms = {"auto": auto, "chunk": chunk.chunk_gated_delta_rule, "recurrent": recurrent.recurrent_gated_delta_rule,
-             SPEC_FORM: recurrent.spec_decode}
+             SPEC_FORM: decode.spec_decode}
     return Implementation("cupy", forms, _array_kind(),
                           f"CuPy kernels: recurrent up to {RECURRENT_MAX_TOKENS} tokens, else chunked", "bfloat16")
 

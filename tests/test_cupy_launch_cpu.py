@@ -1,0 +1,223 @@
+"""The recurrent launchers' host side on the CPU, with a stand-in for CuPy (no GPU needed).
+
+The stand-in's arrays are NumPy arrays whose host addresses play the device pointers, and its
+``launchKernel`` decodes the packed ``gdn::Params`` instead of launching. This checks what does
+not need a kernel: the pointer order, the scalars, host-side metadata validation (a ValueError
+naming the argument before any launch), the deferred error words, DecodeStep's per-call guards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import struct
+import sys
+import types
+
+import numpy as np
+import pytest
+
+
+class _Mem:
+    def __init__(self, ptr):
+        self.ptr, self.device_id = ptr, 0
+
+
+class FakeArray:
+    def __init__(self, a):
+        self.a = a
+        self.shape, self.strides, self.dtype, self.itemsize, self.size = a.shape, a.strides, a.dtype, a.itemsize, a.size
+        self.data = _Mem(a.ctypes.data)
+
+    def __getitem__(self, idx):
+        return FakeArray(self.a[idx])
+
+
+def _fake_cupy(launches):
+    cp = types.ModuleType("cupy")
+    cp.ndarray = FakeArray
+    cp.float32, cp.float16, cp.float64 = np.float32, np.float16, np.float64
+    cp.empty = lambda shape, dtype: FakeArray(np.full(shape, np.nan, dtype))
+    cp.asarray = lambda x: FakeArray(np.asarray(x))
+    cuda = types.SimpleNamespace()
+    cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0, deviceSynchronize=lambda: None,
+                                         streamSynchronize=lambda s: None)  # fmt: skip
+    cuda.Device = lambda d=0: types.SimpleNamespace(attributes={"MultiProcessorCount": 132}, __enter__=None)
+
+    class Device:
+        def __init__(self, d=0):
+            self.attributes = {"MultiProcessorCount": 132}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class Pinned:
+        def __init__(self, size, flags):
+            self.buf = np.zeros(size, np.uint8)
+            self.ptr = self.buf.ctypes.data
+
+    def launch(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        params = ctypes.cast(ctypes.c_void_p(argv), ctypes.POINTER(ctypes.c_void_p))[0]
+        raw = ctypes.string_at(params, 14 * 8 + 30 * 8 + 8)
+        launches.append(dict(ptrs=struct.unpack("<14Q", raw[:112]), scalars=struct.unpack("<30qd", raw[112:]),
+                             blocks=gx, threads=bx, stream=stream))  # fmt: skip
+
+    cuda.Device = Device
+    cuda.PinnedMemory = Pinned
+    cuda.driver = types.SimpleNamespace(launchKernel=launch)
+    cuda.get_current_stream = lambda: types.SimpleNamespace(ptr=1234)
+    cuda.ExternalStream = lambda ptr: contextlib.nullcontext()
+    cp.cuda = cuda
+
+    class RawModule:
+        def __init__(self, code, options, name_expressions):
+            assert "recurrent_kernel" in code and len(name_expressions) == 1
+
+        def get_function(self, expr):
+            return types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=99))
+
+    cp.RawModule = RawModule
+    return cp
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    launches: list = []
+    cp = _fake_cupy(launches)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    from cupy_kernels import recurrent_kernel, tensors
+
+    monkeypatch.setattr(tensors, "_CUPY", cp)
+    monkeypatch.setattr(tensors, "_ERRORS", {})
+    monkeypatch.setattr(recurrent_kernel, "_PLANS", {})
+    recurrent_kernel.compiled.cache_clear()
+    recurrent_kernel._num_sms.cache_clear()
+    yield cp, launches
+    recurrent_kernel.compiled.cache_clear()
+    recurrent_kernel._num_sms.cache_clear()
+
+
+def arrays(B=1, T=10, H=1, HV=2, K=16, V=8):
+    rng = np.random.default_rng(0)
+    f = np.float32
+    return dict(q=FakeArray(rng.standard_normal((B, T, H, K)).astype(f)),
+                k=FakeArray(rng.standard_normal((B, T, H, K)).astype(f)),
+                v=FakeArray(rng.standard_normal((B, T, HV, V)).astype(f)),
+                g=FakeArray(np.zeros((B, T, HV), f)), beta=FakeArray(np.zeros((B, T, HV), f)))  # fmt: skip
+
+
+def test_recurrent_packs_pointers_and_scalars(fake):
+    cp, launches = fake
+    from cupy_kernels import tensors
+    from cupy_kernels.recurrent import recurrent_gated_delta_rule
+
+    x = arrays()
+    cu = FakeArray(np.array([0, 4, 10], np.int64))
+    state = FakeArray(np.zeros((2, 2, 16, 8), np.float32))
+    A = FakeArray(np.zeros(2, np.float32))
+    o, s = recurrent_gated_delta_rule(**x, initial_state=state, output_final_state=True, cu_seqlens=cu,
+                                      use_gate_in_kernel=True, A_log=A, use_beta_sigmoid_in_kernel=True,
+                                      allow_neg_eigval=True)  # fmt: skip
+    (call,) = launches
+    ptrs, scalars = call["ptrs"], call["scalars"]
+    want = [x[n].data.ptr for n in ("q", "k", "v", "g", "beta")] + [A.data.ptr, 0, state.data.ptr, s.data.ptr,
+                                                                     o.data.ptr, cu.data.ptr, 0, 0]  # fmt: skip
+    assert list(ptrs[:13]) == want
+    assert ptrs[13] == tensors.error_words(0).ptr
+    B, T, N, H, HV, K, V = scalars[15:22]
+    assert (B, T, N, H, HV, K, V) == (1, 10, 2, 1, 2, 16, 8)
+    flags = scalars[27]
+    assert flags & 2 and flags & 64 and flags & 128  # gate in kernel, beta sigmoid, neg eigval
+    assert call["stream"] == 1234  # CuPy's current stream for CuPy arrays
+    assert s.shape == (2, 2, 16, 8) and o.shape == (1, 10, 2, 8)
+
+
+@pytest.mark.parametrize("cu", [[0, 50, 5000], [0, 5, 8], [0, 6, 4, 10], [7, 10], [0, -1, 10]])
+def test_host_cu_seqlens_rejected_before_launch(fake, cu):
+    cp, launches = fake
+    from cupy_kernels.recurrent import recurrent_gated_delta_rule
+
+    with pytest.raises(ValueError, match="^cu_seqlens:"):
+        recurrent_gated_delta_rule(**arrays(), cu_seqlens=np.array(cu))
+    assert not launches
+
+
+def test_deferred_error_words(fake):
+    cp, launches = fake
+    from cupy_kernels import check_errors, tensors
+    from cupy_kernels.decode import pooled_decode
+
+    x = arrays(B=2, T=1)
+    pool = FakeArray(np.zeros((3, 2, 16, 8), np.float32))
+    slots = FakeArray(np.array([0, 2], np.int32))
+    pooled_decode(**x, state_pool=pool, slot_indices=slots)
+    words = tensors.error_words(0)
+    words.words[1] = 1  # what the kernel stores for a slot past the pool
+    with pytest.raises(ValueError, match="^slot_indices: .*pooled_decode .*deferred"):
+        pooled_decode(**x, state_pool=pool, slot_indices=slots)
+    assert len(launches) == 1  # the reporting call did not launch
+    pooled_decode(**x, state_pool=pool, slot_indices=slots)  # cleared once reported
+    words.words[3] = 1
+    with pytest.raises(ValueError, match="^num_accepted_tokens:"):
+        check_errors()
+    with pytest.raises(ValueError, match="^slot_indices: slot 3"):
+        pooled_decode(**x, state_pool=pool, slot_indices=np.array([0, 3]))  # host: validated, no launch
+    assert len(launches) == 2
+
+
+def test_spec_host_metadata(fake):
+    cp, launches = fake
+    from cupy_kernels.decode import spec_decode
+
+    x = arrays(T=5)
+    pool = FakeArray(np.zeros((8, 2, 16, 8), np.float32))
+    idx = np.array([[0, 1], [2, 3]])
+    ok = dict(state_pool=pool, cu_seqlens=np.array([0, 2, 5]), ssm_state_indices=idx, num_accepted_tokens=[1, 2])
+    with pytest.raises(ValueError, match="^cu_seqlens: a request has more than S = 2"):
+        spec_decode(**x, **ok)
+    ok["cu_seqlens"] = np.array([0, 2, 4])
+    with pytest.raises(ValueError, match="^cu_seqlens: must end at T = 5"):
+        spec_decode(**x, **ok)
+    x = arrays(T=4)
+    with pytest.raises(ValueError, match="^num_accepted_tokens:"):
+        spec_decode(**x, **dict(ok, num_accepted_tokens=[0, 1]))
+    with pytest.raises(ValueError, match="^ssm_state_indices:"):
+        spec_decode(**x, **dict(ok, ssm_state_indices=np.array([[0, 1], [2, 8]])))
+    assert not launches
+    spec_decode(**x, **ok)
+    assert launches[0]["scalars"][23:26] == (2, 2, 2)  # idx_stride, idx_cols, slot_mode
+
+
+def test_decode_step_guards(fake):
+    cp, launches = fake
+    from cupy_kernels import tensors
+    from cupy_kernels.decode import DecodeStep
+
+    x = arrays(B=2, T=1)
+    pool = FakeArray(np.zeros((3, 2, 16, 8), np.float32))
+    slots = FakeArray(np.array([0, 2], np.int32))
+    step = DecodeStep(**x, state=pool, slot_indices=slots, reuse_output=True)
+    o = step(**x, state=pool, slot_indices=slots)
+    assert launches[-1]["ptrs"][7] == launches[-1]["ptrs"][8] == pool.data.ptr
+    assert launches[-1]["ptrs"][9] == o.data.ptr and launches[-1]["ptrs"][11] == slots.data.ptr
+    with pytest.raises(ValueError, match="^state:"):
+        step(**x, state=pool[:2], slot_indices=slots)
+    with pytest.raises(ValueError, match="^slot_indices:"):
+        step(**x, state=pool, slot_indices=slots[:1])
+    with pytest.raises(ValueError, match="^out:"):
+        step(**x, state=pool, slot_indices=slots, out=FakeArray(np.zeros((1, 1, 2, 8), np.float32)))
+    tensors.error_words(0).words[1] = 1
+    with pytest.raises(ValueError, match="^slot_indices: .*DecodeStep"):
+        step(**x, state=pool, slot_indices=slots)
+    with pytest.raises(ValueError, match="^decode_variant:"):
+        DecodeStep(**x, state=pool, slot_indices=slots, decode_variant="bogus")
+
+
+def test_kernel_mode_names_the_template():
+    from cupy_kernels.recurrent_kernel import KernelMode
+
+    mode = KernelMode(2, False, False, 4, 1, 16, 0, True, 0)
+    assert mode.name_expression() == "gdn::recurrent_kernel<2, float, false, 4, 1, 16, 0, true, 0>"
