@@ -61,7 +61,7 @@ class PropertyItem(pytest.Item):
         if r.status == "failed":
             raise PropertyFailed(console.format_failure(r, result.replay_command(r)))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, PropertyFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo)

@@ -105,3 +105,15 @@ def test_default_impl_says_which(tmp_path):
     result = cli("check", "--max-examples", "2", "--properties", "determinism", cwd=tmp_path)
     assert result.returncode == 0
     assert "no --impl given" in result.stderr
+
+
+def test_console_script_and_module_are_the_same_command_line(tmp_path):
+    script = Path(sys.executable).with_name("gdn-verify")
+    if not script.exists():
+        pytest.skip("the package is not installed in this environment (pip install -e .)")
+    for command in ([str(script)], [sys.executable, "-m", "gdn_verify"]):
+        done = subprocess.run([*command, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0 and "check" in done.stdout and "replay" in done.stdout
+    done = subprocess.run([str(script), "check", "--impl", "numpy", "--max-examples", "2", "--properties",
+                           "matches_reference,determinism"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

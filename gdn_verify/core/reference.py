@@ -182,4 +182,5 @@ def decode_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=state, output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm, state_v_first=True,
     )
+    assert new_state is not None  # output_final_state=True
     return o, new_state

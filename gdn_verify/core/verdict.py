@@ -107,9 +107,9 @@ def _state_kfirst(state: Any, problem: Problem) -> Any:
 def compare(problem: Problem, result: Result, reference: tuple, tolerance: tol.Tolerance, factor: float = 1.0,
             what: str = "oracle") -> Measurement:
     """Errors of ``result`` against ``reference`` (NumPy ``(o, final_state)``) within ``factor * tolerance``."""
-    if not np.all(np.isfinite(as64(result.o))):
+    if result.o is None or not np.all(np.isfinite(np.asarray(result.o, np.float64))):
         raise Violation(f"non-finite output values (NaN/Inf) where the {what} is finite")
-    if result.final_state is not None and not np.all(np.isfinite(as64(result.final_state))):
+    if result.final_state is not None and not np.all(np.isfinite(np.asarray(result.final_state, np.float64))):
         raise Violation(f"non-finite final state values where the {what} is finite")
     errors = tol.measure(result.o, _state_kfirst(as64(result.final_state), problem), reference[0],
                          _state_kfirst(as64(reference[1]), problem), problem)

@@ -1,0 +1,73 @@
+"""The pytest plugin, as a kernel author uses it: ``pytest --gdn-impl M:F`` in a folder of their own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+KERNELS = textwrap.dedent("""
+    from gdn_verify.implementations import numpy_impl, planted
+
+    def good(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+             use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+        return numpy_impl.recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                     use_qk_l2norm_in_kernel, cu_seqlens)
+
+    bad = planted.BUGS["off_by_one_final_state"][1]
+""")
+
+
+def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=folder,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    return tmp_path
+
+
+def test_a_correct_plugin_passes_one_item_per_property(folder):
+    done = run_pytest(folder, "--gdn-impl", "kernels:good", "--gdn-array", "numpy", "--gdn-dtype", "float32",
+                      "--gdn-max-examples", "5", "--gdn-seed", "1", "-rs")
+    assert done.returncode == 0, done.stdout + done.stderr
+    passed = int(done.stdout.split(" passed")[0].split()[-1])
+    assert passed >= 10
+    assert "gdn-verify: impl=kernels:good" in done.stdout or "skipped" in done.stdout
+
+
+def test_a_buggy_plugin_fails_with_its_minimal_example(folder):
+    done = run_pytest(folder, "--gdn-impl", "kernels:bad", "--gdn-array", "numpy", "--gdn-dtype", "float32",
+                      "--gdn-max-examples", "20", "--gdn-seed", "1", "--gdn-properties",
+                      "matches_reference,determinism")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "gdn-verify::matches_reference" in done.stdout and "minimal example: B=" in done.stdout
+    assert "replay: gdn-verify replay /" in done.stdout
+    assert "1 failed, 1 passed" in done.stdout
+
+
+def test_misuse_is_a_usage_error(folder):
+    done = run_pytest(folder, "--gdn-impl", "kernels:missing")
+    assert done.returncode == 4 and "--gdn-impl" in done.stderr and "has no function" in done.stderr
+
+
+def test_the_fixture_checks_a_kernel_inside_a_users_own_test(folder):
+    (folder / "test_mine.py").write_text(textwrap.dedent("""
+        from kernels import bad, good
+
+        def test_good(gdn_check):
+            gdn_check(good, properties=["matches_reference"], max_examples=5).assert_passed()
+
+        def test_bad(gdn_check):
+            gdn_check(bad, properties=["matches_reference"], max_examples=20).assert_passed()
+    """))
+    done = run_pytest(folder, "test_mine.py")
+    assert done.returncode == 1 and "1 failed, 1 passed" in done.stdout, done.stdout
+    assert "minimal example: B=" in done.stdout
