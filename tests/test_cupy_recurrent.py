@@ -40,6 +40,13 @@ def kern(cp):
 
 
 @pytest.fixture(scope="module")
+def dec(cp):
+    from cupy_kernels import decode
+
+    return decode
+
+
+@pytest.fixture(scope="module")
 def torch(cp):
     torch = pytest.importorskip("torch", reason="torch is not installed: bfloat16 / DLPack tests need it")
     if not torch.cuda.is_available():
@@ -233,7 +240,7 @@ def test_strided_inputs(cp, kern):
 
 
 @pytest.mark.parametrize("use_l2norm", [False, True])
-def test_raw_gate_decode(cp, kern, use_l2norm):
+def test_raw_gate_decode(cp, kern, dec, use_l2norm):
     rng = np.random.default_rng(10)
     B, H, HV, K, V = 3, 2, 4, 64, 32
     q = rng.standard_normal((B, 1, H, K)).astype(np.float32)
@@ -251,7 +258,7 @@ def test_raw_gate_decode(cp, kern, use_l2norm):
     gpu_state = cp.asarray(state)
     ptr = gpu_state.data.ptr
     poison(cp)
-    o, new_state = kern.fused_decode_raw_gates(
+    o, new_state = dec.fused_decode_raw_gates(
         cp.asarray(q), cp.asarray(k), cp.asarray(v), gpu_state, cp.asarray(A_log), cp.asarray(a),
         cp.asarray(dt_bias), cp.asarray(b), scale=0.0, use_qk_l2norm=use_l2norm,
     )  # fmt: skip
@@ -261,7 +268,7 @@ def test_raw_gate_decode(cp, kern, use_l2norm):
     assert rel(cp.asnumpy(new_state), ref_s) < FP32_TOL
 
 
-def test_raw_gate_decode_fp64_gate_tensors(cp, kern):
+def test_raw_gate_decode_fp64_gate_tensors(cp, kern, dec):
     """Gate tensors in another dtype than q (float64 a/b, float16 dt_bias) are read as they are."""
     rng = np.random.default_rng(11)
     B, H, HV, K, V = 2, 1, 2, 16, 16
@@ -271,7 +278,7 @@ def test_raw_gate_decode_fp64_gate_tensors(cp, kern):
     A_log, dt_bias = rng.uniform(-1, 1, HV).astype(np.float32), rng.uniform(-1, 1, HV).astype(np.float16)
     a, b = rng.standard_normal((2, B, 1, HV))
     gpu_state = cp.asarray(state)
-    o, _ = kern.fused_decode_raw_gates(
+    o, _ = dec.fused_decode_raw_gates(
         cp.asarray(q), cp.asarray(k), cp.asarray(v), gpu_state, cp.asarray(A_log), cp.asarray(a),
         cp.asarray(dt_bias), cp.asarray(b),
     )  # fmt: skip
@@ -283,7 +290,7 @@ def test_raw_gate_decode_fp64_gate_tensors(cp, kern):
 
 @pytest.mark.parametrize("v_first", [False, True])
 @pytest.mark.parametrize("idx_dtype", [np.int32, np.int64])
-def test_pool_contract(cp, kern, idx_dtype, v_first):
+def test_pool_contract(cp, kern, dec, idx_dtype, v_first):
     rng = np.random.default_rng(12)
     slots, B, H, HV, K, V = 7, 5, 1, 2, 32, 32
     c = case(12, B=B, T=1, H=H, HV=HV, K=K, V=V, with_state=False)
@@ -292,7 +299,7 @@ def test_pool_contract(cp, kern, idx_dtype, v_first):
     gpu_pool = cp.asarray(pool)
     inputs = {n: cp.asarray(np.float32(c[n])) for n in ("q", "k", "v", "g", "beta")}
     poison(cp)
-    o = cp.asnumpy(kern.pooled_decode(**inputs, state_pool=gpu_pool, slot_indices=cp.asarray(idx),
+    o = cp.asnumpy(dec.pooled_decode(**inputs, state_pool=gpu_pool, slot_indices=cp.asarray(idx),
                                       use_qk_l2norm_in_kernel=True, state_v_first=v_first))  # fmt: skip
     new_pool = cp.asnumpy(gpu_pool)
     for slot in (1, 2, 4, 6):
@@ -310,7 +317,7 @@ def test_pool_contract(cp, kern, idx_dtype, v_first):
 
 
 @pytest.mark.parametrize("v_first", [False, True])
-def test_spec_decode_contract(cp, kern, v_first):
+def test_spec_decode_contract(cp, kern, dec, v_first):
     rng = np.random.default_rng(13)
     slots, H, HV, K, V = 16, 1, 2, 16, 24  # S = 3 slots per request
     lengths = [1, 3, 2, 3]
@@ -325,7 +332,7 @@ def test_spec_decode_contract(cp, kern, v_first):
     gpu_pool = cp.asarray(pool)
     inputs = {n: cp.asarray(np.float32(c[n])) for n in ("q", "k", "v", "g", "beta")}
     poison(cp)
-    o = cp.asnumpy(kern.spec_decode(
+    o = cp.asnumpy(dec.spec_decode(
         **inputs, state_pool=gpu_pool, cu_seqlens=cp.asarray(cu.astype(np.int32)), ssm_state_indices=cp.asarray(idx),
         num_accepted_tokens=cp.asarray(accepted), use_qk_l2norm_in_kernel=True, state_v_first=v_first,
     ))  # fmt: skip
@@ -373,7 +380,7 @@ def test_bfloat16_torch(cp, kern, torch):
     assert rel(s.double().cpu().numpy(), ref_s) < FP32_TOL
 
 
-def test_torch_inputs_share_memory(cp, kern, torch):
+def test_torch_inputs_share_memory(cp, kern, dec, torch):
     rng = np.random.default_rng(15)
     B, H, HV, K, V = 2, 1, 2, 32, 32
     q = torch.tensor(rng.standard_normal((B, 1, H, K)), dtype=torch.bfloat16, device="cuda")
@@ -386,7 +393,7 @@ def test_torch_inputs_share_memory(cp, kern, torch):
     a = torch.zeros((B, 1, HV), dtype=torch.bfloat16, device="cuda")
     b = torch.zeros((B, 1, HV), dtype=torch.bfloat16, device="cuda")
     ptr = state.data_ptr()
-    o, out_state = kern.fused_decode_raw_gates(q, k, v, state, A_log, a, dt_bias, b)
+    o, out_state = dec.fused_decode_raw_gates(q, k, v, state, A_log, a, dt_bias, b)
     torch.cuda.synchronize()
     assert out_state is state and state.data_ptr() == ptr  # updated in place, no copy
     assert not torch.equal(state, before)
@@ -460,16 +467,16 @@ def test_decode_variants(cp, kern, monkeypatch, variant, v_first, K, V):
     assert rel(o, ref_o) < FP32_TOL and rel(s, ref_s) < FP32_TOL
 
 
-def test_decode_variant_unknown(cp, kern):
+def test_decode_variant_unknown(cp, kern, dec):
     c = {n: cp.asarray(np.float32(x)) for n, x in case(51, T=1, K=8, V=8, with_state=False).items() if x is not None}
     with pytest.raises(ValueError, match="^decode_variant:"):
-        kern.DecodeStep(**c, state=cp.zeros((1, 1, 8, 8), cp.float32), decode_variant="bogus")
+        dec.DecodeStep(**c, state=cp.zeros((1, 1, 8, 8), cp.float32), decode_variant="bogus")
 
 
 @pytest.mark.parametrize("variant", ["wide", "narrow-cs"])
-def test_pool_contract_variants(cp, kern, monkeypatch, variant):
+def test_pool_contract_variants(cp, kern, dec, monkeypatch, variant):
     use_default_variant(monkeypatch, variant)
-    test_pool_contract(cp, kern, np.int32, False)
+    test_pool_contract(cp, kern, dec, np.int32, False)
 
 
 def _step_inputs(cp, seed, B, H, HV, K, V, v_first=False, slots=None):
@@ -483,11 +490,11 @@ def _step_inputs(cp, seed, B, H, HV, K, V, v_first=False, slots=None):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("v_first", [False, True])
-def test_decode_step_matches_oracle(cp, kern, variant, v_first):
+def test_decode_step_matches_oracle(cp, kern, dec, variant, v_first):
     """DecodeStep: prepared once, called with fresh tensors of the same signature, state in place."""
     B, H, HV, K, V = 2, 1, 2, 128, 128
     c0, inputs0, state0 = _step_inputs(cp, 60, B, H, HV, K, V, v_first)
-    step = kern.DecodeStep(**inputs0, state=cp.asarray(state0), use_qk_l2norm_in_kernel=True, state_v_first=v_first,
+    step = dec.DecodeStep(**inputs0, state=cp.asarray(state0), use_qk_l2norm_in_kernel=True, state_v_first=v_first,
                            decode_variant=variant)  # fmt: skip
     for seed in (61, 62):  # new tensors each call: only the pointers change
         c, inputs, state = _step_inputs(cp, seed, B, H, HV, K, V, v_first)
@@ -501,14 +508,14 @@ def test_decode_step_matches_oracle(cp, kern, variant, v_first):
         assert rel(cp.asnumpy(gpu_state), ref_s) < FP32_TOL
 
 
-def test_decode_step_outputs(cp, kern):
+def test_decode_step_outputs(cp, kern, dec):
     """reuse_output returns one buffer every call; out= is written and returned; checked() agrees."""
     B, H, HV, K, V = 2, 2, 4, 32, 16
     c, inputs, state = _step_inputs(cp, 70, B, H, HV, K, V)
     ref_o, ref_s = recurrent_gated_delta_rule(
         *(np.float32(c[n]) for n in ("q", "k", "v", "g", "beta")), initial_state=state, output_final_state=True,
     )  # fmt: skip
-    step = kern.DecodeStep(**inputs, state=cp.asarray(state), reuse_output=True, stream=0)
+    step = dec.DecodeStep(**inputs, state=cp.asarray(state), reuse_output=True, stream=0)
     s1, s2 = cp.asarray(state), cp.asarray(state)
     o1 = step(**inputs, state=s1)
     o1_host = cp.asnumpy(o1)
@@ -524,13 +531,13 @@ def test_decode_step_outputs(cp, kern):
     assert rel(cp.asnumpy(o4), ref_o) < FP32_TOL and rel(cp.asnumpy(s4), ref_s) < FP32_TOL
 
 
-def test_decode_step_pool(cp, kern):
+def test_decode_step_pool(cp, kern, dec):
     """DecodeStep over a state pool: padding rows zero, untouched slots bitwise unchanged."""
     slots, B, H, HV, K, V = 6, 4, 1, 2, 32, 32
     c, inputs, pool = _step_inputs(cp, 80, B, H, HV, K, V, slots=slots)
     idx = cp.asarray(np.array([4, -1, 0, 2], np.int32))
     gpu_pool = cp.asarray(pool)
-    step = kern.DecodeStep(**inputs, state=gpu_pool, slot_indices=idx, use_qk_l2norm_in_kernel=True)
+    step = dec.DecodeStep(**inputs, state=gpu_pool, slot_indices=idx, use_qk_l2norm_in_kernel=True)
     o = cp.asnumpy(step(**inputs, state=gpu_pool, slot_indices=idx))
     new_pool = cp.asnumpy(gpu_pool)
     assert np.all(o[1] == 0)
@@ -544,12 +551,12 @@ def test_decode_step_pool(cp, kern):
         assert rel(o[row : row + 1], ref_o) < FP32_TOL and rel(new_pool[slot : slot + 1], ref_s) < FP32_TOL
 
 
-def test_decode_step_rejects(cp, kern):
+def test_decode_step_rejects(cp, kern, dec):
     c, inputs, state = _step_inputs(cp, 90, 1, 1, 1, 16, 16)
     with pytest.raises(ValueError, match="^q:"):
         bad = dict(inputs, q=cp.asarray(np.concatenate([np.float32(c["q"])] * 2, axis=1)))
-        kern.DecodeStep(**bad, state=cp.asarray(state))
-    step = kern.DecodeStep(**inputs, state=cp.asarray(state))
+        dec.DecodeStep(**bad, state=cp.asarray(state))
+    step = dec.DecodeStep(**inputs, state=cp.asarray(state))
     raw = cp.zeros(16 * 16 + 1, cp.float32)
     misaligned = raw[1:].reshape(1, 1, 16, 16)  # 4-byte aligned only: no 16-byte state vectors
     with pytest.raises(ValueError, match="aligned"):
