@@ -63,7 +63,7 @@ def to_kind(x: np.ndarray | None, kind: str) -> Any:
         return torch.from_numpy(np.ascontiguousarray(x)).to(device)
     cupy = _cupy()
     if x.dtype == DTYPES["bfloat16"]:
-        raise NotImplementedError("CuPy has no bfloat16 arrays; use --array torch for bfloat16")
+        raise NotImplementedError("CuPy has no bfloat16 arrays; use torch arrays for bfloat16")
     return cupy.asarray(x)
 
 
