@@ -102,6 +102,20 @@ def _chunk16(**kw):
     return numpy_impl.chunk_gated_delta_rule(**kw, chunk_size=16)
 
 
+def _fla_style(name: str, chunk_size: int, cumsum_dtype=np.float32, tf32: bool = False, what: str = ""):
+    """A built-in NumPy model of the production chunked algorithm (``numpy_impl.chunk_fla_core``)."""
+
+    def run(**kw):
+        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=chunk_size, cumsum_dtype=cumsum_dtype,
+                                                     tf32=tf32)
+
+    cumsum = np.dtype(cumsum_dtype).name
+    return lambda: Implementation(
+        name, {"chunk": run},
+        description=f"float32 NumPy chunked as FLA writes it, C={chunk_size}, {cumsum} chunk-local gate cumsum{what}",
+    )
+
+
 BUILTIN: dict[str, Callable[[], Implementation]] = {
     "numpy": lambda: Implementation(
         "numpy",
@@ -115,6 +129,13 @@ BUILTIN: dict[str, Callable[[], Implementation]] = {
     "numpy-recurrent": lambda: Implementation(
         "numpy-recurrent", {"recurrent": numpy_impl.recurrent_gated_delta_rule}, description="float32 NumPy loop"
     ),
+    # Correct production-style algorithms: they must pass in every dtype.
+    "numpy-chunk-fla": _fla_style("numpy-chunk-fla", 64),
+    "numpy-chunk32-fla": _fla_style("numpy-chunk32-fla", 32),
+    "numpy-chunk16-fla": _fla_style("numpy-chunk16-fla", 16),
+    "numpy-chunk-cumsum64": _fla_style("numpy-chunk-cumsum64", 64, np.float64),
+    # A known precision loss: must fail float32 matches_reference.
+    "numpy-chunk-tf32": _fla_style("numpy-chunk-tf32", 64, tf32=True, what=", TF32 matrix products"),
     "oracle": lambda: Implementation(
         "oracle",
         {"chunk": _oracle_chunk, "recurrent": reference.recurrent_gated_delta_rule},
