@@ -137,6 +137,16 @@ def cmd_check(args) -> int:
     return 1 if failed else 0
 
 
+def margin(m) -> str:
+    """A planted bug's margin: error / bound, and error / uniform bound where they differ."""
+    if m is None:
+        return "margin n/a (non-numeric failure)"
+    text = f"margin {m.ratio:.3g}x"
+    if m.uniform is not None and m.uniform_ratio != m.ratio:
+        text += f", {m.uniform_ratio:.3g}x the uniform bound"
+    return text
+
+
 def cmd_selftest(args) -> int:
     from gdn_verify import planted
 
@@ -156,7 +166,8 @@ def cmd_selftest(args) -> int:
         took = time.perf_counter() - start
         if by is not None:
             caught += 1
-            print(f"  caught  {bug:<32} by {by.name} ({took:.1f}s): {by.failure.message[:90]}", flush=True)
+            print(f"  caught  {bug:<32} by {by.name} ({took:.1f}s, {margin(by.failure.measurement)}): "
+                  f"{by.failure.message[:90]}", flush=True)
         else:
             print(f"  MISSED  {bug:<32} ({description}) ({took:.1f}s)", flush=True)
     print(f"{caught} of {len(planted.BUGS)} planted bugs caught")

@@ -48,21 +48,8 @@ def large_problems(dtype: str, sizes: Sizes, gate_regimes=gs.GATE_REGIMES) -> st
 
 
 def condition_with(oracle: Callable[[Problem], tuple], problem: Problem, reference: tuple, seed: int = 0) -> tol.Kappa:
-    """``tolerance.condition`` with another float64 oracle (same perturbation and metrics)."""
-    rng = np.random.default_rng(seed)
-
-    def nudge(x):
-        if x is None:
-            return None
-        x = np.asarray(x, np.float64)
-        return x * (1.0 + tol.PERTURBATION * rng.choice([-1.0, 1.0], size=x.shape))
-
-    nudged = problem.replace(**{n: nudge(getattr(problem, n)) for n in ("q", "k", "v", "g", "beta", "initial_state")})
-    if problem.scale is not None:
-        nudged = nudged.replace(scale=problem.scale * (1.0 + tol.PERTURBATION))
-    errors = tol.measure(*oracle(nudged), reference[0], reference[1], problem)
-    metrics = ("output_rms", "output_token", "state")
-    return tol.Kappa(*(max(1.0, getattr(errors, n) / tol.PERTURBATION) for n in metrics))
+    """``tolerance.condition`` with another float64 oracle (same perturbations and metrics)."""
+    return tol.condition(problem, reference, seed, oracle_fn=oracle)
 
 
 def oracle_from(impl: Implementation) -> Callable[[Problem], tuple]:
