@@ -86,8 +86,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_selftest(args: argparse.Namespace) -> int:
     def on_bug(row) -> None:
         if row.caught_by is not None:
-            margin = "" if row.margin is None else f", {row.margin:.3g}x its bound"
-            print(f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s{margin}): "
+            margin = console.margin(row.caught_by.failure.measurement)
+            print(f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s, {margin}): "
                   f"{row.caught_by.failure.message[:80]}", flush=True)
         else:
             print(f"  MISSED  {row.bug:<30} ({row.description}) ({row.seconds:.1f}s)", flush=True)

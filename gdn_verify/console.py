@@ -13,12 +13,23 @@ from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from gdn_verify.core.implementation import Implementation
+    from gdn_verify.core.verdict import Measurement
     from gdn_verify.runners.check import PropertyResult
 
 
 def number(x: float | None) -> str:
     """A measured number to 3 significant digits (``-`` for None)."""
     return "-" if x is None else f"{x:.3g}"
+
+
+def margin(m: Measurement | None) -> str:
+    """How far a failure lies over its bound: error / bound, and error / uniform bound where they differ."""
+    if m is None:
+        return "margin n/a (non-numeric failure)"
+    text = f"margin {m.ratio:.3g}x"
+    if m.uniform is not None and m.uniform_ratio != m.ratio:
+        text += f", {m.uniform_ratio:.3g}x the uniform bound"
+    return text
 
 
 class ProgressDisplay:

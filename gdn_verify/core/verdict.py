@@ -22,13 +22,26 @@ from gdn_verify.core.problem import Problem
 
 @dataclass(frozen=True)
 class Measurement:
+    """The worst error and the bound it was held to. ``uniform``: the uniform model's part of
+    ``bound`` (``bound`` adds the algorithm-aware term); ``note``: one line when an error lies
+    between the two, naming the rounding that puts it there."""
+
     error: float
     bound: float
     detail: str = ""
+    uniform: float | None = None
+    note: str = ""
 
     @property
     def ratio(self) -> float:
         return self.error / self.bound if self.bound > 0 else (0.0 if self.error == 0 else float("inf"))
+
+    @property
+    def uniform_ratio(self) -> float:
+        """Error over the uniform bound (``ratio`` where there is no algorithm-aware term)."""
+        if self.uniform is None:
+            return self.ratio
+        return self.error / self.uniform if self.uniform > 0 else (0.0 if self.error == 0 else float("inf"))
 
 
 class Violation(AssertionError):
@@ -113,14 +126,14 @@ def compare(problem: Problem, result: Result, reference: tuple, tolerance: tol.T
         raise Violation(f"non-finite final state values where the {what} is finite")
     errors = tol.measure(result.o, _state_kfirst(as64(result.final_state), problem), reference[0],
                          _state_kfirst(as64(reference[1]), problem), problem)
-    bound = tol.Tolerance(tolerance.output_rms * factor, tolerance.output_token * factor, tolerance.state * factor,
-                          tolerance.kappa_output, tolerance.kappa_state)
+    bound = tolerance.scaled(factor)
     bad = bound.violations(errors)
     ratios = [errors.output_rms / bound.output_rms, errors.output_token / bound.output_token,
               errors.state / bound.state if bound.state else 0.0]
     worst = int(np.argmax(ratios))
-    name = ("output_rms", "output_token", "state")[worst]
-    m = Measurement(getattr(errors, name), getattr(bound, name), f"{name} vs {what}")
+    name = tol.METRICS[worst]
+    m = Measurement(getattr(errors, name), getattr(bound, name), f"{name} vs {what}", bound.uniform(name),
+                    bound.note(errors))
     if bad:
         where = []
         if errors.worst_token is not None and worst < 2:

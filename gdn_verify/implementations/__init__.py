@@ -1,7 +1,9 @@
 """Implementations that a check can verify: built-in ones by name, plug-ins as ``MODULE:FUNCTION``.
 
 Built-in: ``numpy`` (float32 NumPy, chunked and recurrent forms and the speculative-decoding
-form), ``numpy-chunk``, ``numpy-chunk16``, ``numpy-recurrent``, ``oracle``, ``planted:BUG``
+form), ``numpy-chunk``, ``numpy-chunk16``, ``numpy-recurrent``, models of the production chunked
+algorithm (``numpy-chunk-fla`` and its C=32/16 variants with a float32 chunk-local gate cumsum,
+``numpy-chunk-cumsum64``, and ``numpy-chunk-tf32`` with TF32 products), ``oracle``, ``planted:BUG``
 (``planted.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``) and
 FlashInfer (``flashinfer.py``). A plug-in's function is its native form, or with
 ``convention="spec"`` its speculative-decoding form. :func:`choose_oracle` is the one place that
@@ -14,6 +16,8 @@ import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from gdn_verify.core import arrays, reference
 from gdn_verify.core.implementation import (
@@ -37,6 +41,20 @@ def _chunk16(**kw):
     return numpy_impl.chunk_gated_delta_rule(**kw, chunk_size=16)
 
 
+def _fla_style(name: str, chunk_size: int, cumsum_dtype=np.float32, tf32: bool = False, what: str = ""):
+    """A built-in NumPy model of the production chunked algorithm (``numpy_impl.chunk_fla_core``)."""
+
+    def run(**kw):
+        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=chunk_size, cumsum_dtype=cumsum_dtype,
+                                                     tf32=tf32)
+
+    cumsum = np.dtype(cumsum_dtype).name
+    return lambda: Implementation(
+        name, {"chunk": run},
+        description=f"float32 NumPy chunked as FLA writes it, C={chunk_size}, {cumsum} chunk-local gate cumsum{what}",
+    )
+
+
 BUILTIN: dict[str, Callable[[], Implementation]] = {
     "numpy": lambda: Implementation(
         "numpy",
@@ -51,6 +69,13 @@ BUILTIN: dict[str, Callable[[], Implementation]] = {
     "numpy-recurrent": lambda: Implementation(
         "numpy-recurrent", {"recurrent": numpy_impl.recurrent_gated_delta_rule}, description="float32 NumPy loop"
     ),
+    # Correct production-style algorithms: they must pass in every dtype.
+    "numpy-chunk-fla": _fla_style("numpy-chunk-fla", 64),
+    "numpy-chunk32-fla": _fla_style("numpy-chunk32-fla", 32),
+    "numpy-chunk16-fla": _fla_style("numpy-chunk16-fla", 16),
+    "numpy-chunk-cumsum64": _fla_style("numpy-chunk-cumsum64", 64, np.float64),
+    # A known precision loss: must fail float32 matches_reference.
+    "numpy-chunk-tf32": _fla_style("numpy-chunk-tf32", 64, tf32=True, what=", TF32 matrix products"),
     "oracle": lambda: Implementation(
         "oracle",
         {"chunk": _oracle_chunk, "recurrent": reference.recurrent_gated_delta_rule},

@@ -6,6 +6,14 @@ the final state in float32, like FLA. It is the CPU stand-in for a correct kerne
 tolerance model is calibrated so that it passes. It also takes FLA's in-kernel gate options
 (``use_gate_in_kernel`` with ``A_log``/``dt_bias``, ``use_beta_sigmoid_in_kernel``,
 ``allow_neg_eigval``), applied in float64 and rounded to float32 before the recurrence.
+
+:func:`chunk_fla_gated_delta_rule` models the chunked algorithm as FLA, FlashInfer and vLLM
+write it, for checking that the tolerance model accepts the rounding those algorithms incur:
+a chunk-local gate cumsum ``G`` (float32 in production, ``cumsum_dtype``), every gate factor
+as ``exp`` of a difference of that cumsum (``exp(G_i - G_j)``, ``exp(G_i)``, ``exp(G_C - G_j)``),
+``(I + A)^-1`` by forward substitution, ragged chunks zero-padded. ``tf32=True`` rounds the
+operands of every matrix product to TF32 (10 explicit mantissa bits, as tensor cores do when
+TF32 is allowed) and accumulates in float32: a known precision loss the checks must report.
 """
 
 from __future__ import annotations
@@ -16,16 +24,85 @@ from gdn_verify.core.conventions import export_state, pack, unpack_output
 from gdn_verify.core.gating import in_kernel_gates
 from gdn_verify.core.reference import chunk_core, recurrent_core
 
+TF32_MANTISSA_BITS = 10
+
+
+def round_to_tf32(x: np.ndarray) -> np.ndarray:
+    """Float32 values rounded to TF32 (10 explicit mantissa bits), nearest with ties away from
+    zero like ``cvt.rna.tf32.f32``; returned as float32. Inf and NaN pass through."""
+    x = np.ascontiguousarray(x, np.float32)
+    dropped = 23 - TF32_MANTISSA_BITS
+    bits = x.view(np.uint32)
+    half = np.uint32(1 << (dropped - 1))
+    mask = np.uint32(~((1 << dropped) - 1) & 0xFFFFFFFF)
+    rounded = ((bits + half) & mask).view(np.float32)
+    return np.where(np.isfinite(x), rounded, x)
+
+
+def _tf32_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # Products of two TF32 numbers are exact in float32 (11 + 11 significant bits <= 24), so a
+    # float32 matmul of rounded operands is a TF32 tensor-core product with float32 accumulation.
+    return np.matmul(round_to_tf32(a), round_to_tf32(b))
+
+
+def _forward_substitution(A: np.ndarray, matmul) -> np.ndarray:
+    """``(I + A)^-1`` for strictly lower-triangular ``A [..., C, C]``, row by row."""
+    C = A.shape[-1]
+    T = np.broadcast_to(np.eye(C, dtype=A.dtype), A.shape).copy()
+    for i in range(1, C):
+        T[..., i, :i] = -matmul(A[..., i : i + 1, :i], T[..., :i, :i])[..., 0, :]
+    return T
+
+
+def chunk_fla_core(p, chunk_size: int, cumsum_dtype=np.float32, tf32: bool = False):
+    """The chunked (WY/UT) form with FLA's gate handling on a packed float32 problem.
+
+    Per chunk: ``G = cumsum(g)`` in ``cumsum_dtype`` restarting at the chunk start, gate factors
+    ``exp(G_i - G_j)`` (masked to ``i >= j`` before the ``exp``), ``exp(G_i)`` and
+    ``exp(G_last - G_j)``, all evaluated in float32. Returns ``(o [N, L, HV, V], S [N, HV, K, V])``.
+    """
+    matmul = _tf32_matmul if tf32 else np.matmul
+    f32 = np.float32
+    N, L, HV, V = p.v.shape
+    C, n = chunk_size, L // chunk_size
+
+    def chunks(x):  # [N, L, HV, ...] -> [N, HV, n, C, ...]
+        return np.moveaxis(x.reshape((N, n, C) + x.shape[2:]), 3, 1)
+
+    q, k, v, g, beta = (chunks(x) for x in (p.q, p.k, p.v, p.g, p.beta))
+    G = np.cumsum(g.astype(cumsum_dtype), axis=-1)  # chunk-local cumsum, [N, HV, n, C]
+    causal = np.tril(np.ones((C, C), bool))
+    diff = np.where(causal, G[..., :, None] - G[..., None, :], 0.0).astype(f32)
+    gamma = np.where(causal, np.exp(diff), f32(0))  # exp(G_i - G_j), i >= j
+    decay = np.exp(G.astype(f32))  # exp(G_i): from the chunk start to token i
+    to_end = np.exp((G[..., -1:] - G).astype(f32))  # exp(G_last - G_j)
+    A = np.tril(beta[..., :, None] * matmul(k, k.swapaxes(-1, -2)) * gamma, -1)
+    T = _forward_substitution(A, matmul)
+    W = matmul(T, (beta * decay)[..., None] * k)  # [N, HV, n, C, K]
+    U = matmul(T, beta[..., None] * v)  # [N, HV, n, C, V]
+    attn = matmul(q, k.swapaxes(-1, -2)) * gamma
+    k_to_end = (k * to_end[..., None]).swapaxes(-1, -2)  # [N, HV, n, K, C]
+    S = p.initial_state.astype(f32)
+    o = np.empty((N, HV, n, C, V), f32)
+    for c in range(n):
+        v_new = U[:, :, c] - matmul(W[:, :, c], S)
+        o[:, :, c] = p.scale * (decay[:, :, c, :, None] * matmul(q[:, :, c], S) + matmul(attn[:, :, c], v_new))
+        S = decay[:, :, c, -1, None, None] * S + matmul(k_to_end[:, :, c], v_new)
+    return np.moveaxis(o, 1, 3).reshape(N, L, HV, V), S
+
 
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
          cu_seqlens, chunk_size: int | None, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-         allow_neg_eigval):
+         allow_neg_eigval, core=None):
     if use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
         g, beta = (x.astype(np.float32) for x in in_kernel_gates(g, beta, use_gate_in_kernel, A_log, dt_bias,
                                                                  use_beta_sigmoid_in_kernel, allow_neg_eigval))
     p = pack(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
              dtype=np.float32, pad_to_multiple=chunk_size or 1)
-    o, S = recurrent_core(p) if chunk_size is None else chunk_core(p, chunk_size)
+    if core is not None:
+        o, S = core(p, chunk_size)
+    else:
+        o, S = recurrent_core(p) if chunk_size is None else chunk_core(p, chunk_size)
     final_state = export_state(p, S).astype(np.float32) if output_final_state else None
     return unpack_output(p, o).astype(np.asarray(v).dtype), final_state
 
@@ -48,3 +125,23 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 state_v_first, cu_seqlens, chunk_size, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
                 allow_neg_eigval)
+
+
+def chunk_fla_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, chunk_size=64,
+                               cumsum_dtype=np.float32, tf32=False, use_gate_in_kernel=False, A_log=None,
+                               dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
+    """Float32 chunked form as production kernels write it (see :func:`chunk_fla_core`).
+
+    ``cumsum_dtype``: float32 as in FLA/FlashInfer/vLLM, float64 to take the cumsum's rounding
+    out; ``tf32``: operands of every matrix product rounded to TF32.
+    """
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"chunk_size: 16, 32 or 64, got {chunk_size!r}")
+
+    def core(p, C):
+        return chunk_fla_core(p, C, np.dtype(cumsum_dtype), tf32)
+
+    return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                state_v_first, cu_seqlens, chunk_size, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                allow_neg_eigval, core)

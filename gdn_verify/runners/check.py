@@ -48,12 +48,18 @@ class PropertyResult:
     failure: Failure | None = None
     seconds: float = 0.0
     note: str = ""
+    above_uniform: int = 0  # examples within the algorithm-aware bound but above the uniform one
+    explained: Measurement | None = None  # the one of those furthest above the uniform bound
+
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(name=self.name, status=self.status, examples=self.examples,
                                  unsupported=self.unsupported, seconds=round(self.seconds, 2), note=self.note)
         if self.worst is not None:
-            d["worst"] = dict(error=self.worst.error, bound=self.worst.bound, detail=self.worst.detail)
+            d["worst"] = dict(error=self.worst.error, bound=self.worst.bound, detail=self.worst.detail,
+                              uniform_bound=self.worst.uniform)
+        if self.explained is not None:
+            d["above_uniform"] = dict(examples=self.above_uniform, note=self.explained.note)
         if self.failure is not None:
             d["failure"] = dict(message=self.failure.message, problem=self.failure.problem.describe(),
                                 params=self.failure.params,
@@ -105,6 +111,10 @@ def run_property(prop: Property, impl: Implementation, run: RunSettings, progres
             raise
         if result.worst is None or m.ratio > result.worst.ratio:
             result.worst = m
+        if m.note:
+            result.above_uniform += 1
+            if result.explained is None or m.uniform_ratio > result.explained.uniform_ratio:
+                result.explained = m
         if progress is not None:
             progress(prop.name, result.examples, result.worst)
 
@@ -142,6 +152,9 @@ def run_property(prop: Property, impl: Implementation, run: RunSettings, progres
             result.note = "the implementation raised NotImplementedError on every example"
         elif result.unsupported:
             result.note = f"{result.unsupported} of {result.examples} examples unsupported"
+        if result.status == "passed" and result.explained is not None:
+            note = f"{result.above_uniform} of {result.examples} examples {result.explained.note}"
+            result.note = f"{result.note}; {note}" if result.note else note
     result.seconds = time.perf_counter() - start
     return result
 

@@ -22,9 +22,10 @@ class Planted:
 
     @property
     def margin(self) -> float | None:
-        """How far over its bound the catching property's worst example was (error / bound)."""
+        """How far over its bound the minimal failing example was (error / bound); None if not numeric."""
         r = self.caught_by
-        return None if r is None or r.worst is None or not r.worst.bound else r.worst.ratio
+        m = None if r is None or r.failure is None else r.failure.measurement
+        return None if m is None or not m.bound else m.ratio
 
 
 def run_selftest(properties: list[Property], run: RunSettings,
