@@ -56,9 +56,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     impl = api.implementation(impl_name(args), args.array, args.convention)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     dims = head_dims(args.dims)
-    print(f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
-          f"dtype={args.dtype or impl.default_dtype}, seed={seed}"
-          + ("" if dims is None else f", head sizes {','.join(map(str, dims))} only"), flush=True)
+    print(
+        f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
+        f"dtype={args.dtype or impl.default_dtype}, seed={seed}"
+        + ("" if dims is None else f", head sizes {','.join(map(str, dims))} only"),
+        flush=True,
+    )
 
     def progress(name: str, examples: int, worst) -> None:
         worst_text = f" worst {worst.error:.2e}" if worst is not None else ""
@@ -70,13 +73,25 @@ def cmd_check(args: argparse.Namespace) -> int:
             replay = console.replay_command(r.failure.case_path, impl, args.convention) if r.failure.case_path else None
             display.print(console.format_failure(r, replay))
 
-    result = api.check(impl, dtype=args.dtype, properties=split_list(args.properties), seed=seed,
-                       max_examples=args.max_examples, dims=dims, max_tokens=args.max_tokens,
-                       database=args.database, convention=args.convention, progress=progress, on_result=on_result,
-                       **({"cases_dir": args.cases} if args.cases else {}))
+    result = api.check(
+        impl,
+        dtype=args.dtype,
+        properties=split_list(args.properties),
+        seed=seed,
+        max_examples=args.max_examples,
+        dims=dims,
+        max_tokens=args.max_tokens,
+        database=args.database,
+        convention=args.convention,
+        progress=progress,
+        on_result=on_result,
+        **({"cases_dir": args.cases} if args.cases else {}),
+    )
     counts = result.counts()
-    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported "
-          f"(impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
+    print(
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported "
+        f"(impl={impl.name}, dtype={result.dtype}, seed={result.seed})"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result.as_dict(), indent=2))
@@ -87,8 +102,11 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     def on_bug(row) -> None:
         if row.caught_by is not None:
             margin = console.margin(row.caught_by.failure.measurement)
-            print(f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s, {margin}): "
-                  f"{row.caught_by.failure.message[:80]}", flush=True)
+            print(
+                f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s, {margin}): "
+                f"{row.caught_by.failure.message[:80]}",
+                flush=True,
+            )
         else:
             print(f"  MISSED  {row.bug:<30} ({row.description}) ({row.seconds:.1f}s)", flush=True)
 
@@ -125,28 +143,50 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     print(f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}")
     if args.seed is not None:
         print(f"fuzz: --seed {args.seed} makes the run reproducible but Hypothesis then ignores the example database")
-    report = api.fuzz(impl, args.budget, dtype=args.dtype, properties=split_list(args.properties), seed=args.seed,
-                      dims=head_dims(args.dims), max_tokens=args.max_tokens, database=args.database,
-                      convention=args.convention, progress=lambda rep, name: display.update(rep.status_line(name)),
-                      on_result=on_result, **({"cases_dir": args.cases} if args.cases else {}))
+    report = api.fuzz(
+        impl,
+        args.budget,
+        dtype=args.dtype,
+        properties=split_list(args.properties),
+        seed=args.seed,
+        dims=head_dims(args.dims),
+        max_tokens=args.max_tokens,
+        database=args.database,
+        convention=args.convention,
+        progress=lambda rep, name: display.update(rep.status_line(name)),
+        on_result=on_result,
+        **({"cases_dir": args.cases} if args.cases else {}),
+    )
     display.clear()
     w = report.worst
-    print(f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
-          f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures")
+    print(
+        f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
+        f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures"
+    )
     return 1 if report.failures else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from gdn_verify import report
 
-    options = report.options(args.impl, array=args.array, dtypes=args.dtype, out=args.out,
-                             max_tokens=args.max_tokens, seed=args.seed, quick=args.quick,
-                             max_examples=args.max_examples, properties=split_list(args.properties),
-                             dims=head_dims(args.dims))
+    options = report.options(
+        args.impl,
+        array=args.array,
+        dtypes=args.dtype,
+        out=args.out,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        quick=args.quick,
+        max_examples=args.max_examples,
+        properties=split_list(args.properties),
+        dims=head_dims(args.dims),
+    )
     s = options.sizes
-    print(f"gdn-verify report: {', '.join(i.name for i in options.impls)}; dtypes {', '.join(options.dtypes)}; "
-          f"{s.name} sizes (H={s.H} HV={s.HV} K={s.K} V={s.V}, T up to {s.max_tokens}); seed {options.seed}; "
-          f"{options.max_examples} examples per property")
+    print(
+        f"gdn-verify report: {', '.join(i.name for i in options.impls)}; dtypes {', '.join(options.dtypes)}; "
+        f"{s.name} sizes (H={s.H} HV={s.HV} K={s.K} V={s.V}, T up to {s.max_tokens}); seed {options.seed}; "
+        f"{options.max_examples} examples per property"
+    )
     for skip in options.skipped:
         print(f"skipped: {skip['impl']}: {skip['reason']}")
     display = console.ProgressDisplay()
@@ -161,14 +201,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     display.clear()
     for row in doc["summary"]:
         p = row.get("properties", {})
-        checked = (f"properties {p.get('passed', 0)} passed / {p.get('failed', 0)} failed / "
-                   f"{p.get('unsupported', 0)} unsupported")
+        checked = (
+            f"properties {p.get('passed', 0)} passed / {p.get('failed', 0)} failed / "
+            f"{p.get('unsupported', 0)} unsupported"
+        )
         if row.get("error") or row.get("output_rms") is None:
             print(f"  {row['impl']:<18} {row['dtype']:<9} {row.get('error') or 'non-finite output'}; {checked}")
             continue
         times, exponent = row.get("times_floor"), row.get("exponent")
-        print(f"  {row['impl']:<18} {row['dtype']:<9} error {console.number(row['output_rms'])} at T={row['tokens']}"
-              f" ({console.number(times)}x the rounding floor), growth exponent {console.number(exponent)}; {checked}")
+        print(
+            f"  {row['impl']:<18} {row['dtype']:<9} error {console.number(row['output_rms'])} at T={row['tokens']}"
+            f" ({console.number(times)}x the rounding floor), growth exponent {console.number(exponent)}; {checked}"
+        )
     print(f"report written to {options.out / 'index.html'} ({doc['seconds']:.0f}s)")
     return 0
 
@@ -186,16 +230,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _impl_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", help=f"{', '.join(implementations.names())}, planted:BUG, or MODULE:FUNCTION")
     p.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes")
-    p.add_argument("--convention", choices=("native", "spec"), default="native",
-                   help="calling convention of a MODULE:FUNCTION: native (FLA) or spec (vLLM speculative decoding)")
+    p.add_argument(
+        "--convention",
+        choices=("native", "spec"),
+        default="native",
+        help="calling convention of a MODULE:FUNCTION: native (FLA) or spec (vLLM speculative decoding)",
+    )
 
 
 def _suite_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="input dtype: " + ", ".join(DTYPES))
     p.add_argument("--properties", help="comma-separated subset of: " + ", ".join(NAMES))
     p.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
-    p.add_argument("--dims", help="draw head sizes K and V only from these, e.g. 64,128 (for kernels compiled per "
-                                  "size; default: every size, awkward ones included)")
+    p.add_argument(
+        "--dims",
+        help="draw head sizes K and V only from these, e.g. 64,128 (for kernels compiled per "
+        "size; default: every size, awkward ones included)",
+    )
     p.add_argument("--cases", help="directory for minimal failing cases (default .gdn_verify/cases)")
 
 
@@ -207,8 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     _impl_options(check)
     _suite_options(check)
     check.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
-    check.add_argument("--max-tokens", type=int,
-                       help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)")
+    check.add_argument(
+        "--max-tokens", type=int, help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)"
+    )
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
     check.add_argument("--json", help="write the results as JSON to this path")
     check.set_defaults(func=cmd_check)
@@ -224,8 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--impl", help="implementation (default: the one recorded in the case)")
     rp.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes (default: as recorded)")
     rp.add_argument("--property", help="property to rerun (default: the one saved in the case)")
-    rp.add_argument("--diagnose", action="store_true",
-                    help="also name the first token, chunk, head and sequence where the error crosses the tolerance")
+    rp.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="also name the first token, chunk, head and sequence where the error crosses the tolerance",
+    )
     rp.set_defaults(func=cmd_replay)
 
     fz = sub.add_parser("fuzz", help="long Hypothesis campaign with a persistent example database")
@@ -237,19 +292,29 @@ def build_parser() -> argparse.ArgumentParser:
     fz.set_defaults(func=cmd_fuzz)
 
     rep = sub.add_parser("report", help="error and precision report: index.html, report.md, results.json, figures")
-    rep.add_argument("--impl", action="append", help="implementation to include; repeat to compare several "
-                                                     "(default: the CuPy and FLA kernels on a GPU, else NumPy)")
+    rep.add_argument(
+        "--impl",
+        action="append",
+        help="implementation to include; repeat to compare several "
+        "(default: the CuPy and FLA kernels on a GPU, else NumPy)",
+    )
     rep.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes")
     rep.add_argument("--dtype", action="append", help="input dtype; repeat for several (default: float32 and bfloat16)")
     rep.add_argument("--out", help="report directory (default: reports/report-<UTC date and time>)")
-    rep.add_argument("--max-tokens", type=int, help="longest T of the length sweep (default 16384 on a GPU, "
-                                                    "1024 on CPU or with --quick)")
+    rep.add_argument(
+        "--max-tokens",
+        type=int,
+        help="longest T of the length sweep (default 16384 on a GPU, 1024 on CPU or with --quick)",
+    )
     rep.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the property suite (default 0)")
     rep.add_argument("--quick", action="store_true", help="small sizes and 10 examples per property, even on a GPU")
     rep.add_argument("--max-examples", type=int, help="examples per property (default 20, 10 with --quick)")
     rep.add_argument("--properties", help="comma-separated subset of the properties to run (default: all)")
-    rep.add_argument("--dims", help="head sizes K, V the property suite draws, e.g. 128 (default: every size; "
-                                    "the figures use K = V = 128, or 32 on CPU)")
+    rep.add_argument(
+        "--dims",
+        help="head sizes K, V the property suite draws, e.g. 128 (default: every size; "
+        "the figures use K = V = 128, or 32 on CPU)",
+    )
     rep.set_defaults(func=cmd_report)
 
     bench = sub.add_parser("bench", help="GPU benchmarks: decode and prefill, side by side with FLA and a copy")

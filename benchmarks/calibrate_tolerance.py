@@ -43,16 +43,28 @@ def problem(rng, T, regime, dtype, K, l2norm, state_scale, H=2, HV=4, V=16) -> P
     if not l2norm:
         k /= np.linalg.norm(k, axis=-1, keepdims=True)
     state = None if state_scale is None else (rng.standard_normal((1, HV, K, V)) * state_scale).astype(np.float32)
-    return Problem(rng.standard_normal((1, T, H, K)), k, rng.standard_normal((1, T, HV, V)),
-                   gate_values(rng, (1, T, HV), regime), rng.uniform(0, 1, (1, T, HV)),
-                   initial_state=state, use_qk_l2norm_in_kernel=l2norm).astype(DTYPES[dtype])
+    return Problem(
+        rng.standard_normal((1, T, H, K)),
+        k,
+        rng.standard_normal((1, T, HV, V)),
+        gate_values(rng, (1, T, HV), regime),
+        rng.uniform(0, 1, (1, T, HV)),
+        initial_state=state,
+        use_qk_l2norm_in_kernel=l2norm,
+    ).astype(DTYPES[dtype])
 
 
 def main() -> None:
     rng = np.random.default_rng(1)
     worst: dict[tuple[str, str], np.ndarray] = {}
-    grid = itertools.product((64, 200), ("none", "mild", "moderate", "strong", "spikes", "mixed"),
-                             ("float32", "bfloat16", "float16"), (False, True), (None, 100.0), (4, 32, 128))
+    grid = itertools.product(
+        (64, 200),
+        ("none", "mild", "moderate", "strong", "spikes", "mixed"),
+        ("float32", "bfloat16", "float16"),
+        (False, True),
+        (None, 100.0),
+        (4, 32, 128),
+    )
     for T, regime, dtype, l2norm, state_scale, K in grid:
         p = problem(rng, T, regime, dtype, K, l2norm, state_scale)
         ref = numpy_oracle(p)
@@ -60,11 +72,15 @@ def main() -> None:
         for name, fn in IMPLEMENTATIONS.items():
             o, s = fn(**p.kwargs())
             e = tl.measure(o, s, ref[0], ref[1], p)
-            ratios = np.array([getattr(e, m) / getattr(bound, m) for m in tl.METRICS]
-                              + [max(getattr(e, m) / bound.uniform(m) for m in tl.METRICS)])
+            ratios = np.array(
+                [getattr(e, m) / getattr(bound, m) for m in tl.METRICS]
+                + [max(getattr(e, m) / bound.uniform(m) for m in tl.METRICS)]
+            )
             worst[name, dtype] = np.maximum(worst.get((name, dtype), 0.0), ratios)
-    print(f"{'implementation':<18} {'dtype':<9} {'output_rms':>10} {'output_token':>12} {'state':>9}  (error / bound)"
-          f"  {'uniform':>9} (max error / uniform bound)")
+    print(
+        f"{'implementation':<18} {'dtype':<9} {'output_rms':>10} {'output_token':>12} {'state':>9}  (error / bound)"
+        f"  {'uniform':>9} (max error / uniform bound)"
+    )
     for (name, dtype), r in sorted(worst.items()):
         print(f"{name:<18} {dtype:<9} {r[0]:>10.3g} {r[1]:>12.3g} {r[2]:>9.3g}  {r[3]:>22.3g}")
 

@@ -47,10 +47,18 @@ def fused_decode_raw_gates(
     identity above 20), ``beta = sigmoid(b)``; ``scale`` None or 0 means ``K ** -0.5``.
     Returns ``(o [B, 1, HV, V] in q's dtype, state)`` (the same state object).
     """
-    req = core.Request("inplace", None if scale == 0 else scale, bool(use_qk_l2norm), True, gate_in_kernel=True,
-                       beta_sigmoid=True, names=("a", "b", "state"))  # fmt: skip
-    o, _ = core.run(req, (q, k, v, a, b, A_log, dt_bias, state, None, None, None), checked=checked,
-                    source="fused_decode_raw_gates")  # fmt: skip
+    req = core.Request(
+        "inplace",
+        None if scale == 0 else scale,
+        bool(use_qk_l2norm),
+        True,
+        gate_in_kernel=True,
+        beta_sigmoid=True,
+        names=("a", "b", "state"),
+    )
+    o, _ = core.run(
+        req, (q, k, v, a, b, A_log, dt_bias, state, None, None, None), checked=checked, source="fused_decode_raw_gates"
+    )
     return o, state
 
 
@@ -88,11 +96,24 @@ def pooled_decode(
     core.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     core.variant(decode_variant)
     req = core.Request(
-        "pool", scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), False, False, bool(use_gate_in_kernel),
-        bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), decode_variant, ("g", "beta", "state_pool"),
-    )  # fmt: skip
-    o, _ = core.run(req, (q, k, v, g, beta, A_log, dt_bias, state_pool, None, slot_indices, None), checked=checked,
-                    source="pooled_decode")  # fmt: skip
+        "pool",
+        scale,
+        bool(use_qk_l2norm_in_kernel),
+        bool(state_v_first),
+        False,
+        False,
+        bool(use_gate_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+        decode_variant,
+        ("g", "beta", "state_pool"),
+    )
+    o, _ = core.run(
+        req,
+        (q, k, v, g, beta, A_log, dt_bias, state_pool, None, slot_indices, None),
+        checked=checked,
+        source="pooled_decode",
+    )
     return o
 
 
@@ -131,9 +152,18 @@ def spec_decode(
     """
     core.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     req = core.Request(
-        "spec", scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), False, False, bool(use_gate_in_kernel),
-        bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), None, ("g", "beta", "state_pool"),
-    )  # fmt: skip
+        "spec",
+        scale,
+        bool(use_qk_l2norm_in_kernel),
+        bool(state_v_first),
+        False,
+        False,
+        bool(use_gate_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+        None,
+        ("g", "beta", "state_pool"),
+    )
     args = (q, k, v, g, beta, A_log, dt_bias, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens)
     o, _ = core.run(req, args, checked=checked, source="spec_decode")
     return o
@@ -202,10 +232,18 @@ class DecodeStep:
         core.variant(decode_variant)
         pool = slot_indices is not None
         self._req = core.Request(
-            "pool" if pool else "inplace", scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), False, False,
-            bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), decode_variant,
+            "pool" if pool else "inplace",
+            scale,
+            bool(use_qk_l2norm_in_kernel),
+            bool(state_v_first),
+            False,
+            False,
+            bool(use_gate_in_kernel),
+            bool(use_beta_sigmoid_in_kernel),
+            bool(allow_neg_eigval),
+            decode_variant,
             ("g", "beta", "state"),
-        )  # fmt: skip
+        )
         device = self._device = ts.current_device()
         args = (q, k, v, g, beta, A_log, dt_bias, state, None, slot_indices, None)
         names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "state", "cu_seqlens", "slot_indices", "")
@@ -235,8 +273,9 @@ class DecodeStep:
         self._current_stream = cp.cuda.get_current_stream
         self._stream = None if stream is None else ts.stream_handle(stream)
 
-    def __call__(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any = None,
-                 *, out: Any = None) -> Any:  # fmt: skip
+    def __call__(
+        self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any = None, *, out: Any = None
+    ) -> Any:
         """Launch one step; returns ``o [B, 1, HV, V]`` (``out`` when given). Never synchronizes."""
         words = self._words
         if words.pair[0] | words.pair[1]:
@@ -266,16 +305,18 @@ class DecodeStep:
         if (pq | pk) & self._qk_mask or pv & self._v_mask or po & self._o_mask or ps & self._state_mask:
             raise ValueError("DecodeStep: a tensor is less aligned than the prepared one; use .checked()")
         if self._blocks:
-            _STEP_POINTERS.pack_into(self._buf, 0, pq, pk, pv, pg, pb, self._pa, self._pd, ps, ps, po, 0, px, 0,
-                                     words.ptr)  # fmt: skip
+            _STEP_POINTERS.pack_into(
+                self._buf, 0, pq, pk, pv, pg, pb, self._pa, self._pd, ps, ps, po, 0, px, 0, words.ptr
+            )
             stream = self._stream
             if stream is None:
                 stream = ts.torch_stream(self._device) if self._torch else self._current_stream().ptr
             self._launch_kernel(self._fn, self._blocks, 1, 1, self._threads, 1, 1, 0, stream, self._argv_ptr, 0)
         return out
 
-    def checked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any = None,
-                *, out: Any = None) -> Any:  # fmt: skip
+    def checked(
+        self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any = None, *, out: Any = None
+    ) -> Any:
         """The same step through the general, fully validating launcher, synchronized so that bad
         slot indices raise here (allocates ``o`` unless ``out``)."""
         A_log, dt_bias = self._gates

@@ -73,8 +73,15 @@ def recurrent_gated_delta_rule(
     if double and initial_state is not None:
         initial_state = _to_double(initial_state)
     req = core.Request(
-        "initial", scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), double, bool(output_final_state),
-        bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
-    )  # fmt: skip
+        "initial",
+        scale,
+        bool(use_qk_l2norm_in_kernel),
+        bool(state_v_first),
+        double,
+        bool(output_final_state),
+        bool(use_gate_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+    )
     args = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, None)
     return core.run(req, args, checked=checked, source="recurrent_gated_delta_rule")

@@ -53,8 +53,10 @@ class KernelMode:
         """The C++ name of the instantiation (for ``cupy.RawModule(name_expressions=...)``)."""
         b = {True: "true", False: "false"}
         acc = "double" if self.double else "float"
-        return (f"gdn::recurrent_kernel<{self.dtype}, {acc}, {b[self.v_first]}, {self.lc}, {self.ac}, {self.br}, "
-                f"{self.mode}, {b[self.streaming]}, {self.min_blocks}>")  # fmt: skip
+        return (
+            f"gdn::recurrent_kernel<{self.dtype}, {acc}, {b[self.v_first]}, {self.lc}, {self.ac}, {self.br}, "
+            f"{self.mode}, {b[self.streaming]}, {self.min_blocks}>"
+        )
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,19 @@ SLOTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "state", "cu_seqlens", 
 class Plan:
     """Everything a call's request, shapes, strides, dtypes and alignments determine: validated once."""
 
-    __slots__ = ("fn", "blocks", "threads", "static", "flags", "kernel", "o_shape", "o_code", "state_shape",
-                 "state_code", "masks")  # fmt: skip
+    __slots__ = (
+        "fn",
+        "blocks",
+        "threads",
+        "static",
+        "flags",
+        "kernel",
+        "o_shape",
+        "o_code",
+        "state_shape",
+        "state_code",
+        "masks",
+    )
 
 
 def plan(req: Request, infos: tuple, device: int) -> Plan:
@@ -299,12 +312,38 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
     w = _warps_per_cta(total_warps, device)
     p.blocks, p.threads = -(-total_warps // w), 32 * w
     p.static = SCALARS.pack(
-        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-        gs[0], gs[1], gs[2], bs[0], bs[1], bs[2],
-        B, T, N, H, HV, K, V,
-        num_slots, idx_stride, idx_cols, slot_mode, dtypes, flags, vtiles, total_warps,
+        qs[0],
+        qs[1],
+        qs[2],
+        ks[0],
+        ks[1],
+        ks[2],
+        vs[0],
+        vs[1],
+        vs[2],
+        gs[0],
+        gs[1],
+        gs[2],
+        bs[0],
+        bs[1],
+        bs[2],
+        B,
+        T,
+        N,
+        H,
+        HV,
+        K,
+        V,
+        num_slots,
+        idx_stride,
+        idx_cols,
+        slot_mode,
+        dtypes,
+        flags,
+        vtiles,
+        total_warps,
         float(scale),
-    )  # fmt: skip
+    )
     p.flags = flags
     p.o_code = acc_code if req.double else dt
     p.o_shape = (B, T, HV, V)
@@ -381,8 +420,19 @@ def run(req: Request, args: tuple, *, checked: bool | None, source: str) -> tupl
     if args[8] is not None or args[9] is not None or args[10] is not None:
         device_metadata = _host_metadata(req, args, stream)
     gn, bn, sn = req.names
-    names = ("q", "k", "v", gn, bn, "A_log", "dt_bias", sn, "cu_seqlens",
-             "ssm_state_indices" if req.state == "spec" else "slot_indices", "num_accepted_tokens")  # fmt: skip
+    names = (
+        "q",
+        "k",
+        "v",
+        gn,
+        bn,
+        "A_log",
+        "dt_bias",
+        sn,
+        "cu_seqlens",
+        "ssm_state_indices" if req.state == "spec" else "slot_indices",
+        "num_accepted_tokens",
+    )
     infos = tuple([None if x is None else ts.read(x, name, device) for x, name in zip(args, names)])
     p = cached_plan(req, infos, device)
     o = ts.empty(torch_like, p.o_shape, p.o_code)
@@ -393,8 +443,26 @@ def run(req: Request, args: tuple, *, checked: bool | None, source: str) -> tupl
     if p.blocks == 0:
         return o, state_out  # empty batch: nothing to launch
     ptrs = [0 if i is None else i[0] for i in infos]
-    launch(p, (ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], in_ptr, out_ptr, ts.pointer(o),
-               ptrs[8], ptrs[9], ptrs[10], words.ptr), stream)  # fmt: skip
+    launch(
+        p,
+        (
+            ptrs[0],
+            ptrs[1],
+            ptrs[2],
+            ptrs[3],
+            ptrs[4],
+            ptrs[5],
+            ptrs[6],
+            in_ptr,
+            out_ptr,
+            ts.pointer(o),
+            ptrs[8],
+            ptrs[9],
+            ptrs[10],
+            words.ptr,
+        ),
+        stream,
+    )
     if device_metadata:
         words.source = source
         if ts.checked_default() if checked is None else checked:

@@ -22,8 +22,15 @@ import numpy as np
 F32, F16, BF16, F64, I32, I64 = 0, 1, 2, 3, 4, 5
 FLOAT_CODES = (F32, F16, BF16, F64)
 INDEX_CODES = (I32, I64)
-CODE_NAME = {F32: "float32", F16: "float16", BF16: "bfloat16", F64: "float64", I32: "int32", I64: "int64",
-             -1: "unsupported"}  # fmt: skip
+CODE_NAME = {
+    F32: "float32",
+    F16: "float16",
+    BF16: "bfloat16",
+    F64: "float64",
+    I32: "int32",
+    I64: "int64",
+    -1: "unsupported",
+}
 ITEM = {F32: 4, F16: 2, BF16: 2, F64: 8, I32: 4, I64: 8}
 # numpy/CuPy dtype.char -> code ('l' and 'q' are both int64 on LP64)
 _CHAR_CODE = {"f": F32, "e": F16, "d": F64, "i": I32, "l": I64, "q": I64}
@@ -83,8 +90,14 @@ def read(x: Any, name: str, device: int) -> tuple[int, tuple, tuple, int, int]:
             raise ValueError(f"{name}: expected a tensor on the current CUDA device ({device}), got {x.device}")
         if _TORCH_CODE is None:
             torch = sys.modules["torch"]
-            _TORCH_CODE = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16, torch.float64: F64,
-                           torch.int32: I32, torch.int64: I64}  # fmt: skip
+            _TORCH_CODE = {
+                torch.float32: F32,
+                torch.float16: F16,
+                torch.bfloat16: BF16,
+                torch.float64: F64,
+                torch.int32: I32,
+                torch.int64: I64,
+            }
         return x.data_ptr(), tuple(x.shape), x.stride(), _TORCH_CODE.get(x.dtype, -1), 1
     if hasattr(x, "__dlpack__"):
         try:
@@ -243,8 +256,10 @@ def check_slots_host(name: str, slots: np.ndarray, num_slots: int) -> np.ndarray
 def check_accepted_host(accepted: np.ndarray, columns: int) -> np.ndarray:
     accepted = _int_array("num_accepted_tokens", np.asarray(accepted))
     if accepted.size and (accepted.min() < 1 or accepted.max() > columns):
-        raise ValueError(f"num_accepted_tokens: entries must be in [1, S = {columns}], got "
-                         f"[{int(accepted.min())}, {int(accepted.max())}]")  # fmt: skip
+        raise ValueError(
+            f"num_accepted_tokens: entries must be in [1, S = {columns}], got "
+            f"[{int(accepted.min())}, {int(accepted.max())}]"
+        )
     return accepted
 
 

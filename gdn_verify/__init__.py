@@ -24,13 +24,27 @@ if TYPE_CHECKING:
     from gdn_verify.core.implementation import ConfigurationError, Implementation
     from gdn_verify.core.problem import Problem
 
-__all__ = ["CheckResult", "ConfigurationError", "Implementation", "Problem", "ReplayResult", "check", "fuzz",
-           "replay", "selftest"]
+__all__ = [
+    "CheckResult",
+    "ConfigurationError",
+    "Implementation",
+    "Problem",
+    "ReplayResult",
+    "check",
+    "fuzz",
+    "replay",
+    "selftest",
+]
 
 _WHERE = {
-    "CheckResult": "gdn_verify.api", "ReplayResult": "gdn_verify.api", "check": "gdn_verify.api",
-    "fuzz": "gdn_verify.api", "replay": "gdn_verify.api", "selftest": "gdn_verify.api",
-    "ConfigurationError": "gdn_verify.core.implementation", "Implementation": "gdn_verify.core.implementation",
+    "CheckResult": "gdn_verify.api",
+    "ReplayResult": "gdn_verify.api",
+    "check": "gdn_verify.api",
+    "fuzz": "gdn_verify.api",
+    "replay": "gdn_verify.api",
+    "selftest": "gdn_verify.api",
+    "ConfigurationError": "gdn_verify.core.implementation",
+    "Implementation": "gdn_verify.core.implementation",
     "Problem": "gdn_verify.core.problem",
 }
 

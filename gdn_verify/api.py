@@ -35,8 +35,9 @@ def implementation(impl: ImplLike, array: str | None = None, convention: str = "
         return implementations.resolve(impl, array, convention)
     if callable(impl):
         return implementations.from_callable(impl, array or "numpy", convention)
-    raise ConfigurationError("impl", f"expected a callable, 'MODULE:FUNCTION' or a built-in name, got "
-                             f"{type(impl).__name__}")
+    raise ConfigurationError(
+        "impl", f"expected a callable, 'MODULE:FUNCTION' or a built-in name, got {type(impl).__name__}"
+    )
 
 
 def _dtype(dtype: str | None, impl: Implementation) -> str:
@@ -74,8 +75,9 @@ def select(available: dict[str, Property], names: Sequence[str] | None, impl: Im
         return [p for p in available.values() if p.form in forms]
     unknown = [n for n in names if n not in available]
     if unknown or not names:
-        raise ConfigurationError("properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from "
-                                 f"{', '.join(available)}")
+        raise ConfigurationError(
+            "properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(available)}"
+        )
     return [available[n] for n in names]
 
 
@@ -123,8 +125,10 @@ class CheckResult:
         """Every failure with its minimal example and replay command, then the counts."""
         lines = [console.format_failure(r, self.replay_command(r)) for r in self.failures]
         c = self.counts()
-        lines.append(f"{self.impl.name}, {self.dtype}: {c['passed']} passed, {c['failed']} failed, "
-                     f"{c['unsupported']} unsupported")
+        lines.append(
+            f"{self.impl.name}, {self.dtype}: {c['passed']} passed, {c['failed']} failed, "
+            f"{c['unsupported']} unsupported"
+        )
         return "\n".join(lines)
 
     def assert_passed(self) -> None:
@@ -139,15 +143,32 @@ class CheckResult:
             if row.get("failure"):
                 row["failure"]["replay"] = self.replay_command(r)
             rows.append(row)
-        return dict(impl=self.impl.name, array=self.impl.array, dtype=self.dtype, seed=self.seed,
-                    totals=self.counts(), results=rows)
+        return dict(
+            impl=self.impl.name,
+            array=self.impl.array,
+            dtype=self.dtype,
+            seed=self.seed,
+            totals=self.counts(),
+            results=rows,
+        )
 
 
-def check(impl: ImplLike, *, array: str | None = None, dtype: str | None = None,
-          properties: Sequence[str] | None = None, seed: int | None = None, max_examples: int | None = None,
-          dims: Sequence[int] | None = None, max_tokens: int | None = None, database: str | Path | None = None,
-          cases_dir: str | Path = CASES_DIR, convention: str = "native", progress: Progress | None = None,
-          on_result: Callable[[PropertyResult], None] | None = None) -> CheckResult:
+def check(
+    impl: ImplLike,
+    *,
+    array: str | None = None,
+    dtype: str | None = None,
+    properties: Sequence[str] | None = None,
+    seed: int | None = None,
+    max_examples: int | None = None,
+    dims: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+    database: str | Path | None = None,
+    cases_dir: str | Path = CASES_DIR,
+    convention: str = "native",
+    progress: Progress | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
 
     ``array``: the array type a callable or ``MODULE:FUNCTION`` takes (numpy, torch, cupy);
@@ -164,8 +185,12 @@ def check(impl: ImplLike, *, array: str | None = None, dtype: str | None = None,
     limits = _limits(impl, dtype, dims, max_tokens)
     props = select(catalogue(limits), properties, impl)
     seed = seed if seed is not None else random.randrange(2**31)
-    run = RunSettings(max_examples=_max_examples(max_examples), seed=seed,
-                      database=None if database is None else str(database), cases_dir=Path(cases_dir))
+    run = RunSettings(
+        max_examples=_max_examples(max_examples),
+        seed=seed,
+        database=None if database is None else str(database),
+        cases_dir=Path(cases_dir),
+    )
     result = CheckResult(impl, dtype, seed, convention=convention)
     result.results = run_check(impl, props, run, progress, on_result)
     return result
@@ -180,8 +205,9 @@ class ReplayResult(Replay):
     problem: Problem | None = None
 
 
-def replay(case: str | Path, impl: ImplLike | None = None, *, array: str | None = None,
-           property: str | None = None) -> ReplayResult:
+def replay(
+    case: str | Path, impl: ImplLike | None = None, *, array: str | None = None, property: str | None = None
+) -> ReplayResult:
     """Rerun a saved case, by default against the implementation and array type recorded in it."""
     path = Path(case)
     if not path.is_file():
@@ -207,11 +233,22 @@ def replay(case: str | Path, impl: ImplLike | None = None, *, array: str | None 
     return ReplayResult(outcome.status, outcome.message, outcome.measurement, impl, name, problem)
 
 
-def fuzz(impl: ImplLike, budget: str | float = "30m", *, array: str | None = None, dtype: str | None = None,
-         properties: Sequence[str] | None = None, seed: int | None = None, dims: Sequence[int] | None = None,
-         max_tokens: int = 2048, database: str | Path = fuzz_runner.DATABASE_DIR, cases_dir: str | Path = CASES_DIR,
-         convention: str = "native", progress: Callable[[fuzz_runner.FuzzReport, str], None] | None = None,
-         on_result: Callable[[PropertyResult], None] | None = None) -> fuzz_runner.FuzzReport:
+def fuzz(
+    impl: ImplLike,
+    budget: str | float = "30m",
+    *,
+    array: str | None = None,
+    dtype: str | None = None,
+    properties: Sequence[str] | None = None,
+    seed: int | None = None,
+    dims: Sequence[int] | None = None,
+    max_tokens: int = 2048,
+    database: str | Path = fuzz_runner.DATABASE_DIR,
+    cases_dir: str | Path = CASES_DIR,
+    convention: str = "native",
+    progress: Callable[[fuzz_runner.FuzzReport, str], None] | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+) -> fuzz_runner.FuzzReport:
     """A time-budgeted campaign (``budget``: seconds or ``"90s"``, ``"30m"``, ``"1h"``).
 
     On GPU arrays ``matches_reference`` and ``gate_extremes`` draw large problems checked against
@@ -225,12 +262,25 @@ def fuzz(impl: ImplLike, budget: str | float = "30m", *, array: str | None = Non
     large = LARGE_GPU if impl.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
     large = large.replace(dtype=dtype, head_dims=limits.head_dims if dims is not None else large.head_dims)
     props = select(catalogue(limits, large, oracle), properties, impl)
-    return fuzz_runner.run_fuzz(impl, props, seconds, seed=seed, database=Path(database), cases_dir=Path(cases_dir),
-                                progress=progress, on_result=on_result)
+    return fuzz_runner.run_fuzz(
+        impl,
+        props,
+        seconds,
+        seed=seed,
+        database=Path(database),
+        cases_dir=Path(cases_dir),
+        progress=progress,
+        on_result=on_result,
+    )
 
 
-def selftest(*, dtype: str = "float32", seed: int | None = None, max_examples: int | None = None,
-             on_bug: Callable[[Planted], None] | None = None) -> list[Planted]:
+def selftest(
+    *,
+    dtype: str = "float32",
+    seed: int | None = None,
+    max_examples: int | None = None,
+    on_bug: Callable[[Planted], None] | None = None,
+) -> list[Planted]:
     """Run the suite against every planted bug; each row says which property caught it (None: missed)."""
     if dtype not in DTYPES:
         raise ConfigurationError("dtype", f"{dtype!r}: choose from {', '.join(DTYPES)}")

@@ -37,8 +37,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _options(config: pytest.Config) -> dict[str, Any]:
     """Keyword arguments of :func:`gdn_verify.check` from the command line (unset ones left out)."""
     opt = config.getoption
-    kw: dict[str, Any] = dict(array=opt("gdn_array"), dtype=opt("gdn_dtype"), seed=opt("gdn_seed"),
-                              max_examples=opt("gdn_max_examples"), convention=opt("gdn_convention"))
+    kw: dict[str, Any] = dict(
+        array=opt("gdn_array"),
+        dtype=opt("gdn_dtype"),
+        seed=opt("gdn_seed"),
+        max_examples=opt("gdn_max_examples"),
+        convention=opt("gdn_convention"),
+    )
     if opt("gdn_dims"):
         kw["dims"] = tuple(int(d) for d in opt("gdn_dims").split(","))
     return {k: v for k, v in kw.items() if v is not None}
@@ -53,8 +58,11 @@ class PropertyItem(pytest.Item):
 
     def runtest(self) -> None:
         impl = self.suite["impl"]
-        result = api.check(impl, properties=[self.prop], **{k: v for k, v in self.suite["options"].items()
-                                                            if k not in ("array", "convention")})
+        result = api.check(
+            impl,
+            properties=[self.prop],
+            **{k: v for k, v in self.suite["options"].items() if k not in ("array", "convention")},
+        )
         (r,) = result.results
         if r.status == "unsupported":
             pytest.skip(r.note)
@@ -79,8 +87,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if suite is None:
         return None
     impl = suite["impl"]
-    return (f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={suite['options']['dtype']}, "
-            f"seed={suite['options']['seed']}")
+    return (
+        f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={suite['options']['dtype']}, "
+        f"seed={suite['options']['seed']}"
+    )
 
 
 _SUITE = pytest.StashKey[dict]()
@@ -113,8 +123,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     except ConfigurationError as exc:
         raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
     for p in props:
-        items.append(PropertyItem.from_parent(session, name=p.name, nodeid=f"gdn-verify::{p.name}", prop=p.name,
-                                              suite=suite))
+        items.append(
+            PropertyItem.from_parent(session, name=p.name, nodeid=f"gdn-verify::{p.name}", prop=p.name, suite=suite)
+        )
 
 
 @pytest.fixture

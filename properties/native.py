@@ -63,8 +63,9 @@ def _no_params(problem_strategy: st.SearchStrategy) -> st.SearchStrategy:
 
 
 # 1. matches_reference -------------------------------------------------------------------------
-def check_matches_reference(impl: Implementation, problem: Problem, params: dict,
-                            oracle: Oracle = numpy_oracle) -> Measurement:
+def check_matches_reference(
+    impl: Implementation, problem: Problem, params: dict, oracle: Oracle = numpy_oracle
+) -> Measurement:
     reference, tolerance = oracle_and_tolerance(problem, oracle)
     return compare(problem, run_checked(impl, problem), reference, tolerance)
 
@@ -87,8 +88,14 @@ def check_varlen_equals_separate(impl: Implementation, problem: Problem, params:
         alone = run_checked(impl, alone_problem)
         packed_part = sequence_part(packed, problem, n)
         try:
-            m = compare(alone_problem, packed_part, (as64(alone.o), as64(alone.final_state)), tolerance,
-                        factor=2.0, what=f"same sequence ({n}) run alone")
+            m = compare(
+                alone_problem,
+                packed_part,
+                (as64(alone.o), as64(alone.final_state)),
+                tolerance,
+                factor=2.0,
+                what=f"same sequence ({n}) run alone",
+            )
         except Violation as exc:
             raise Violation(f"sequence {n} of {problem.num_sequences}: {exc}", exc.measurement) from None
         worst = max(worst, m, key=lambda x: x.ratio)
@@ -104,8 +111,10 @@ def perturb_sequence(problem: Problem, n: int, seed: int) -> Problem:
     """New random inputs (and initial state) for sequence ``n`` only, same dtype and regime."""
     rng = np.random.default_rng(seed)
     start, end = problem.bounds[n], problem.bounds[n + 1]
-    flat = {name: np.asarray(getattr(problem, name)).reshape((-1,) + getattr(problem, name).shape[2:]).copy()
-            for name in ("q", "k", "v", "g", "beta")}
+    flat = {
+        name: np.asarray(getattr(problem, name)).reshape((-1,) + getattr(problem, name).shape[2:]).copy()
+        for name in ("q", "k", "v", "g", "beta")
+    }
     length = end - start
     dtype = problem.dtype
     shape = flat["v"].shape[1:]
@@ -138,14 +147,25 @@ def check_no_cross_sequence_leak(impl: Implementation, problem: Problem, params:
         parts = [sequence_part(r, problem, m) for r in (before, after)]
         if exact:
             if not bitwise_equal(*parts):
-                diff = max(np.nanmax(np.abs(as64(a) - as64(b)), initial=0.0) for a, b in
-                           ((parts[0].o, parts[1].o), (parts[0].final_state, parts[1].final_state)) if a is not None)
-                raise Violation(f"changing sequence {n} changed the outputs or final state of sequence {m} "
-                                f"(max change {diff:.3g})", Measurement(float(diff), 0.0))
+                diff = max(
+                    np.nanmax(np.abs(as64(a) - as64(b)), initial=0.0)
+                    for a, b in ((parts[0].o, parts[1].o), (parts[0].final_state, parts[1].final_state))
+                    if a is not None
+                )
+                raise Violation(
+                    f"changing sequence {n} changed the outputs or final state of sequence {m} (max change {diff:.3g})",
+                    Measurement(float(diff), 0.0),
+                )
             continue
         try:
-            got = compare(alone, parts[1], (as64(parts[0].o), as64(parts[0].final_state)), tolerance, factor=2.0,
-                          what=f"sequence {m} before sequence {n} was changed")
+            got = compare(
+                alone,
+                parts[1],
+                (as64(parts[0].o), as64(parts[0].final_state)),
+                tolerance,
+                factor=2.0,
+                what=f"sequence {m} before sequence {n} was changed",
+            )
         except Violation as exc:
             raise Violation(f"changing sequence {n} changed sequence {m}: {exc}", exc.measurement) from None
         worst = max(worst, got, key=lambda x: x.ratio)
@@ -153,8 +173,10 @@ def check_no_cross_sequence_leak(impl: Implementation, problem: Problem, params:
 
 
 def strategy_leak(limits: Limits) -> st.SearchStrategy:
-    return st.tuples(gs.problems(limits, varlen=True),
-                     st.fixed_dictionaries({"victim": st.integers(0, 7), "seed": st.integers(0, 2**31)}))
+    return st.tuples(
+        gs.problems(limits, varlen=True),
+        st.fixed_dictionaries({"victim": st.integers(0, 7), "seed": st.integers(0, 2**31)}),
+    )
 
 
 # 4. state_continuation ------------------------------------------------------------------------
@@ -170,8 +192,14 @@ def check_state_continuation(impl: Implementation, problem: Problem, params: dic
     o = np.concatenate([as64(first.o), as64(second.o)], axis=1).astype(np.float64)
     joined = Result(o, second.final_state, whole.o_dtype, second.state_dtype)
     try:
-        return compare(problem, joined, (as64(whole.o), as64(whole.final_state)), tolerance, factor=2.0,
-                       what=f"one call over all {T} tokens")
+        return compare(
+            problem,
+            joined,
+            (as64(whole.o), as64(whole.final_state)),
+            tolerance,
+            factor=2.0,
+            what=f"one call over all {T} tokens",
+        )
     except Violation as exc:
         raise Violation(f"split at token {t}: {exc}", exc.measurement) from None
 
@@ -202,8 +230,14 @@ def check_head_mapping(impl: Implementation, problem: Problem, params: dict) -> 
     gva = run_checked(impl, problem)
     expanded = run_checked(impl, expand_heads(problem))
     try:
-        compare(problem, gva, (as64(expanded.o), as64(expanded.final_state)), tolerance, factor=2.0,
-                what="same implementation with q/k heads expanded to HV by h // (HV // H)")
+        compare(
+            problem,
+            gva,
+            (as64(expanded.o), as64(expanded.final_state)),
+            tolerance,
+            factor=2.0,
+            what="same implementation with q/k heads expanded to HV by h // (HV // H)",
+        )
     except Violation as exc:
         s = problem.shape
         raise Violation(f"H={s['H']}, HV={s['HV']}: {exc}", exc.measurement) from None
@@ -213,7 +247,8 @@ def check_head_mapping(impl: Implementation, problem: Problem, params: dict) -> 
 def strategy_head_mapping(limits: Limits) -> st.SearchStrategy:
     ratios = tuple(r for r in limits.head_ratios if r > 1) or (2,)
     heads = st.tuples(st.integers(min(2, limits.max_heads), limits.max_heads), st.sampled_from(ratios)).map(
-        lambda t: (t[0], t[0] * t[1]))
+        lambda t: (t[0], t[0] * t[1])
+    )
     return _no_params(gs.problems(limits, heads=heads, max_len=80))
 
 
@@ -224,8 +259,10 @@ def check_determinism(impl: Implementation, problem: Problem, params: dict) -> M
         a, b = getattr(first, name), getattr(second, name)
         if not bitwise_equal(Result(a, None, None, None), Result(b, None, None, None)):
             diff = np.nanmax(np.abs(as64(a) - as64(b))) if a is not None and b is not None else float("nan")
-            raise Violation(f"two identical calls returned different {name} (max difference {diff:.3g})",
-                            Measurement(float(diff), 0.0))
+            raise Violation(
+                f"two identical calls returned different {name} (max difference {diff:.3g})",
+                Measurement(float(diff), 0.0),
+            )
     return Measurement(0.0, 0.0, "bitwise")
 
 
@@ -257,18 +294,23 @@ def check_error_growth(impl: Implementation, problem: Problem, params: dict) -> 
 @st.composite
 def strategy_growth(draw, limits: Limits):
     lengths = tuple(T for T in GROWTH_LENGTHS if T <= limits.max_tokens) or (limits.max_tokens,)
-    problem = draw(gs.problems(limits, varlen=False, max_len=1, max_dim=32,
-                               heads=st.just((1, 2)), gate_regimes=("none", "mild")))
+    problem = draw(
+        gs.problems(limits, varlen=False, max_len=1, max_dim=32, heads=st.just((1, 2)), gate_regimes=("none", "mild"))
+    )
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     T, (K, V) = lengths[-1], (problem.q.shape[-1], problem.v.shape[-1])
     k = rng.standard_normal((1, T, 1, K))
     k = k if problem.use_qk_l2norm_in_kernel else k / np.linalg.norm(k, axis=-1, keepdims=True)
     regime = draw(st.sampled_from(("none", "mild")))
     long = problem.replace(
-        q=rng.standard_normal((1, T, 1, K)), k=k, v=rng.standard_normal((1, T, 2, V)),
-        g=gs.gate_values(rng, (1, T, 2), regime), beta=rng.uniform(0, 1, (1, T, 2)),
+        q=rng.standard_normal((1, T, 1, K)),
+        k=k,
+        v=rng.standard_normal((1, T, 2, V)),
+        g=gs.gate_values(rng, (1, T, 2), regime),
+        beta=rng.uniform(0, 1, (1, T, 2)),
         initial_state=None if problem.initial_state is None else problem.initial_state[:1],
-        cu_seqlens=None, notes=dict(gate_regime=regime),
+        cu_seqlens=None,
+        notes=dict(gate_regime=regime),
     )
     return long.astype(problem.dtype), {"lengths": list(lengths)}
 
@@ -287,15 +329,27 @@ def check_linearity(impl: Implementation, problem: Problem, params: dict) -> Mea
     _, tolerance = oracle_and_tolerance(p3)
     expected_state = None if r1.final_state is None else as64(r1.final_state) + as64(r2.final_state)
     try:
-        m = compare(p3, r3, (as64(r1.o) + as64(r2.o), expected_state), tolerance, factor=3.0,
-                    what="sum of the outputs for (v1, S1) and (v2, S2)")
+        m = compare(
+            p3,
+            r3,
+            (as64(r1.o) + as64(r2.o), expected_state),
+            tolerance,
+            factor=3.0,
+            what="sum of the outputs for (v1, S1) and (v2, S2)",
+        )
     except Violation as exc:
         raise Violation(f"not linear in (v, initial_state): {exc}", exc.measurement) from None
     if not problem.use_qk_l2norm_in_kernel:
         doubled = run_checked(impl, problem.replace(q=(as64(problem.q) * 2).astype(dtype)))
         try:
-            compare(problem, Result(as64(doubled.o) / 2, r1.final_state, r1.o_dtype, r1.state_dtype),
-                    (as64(r1.o), as64(r1.final_state)), tolerance, factor=3.0, what="output for q (halved 2q)")
+            compare(
+                problem,
+                Result(as64(doubled.o) / 2, r1.final_state, r1.o_dtype, r1.state_dtype),
+                (as64(r1.o), as64(r1.final_state)),
+                tolerance,
+                factor=3.0,
+                what="output for q (halved 2q)",
+            )
         except Violation as exc:
             raise Violation(f"scaling q by 2 does not scale o by 2: {exc}", exc.measurement) from None
     return m
@@ -329,8 +383,14 @@ def check_chunk_equals_recurrent(impl: Implementation, problem: Problem, params:
         raise NotImplementedError(f"{impl.name} has no chunk and recurrent forms to compare")
     _, tolerance = oracle_and_tolerance(problem)
     chunk, recurrent = run_checked(impl, problem, "chunk"), run_checked(impl, problem, "recurrent")
-    return compare(problem, chunk, (as64(recurrent.o), as64(recurrent.final_state)), tolerance, factor=2.0,
-                   what="recurrent form of the same implementation")
+    return compare(
+        problem,
+        chunk,
+        (as64(recurrent.o), as64(recurrent.final_state)),
+        tolerance,
+        factor=2.0,
+        what="recurrent form of the same implementation",
+    )
 
 
 # 12. in_kernel_gate ---------------------------------------------------------------------------
@@ -357,8 +417,9 @@ def strategy_in_kernel_gate(draw, limits: Limits):
 
 def gate_options(params: dict) -> dict:
     """Keyword arguments of the in-kernel option call from a case's JSON-ready ``params``."""
-    options = {name: np.asarray(params[name], np.float32) for name in ("A_log", "dt_bias")
-               if params.get(name) is not None}
+    options = {
+        name: np.asarray(params[name], np.float32) for name in ("A_log", "dt_bias") if params.get(name) is not None
+    }
     if "A_log" in options:
         options["use_gate_in_kernel"] = True
     if params.get("beta_logits"):
@@ -391,14 +452,21 @@ def strategy_beta_sigmoid(draw, limits: Limits):
 # 14. state_layout -----------------------------------------------------------------------------
 def check_state_layout(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     k_first = problem.replace(state_v_first=False)
-    v_first = problem.replace(state_v_first=True, initial_state=np.ascontiguousarray(
-        problem.initial_state.swapaxes(-1, -2)))
+    v_first = problem.replace(
+        state_v_first=True, initial_state=np.ascontiguousarray(problem.initial_state.swapaxes(-1, -2))
+    )
     transposed = run_checked(impl, v_first)  # first: an implementation without the layout stops here
     plain = run_checked(impl, k_first)
     reference, tolerance = oracle_and_tolerance(k_first)
     try:
-        compare(v_first, transposed, (as64(plain.o), as64(plain.final_state).swapaxes(-1, -2)), tolerance,
-                factor=2.0, what="same call with the k-first state layout")
+        compare(
+            v_first,
+            transposed,
+            (as64(plain.o), as64(plain.final_state).swapaxes(-1, -2)),
+            tolerance,
+            factor=2.0,
+            what="same call with the k-first state layout",
+        )
     except Violation as exc:
         raise Violation(f"state_v_first=True: {exc}", exc.measurement) from None
     return compare(v_first, transposed, (reference[0], reference[1].swapaxes(-1, -2)), tolerance)
@@ -438,32 +506,103 @@ def native_properties(limits: Limits, large: Limits | None = None, oracle: Oracl
         return Property(name, summary, lambda impl: strategy, check, examples, unsupported_by)
 
     return [
-        prop("matches_reference", "outputs and final state within tolerance of the float64 oracle" + suffix,
-             strategy_matches_reference(draw_from, big), check_big, 100),
-        prop("determinism", "identical calls return bitwise identical results",
-             _no_params(gs.problems(limits, max_len=80)), check_determinism, 20),
-        prop("varlen_equals_separate", "a packed varlen call equals each sequence alone",
-             strategy_varlen(limits), check_varlen_equals_separate, 40),
-        prop("no_cross_sequence_leak", "changing one sequence leaves the others bitwise unchanged",
-             strategy_leak(limits), check_no_cross_sequence_leak, 40),
-        prop("state_continuation", "[0,t) then [t,T) from its final state equals one call",
-             strategy_continuation(limits), check_state_continuation, 50),
-        prop("gate_extremes", "no decay, strong and saturated gates: finite and within tolerance" + suffix,
-             strategy_matches_reference(draw_from, big, EXTREME_REGIMES), check_big, 60),
-        prop("head_mapping", "value head h uses q/k head h // (HV // H)",
-             strategy_head_mapping(limits), check_head_mapping, 30),
-        prop("error_growth", f"error vs T grows at most like T^{GROWTH_BOUND}",
-             strategy_growth(limits), check_error_growth, 4),
-        prop("linearity", "jointly linear in (v, initial_state); o(2q) = 2 o(q)",
-             strategy_linearity(limits), check_linearity, 30),
-        prop("output_contract", "documented shapes and dtypes, final state exactly when asked",
-             strategy_contract(limits), check_output_contract, 40),
-        prop("chunk_equals_recurrent", "chunked and recurrent forms agree",
-             _no_params(gs.problems(limits)), check_chunk_equals_recurrent, 30, _needs_forms),
-        prop("in_kernel_gate", "use_gate_in_kernel: g = -exp(A_log) softplus(g + dt_bias) inside the kernel",
-             strategy_in_kernel_gate(limits), check_in_kernel_options, 40),
-        prop("in_kernel_beta_sigmoid", "use_beta_sigmoid_in_kernel: beta = sigmoid(beta), x2 with allow_neg_eigval",
-             strategy_beta_sigmoid(limits), check_in_kernel_options, 40),
-        prop("state_layout", "state_v_first: k-first results with the state transposed",
-             strategy_state_layout(limits), check_state_layout, 30),
+        prop(
+            "matches_reference",
+            "outputs and final state within tolerance of the float64 oracle" + suffix,
+            strategy_matches_reference(draw_from, big),
+            check_big,
+            100,
+        ),
+        prop(
+            "determinism",
+            "identical calls return bitwise identical results",
+            _no_params(gs.problems(limits, max_len=80)),
+            check_determinism,
+            20,
+        ),
+        prop(
+            "varlen_equals_separate",
+            "a packed varlen call equals each sequence alone",
+            strategy_varlen(limits),
+            check_varlen_equals_separate,
+            40,
+        ),
+        prop(
+            "no_cross_sequence_leak",
+            "changing one sequence leaves the others bitwise unchanged",
+            strategy_leak(limits),
+            check_no_cross_sequence_leak,
+            40,
+        ),
+        prop(
+            "state_continuation",
+            "[0,t) then [t,T) from its final state equals one call",
+            strategy_continuation(limits),
+            check_state_continuation,
+            50,
+        ),
+        prop(
+            "gate_extremes",
+            "no decay, strong and saturated gates: finite and within tolerance" + suffix,
+            strategy_matches_reference(draw_from, big, EXTREME_REGIMES),
+            check_big,
+            60,
+        ),
+        prop(
+            "head_mapping",
+            "value head h uses q/k head h // (HV // H)",
+            strategy_head_mapping(limits),
+            check_head_mapping,
+            30,
+        ),
+        prop(
+            "error_growth",
+            f"error vs T grows at most like T^{GROWTH_BOUND}",
+            strategy_growth(limits),
+            check_error_growth,
+            4,
+        ),
+        prop(
+            "linearity",
+            "jointly linear in (v, initial_state); o(2q) = 2 o(q)",
+            strategy_linearity(limits),
+            check_linearity,
+            30,
+        ),
+        prop(
+            "output_contract",
+            "documented shapes and dtypes, final state exactly when asked",
+            strategy_contract(limits),
+            check_output_contract,
+            40,
+        ),
+        prop(
+            "chunk_equals_recurrent",
+            "chunked and recurrent forms agree",
+            _no_params(gs.problems(limits)),
+            check_chunk_equals_recurrent,
+            30,
+            _needs_forms,
+        ),
+        prop(
+            "in_kernel_gate",
+            "use_gate_in_kernel: g = -exp(A_log) softplus(g + dt_bias) inside the kernel",
+            strategy_in_kernel_gate(limits),
+            check_in_kernel_options,
+            40,
+        ),
+        prop(
+            "in_kernel_beta_sigmoid",
+            "use_beta_sigmoid_in_kernel: beta = sigmoid(beta), x2 with allow_neg_eigval",
+            strategy_beta_sigmoid(limits),
+            check_in_kernel_options,
+            40,
+        ),
+        prop(
+            "state_layout",
+            "state_v_first: k-first results with the state transposed",
+            strategy_state_layout(limits),
+            check_state_layout,
+            30,
+        ),
     ]

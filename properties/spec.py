@@ -56,13 +56,22 @@ def spec_cases(draw, limits: Limits, max_columns: int = 4, max_requests: int = 4
     T = int(sum(lengths))
     k = rng.standard_normal((1, T, H, K))
     problem = Problem(
-        q=rng.standard_normal((1, T, H, K)), k=k if l2norm else gs.unit_rows(rng, (1, T, H, K)),
-        v=rng.standard_normal((1, T, HV, V)), g=gs.gate_values(rng, (1, T, HV), regime),
-        beta=gs.beta_values(rng, (1, T, HV)), scale=scale, use_qk_l2norm_in_kernel=l2norm,
-        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), notes=dict(gate_regime=regime),
+        q=rng.standard_normal((1, T, H, K)),
+        k=k if l2norm else gs.unit_rows(rng, (1, T, H, K)),
+        v=rng.standard_normal((1, T, HV, V)),
+        g=gs.gate_values(rng, (1, T, HV), regime),
+        beta=gs.beta_values(rng, (1, T, HV)),
+        scale=scale,
+        use_qk_l2norm_in_kernel=l2norm,
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        notes=dict(gate_regime=regime),
     ).astype(DTYPES[dtype or draw(st.sampled_from(("float32", "bfloat16")))])
-    params = dict(ssm_state_indices=indices.tolist(), num_accepted_tokens=accepted, slots=slots,
-                  pool_seed=int(rng.integers(2**31)))
+    params = dict(
+        ssm_state_indices=indices.tolist(),
+        num_accepted_tokens=accepted,
+        slots=slots,
+        pool_seed=int(rng.integers(2**31)),
+    )
     return problem, params
 
 
@@ -77,10 +86,18 @@ def run_spec(impl: Implementation, problem: Problem, params: dict) -> tuple[np.n
 
     pool_arg = to(pool.copy())
     o = impl.forms[SPEC_FORM](
-        to(problem.q), to(problem.k), to(problem.v), to(problem.g), to(problem.beta), pool_arg,
-        to(problem.cu_seqlens, np.int64), to(params["ssm_state_indices"], np.int32),
-        to(params["num_accepted_tokens"], np.int32), scale=problem.scale,
-        use_qk_l2norm_in_kernel=problem.use_qk_l2norm_in_kernel)
+        to(problem.q),
+        to(problem.k),
+        to(problem.v),
+        to(problem.g),
+        to(problem.beta),
+        pool_arg,
+        to(problem.cu_seqlens, np.int64),
+        to(params["ssm_state_indices"], np.int32),
+        to(params["num_accepted_tokens"], np.int32),
+        scale=problem.scale,
+        use_qk_l2norm_in_kernel=problem.use_qk_l2norm_in_kernel,
+    )
     return arrays.to_numpy(o), pool, arrays.to_numpy(pool_arg)
 
 
@@ -113,8 +130,10 @@ def check_spec_decode_slots(impl: Implementation, problem: Problem, params: dict
     written = {int(indices[n, t]) for n in real for t in range(lengths[n])}
     for slot in sorted(set(range(len(before))) - written):
         if before[slot].tobytes() != after[slot].tobytes():
-            raise Violation(f"slot {slot} was written although no request's token maps to it "
-                            f"(ssm_state_indices={indices.tolist()}, accepted={accepted.tolist()})")
+            raise Violation(
+                f"slot {slot} was written although no request's token maps to it "
+                f"(ssm_state_indices={indices.tolist()}, accepted={accepted.tolist()})"
+            )
     # 1. outputs from the accepted slot
     native = _requests(problem, real, before[starts[real]])
     take = np.concatenate([np.arange(bounds[n], bounds[n + 1]) for n in real])
@@ -137,8 +156,10 @@ def check_spec_decode_slots(impl: Implementation, problem: Problem, params: dict
         err, where = tol.state_errors(state_got, ref_state, prefix.initial_state)
         if not err <= bound:
             n = running[where[0]] if where else running[0]
-            raise Violation(f"slot {indices[n, t]} (request {n}, token {t}) holds a state off by {err:.3g} "
-                            f"> tolerance {bound:.3g}", Measurement(err, bound, "per-token state"))
+            raise Violation(
+                f"slot {indices[n, t]} (request {n}, token {t}) holds a state off by {err:.3g} > tolerance {bound:.3g}",
+                Measurement(err, bound, "per-token state"),
+            )
         if err / max(bound, 1e-300) > worst.ratio:
             worst = Measurement(err, bound, "per-token state")
     return worst
@@ -158,12 +179,15 @@ def _explain_start(problem: Problem, params: dict, o, before, real) -> str:
             alt = _requests(problem, [n], before[[indices[n, column]]])
             ref = numpy_oracle(alt)
             try:
-                compare(alt, Result(native_o, None, None, None), (ref[0], None),
-                        tol.tolerance(alt, tol.condition(alt, ref)))
+                compare(
+                    alt, Result(native_o, None, None, None), (ref[0], None), tol.tolerance(alt, tol.condition(alt, ref))
+                )
             except Violation:
                 continue
-            notes.append(f"request {n} read slot {indices[n, column]} (column {column}) instead of the accepted "
-                         f"slot {indices[n, accepted[n] - 1]} (column {accepted[n] - 1})")
+            notes.append(
+                f"request {n} read slot {indices[n, column]} (column {column}) instead of the accepted "
+                f"slot {indices[n, accepted[n] - 1]} (column {accepted[n] - 1})"
+            )
             break
     return ("; " + "; ".join(notes)) if notes else ""
 
@@ -174,6 +198,14 @@ def _needs_spec(impl: Implementation) -> str | None:
 
 def spec_properties(limits: Limits) -> list[Property]:
     """The properties of the speculative-decoding form (``forms["spec"]``)."""
-    return [Property("spec_decode_slots",
-                     "speculative decoding reads the accepted slot, writes each token's slot, nothing else",
-                     lambda impl: spec_cases(limits), check_spec_decode_slots, 60, _needs_spec, form=SPEC_FORM)]
+    return [
+        Property(
+            "spec_decode_slots",
+            "speculative decoding reads the accepted slot, writes each token's slot, nothing else",
+            lambda impl: spec_cases(limits),
+            check_spec_decode_slots,
+            60,
+            _needs_spec,
+            form=SPEC_FORM,
+        )
+    ]

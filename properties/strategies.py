@@ -53,7 +53,8 @@ LARGE_GPU = Limits(max_len=65536, max_sequences=4, head_ratios=(1, 2, 4, 8), hea
 def head_counts(limits: Limits) -> st.SearchStrategy[tuple[int, int]]:
     """``(H, HV)`` with ``H`` in 1..max_heads and ``HV / H`` in ``head_ratios`` (GVA)."""
     return st.tuples(st.integers(1, limits.max_heads), st.sampled_from(limits.head_ratios)).map(
-        lambda t: (t[0], t[0] * t[1]))
+        lambda t: (t[0], t[0] * t[1])
+    )
 
 
 def allowed_dims(limits: Limits, max_dim: int | None = None) -> tuple[int, ...]:
@@ -148,8 +149,14 @@ def problems(
     dtype = limits.dtype
     H, HV = draw(heads if heads is not None else head_counts(limits))
     K, V = draw(head_dims(limits, max_dim))
-    B, T, cu = draw(layouts(max_batch=limits.max_batch, max_sequences=limits.max_sequences,
-                            max_len=limits.max_len if max_len is None else max_len, varlen=varlen))
+    B, T, cu = draw(
+        layouts(
+            max_batch=limits.max_batch,
+            max_sequences=limits.max_sequences,
+            max_len=limits.max_len if max_len is None else max_len,
+            varlen=varlen,
+        )
+    )
     regime = draw(st.sampled_from(gate_regimes))
     l2norm = draw(st.booleans())
     zero_rows = l2norm and draw(st.booleans())
@@ -177,9 +184,19 @@ def problems(
         initial_state = (rng.standard_normal((N, HV, K, V)) * state_scale).astype(np.float32)
         if v_first:
             initial_state = np.ascontiguousarray(initial_state.swapaxes(-1, -2))
-    problem = Problem(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu,
-                      use_qk_l2norm_in_kernel=l2norm, state_v_first=v_first,
-                      notes=dict(gate_regime=regime, state=state_kind))
+    problem = Problem(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=v_first,
+        notes=dict(gate_regime=regime, state=state_kind),
+    )
     return problem.astype(DTYPES[dtype_name])
 
 
@@ -187,5 +204,7 @@ def long_problems(limits: Limits, gate_regimes=GATE_REGIMES) -> st.SearchStrateg
     """:func:`problems` reaching ``limits.max_len`` (fuzz campaigns), lengths biased to powers of two."""
     lengths = st.sampled_from(tuple(2**i for i in range(17) if 2**i <= limits.max_len))
     return st.tuples(head_counts(limits), head_dims(limits), lengths).flatmap(
-        lambda t: problems(limits, max_len=t[2], max_dim=max(t[1]), heads=st.just(t[0]), gate_regimes=gate_regimes,
-                           state_layouts=True))
+        lambda t: problems(
+            limits, max_len=t[2], max_dim=max(t[1]), heads=st.just(t[0]), gate_regimes=gate_regimes, state_layouts=True
+        )
+    )

@@ -27,8 +27,10 @@ def launch_floor_us() -> dict:
     from gdn_verify.bench import decode as bench
 
     empty = cupy.RawKernel('extern "C" __global__ void gdn_empty() {}', "gdn_empty")
-    return {"sync_only_us": bench._host_latency_us(cupy, lambda: None),
-            "empty_kernel_us": bench._host_latency_us(cupy, lambda: empty((1,), (32,), ()))}  # fmt: skip
+    return {
+        "sync_only_us": bench._host_latency_us(cupy, lambda: None),
+        "empty_kernel_us": bench._host_latency_us(cupy, lambda: empty((1,), (32,), ())),
+    }
 
 
 def main(out: str) -> int:
@@ -48,19 +50,24 @@ def main(out: str) -> int:
             if "error" in f:
                 lines.append(f"- launch floor: not measured ({f['error']})")
             else:
-                lines.append(f"- floor of a call to result on this machine: idle-stream synchronize alone "
-                             f"{f['sync_only_us']:.1f} us, empty CuPy kernel launch + synchronize "
-                             f"{f['empty_kernel_us']:.1f} us")  # fmt: skip
+                lines.append(
+                    f"- floor of a call to result on this machine: idle-stream synchronize alone "
+                    f"{f['sync_only_us']:.1f} us, empty CuPy kernel launch + synchronize "
+                    f"{f['empty_kernel_us']:.1f} us"
+                )
             continue
         if r["batch"] >= 64:
             best = max([r["ours_frac"], *r.get("variant_frac", {}).values()])
             verdict = "met" if best >= GOAL_FRACTION else "NOT met"
-            lines.append(f"- B = {r['batch']}: best of ours / variants {best:.0%} of the copy ceiling "
-                         f"(goal {GOAL_FRACTION:.0%}): {verdict}")  # fmt: skip
+            lines.append(
+                f"- B = {r['batch']}: best of ours / variants {best:.0%} of the copy ceiling "
+                f"(goal {GOAL_FRACTION:.0%}): {verdict}"
+            )
         if "step_host_us" in r:
             verdict = "met" if r["step_host_us"] <= GOAL_B1_US else "NOT met"
-            lines.append(f"- B = 1: DecodeStep call to result {r['step_host_us']:.1f} us (goal {GOAL_B1_US:.0f} us): "
-                         f"{verdict}")  # fmt: skip
+            lines.append(
+                f"- B = 1: DecodeStep call to result {r['step_host_us']:.1f} us (goal {GOAL_B1_US:.0f} us): {verdict}"
+            )
     text = "\n".join(lines) + "\n"
     Path(out, "decode_bench.md").write_text(text)
     print(text)

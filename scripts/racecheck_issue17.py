@@ -28,14 +28,34 @@ def main() -> int:
     beta = cp.asarray(rng.uniform(0, 1, (1, T, HV)).astype(np.float32))
     cu = [0, 70, 70, 150]
     state = arr(3, HV, K, V)
-    recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
-                               use_qk_l2norm_in_kernel=True, cu_seqlens=cp.asarray(cu), checked=True)  # fmt: skip
+    recurrent_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cp.asarray(cu),
+        checked=True,
+    )
     pooled_decode(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], state, cp.asarray([2]), checked=True)
     for tc in (False, True):
         for C in (16, 32, 64):
-            chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
-                                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_size=C,
-                                   use_tensor_cores=tc)  # fmt: skip
+            chunk_gated_delta_rule(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=state,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                cu_seqlens=cu,
+                chunk_size=C,
+                use_tensor_cores=tc,
+            )
     cp.cuda.runtime.deviceSynchronize()
     print("racecheck launches done")
     return 0

@@ -58,9 +58,12 @@ def problem(cp, B=1, T_=T, seed=0):
     k = rng.standard_normal((B, T_, H, K))
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
     host = dict(
-        q=rng.standard_normal((B, T_, H, K)), k=k, v=rng.standard_normal((B, T_, HV, V)),
-        g=np.log(rng.uniform(0.5, 1.0, (B, T_, HV))), beta=rng.uniform(0.0, 1.0, (B, T_, HV)),
-    )  # fmt: skip
+        q=rng.standard_normal((B, T_, H, K)),
+        k=k,
+        v=rng.standard_normal((B, T_, HV, V)),
+        g=np.log(rng.uniform(0.5, 1.0, (B, T_, HV))),
+        beta=rng.uniform(0.0, 1.0, (B, T_, HV)),
+    )
     return {n: cp.asarray(x.astype(np.float32)) for n, x in host.items()}
 
 
@@ -98,8 +101,7 @@ def _recurrent(cp, cu, **kw):
 
     N = len(cu) - 1
     state = cp.zeros((N, HV, K, V), cp.float32)
-    return recurrent_gated_delta_rule(**problem(cp), initial_state=state, output_final_state=True, cu_seqlens=cu,
-                                      **kw)  # fmt: skip
+    return recurrent_gated_delta_rule(**problem(cp), initial_state=state, output_final_state=True, cu_seqlens=cu, **kw)
 
 
 for _bad, _cu in BAD_CU.items():
@@ -152,8 +154,14 @@ def _spec(cp, pool, cu, idx, accepted, checked=None, device_meta=True, T_=T):
     if device_meta:  # int64: a slot past 2^31 must reach the kernel as it is
         idx = devices(cp, idx) if isinstance(idx, np.ndarray) else idx
         accepted = devices(cp, accepted) if isinstance(accepted, np.ndarray) else accepted
-    return spec_decode(**problem(cp, T_=T_), state_pool=pool, cu_seqlens=cu, ssm_state_indices=idx,
-                       num_accepted_tokens=accepted, checked=checked)  # fmt: skip
+    return spec_decode(
+        **problem(cp, T_=T_),
+        state_pool=pool,
+        cu_seqlens=cu,
+        ssm_state_indices=idx,
+        num_accepted_tokens=accepted,
+        checked=checked,
+    )
 
 
 @case("recurrent/cu_seqlens/shape")
@@ -181,8 +189,12 @@ def _(cp):
 def _pooled(cp, pool, idx, checked=None):
     from cupy_kernels.decode import pooled_decode
 
-    return pooled_decode(**problem(cp, B=len(idx) if hasattr(idx, "__len__") else idx.shape[0], T_=1),
-                         state_pool=pool, slot_indices=idx, checked=checked)  # fmt: skip
+    return pooled_decode(
+        **problem(cp, B=len(idx) if hasattr(idx, "__len__") else idx.shape[0], T_=1),
+        state_pool=pool,
+        slot_indices=idx,
+        checked=checked,
+    )
 
 
 @case("pooled_decode/slot_past_pool/host")
@@ -219,8 +231,13 @@ def _(cp):
     from cupy_kernels.decode import pooled_decode
 
     raises("slot_indices", pooled_decode, **problem(cp, B=2, T_=1), state_pool=pool, slot_indices=devices(cp, [0]))
-    raises("slot_indices", pooled_decode, **problem(cp, B=2, T_=1), state_pool=pool,
-           slot_indices=devices(cp, [0, 1], np.float32))  # fmt: skip
+    raises(
+        "slot_indices",
+        pooled_decode,
+        **problem(cp, B=2, T_=1),
+        state_pool=pool,
+        slot_indices=devices(cp, [0, 1], np.float32),
+    )
 
 
 # --------------------------------------------------------------------------- speculative decoding

@@ -6,8 +6,9 @@ import mpmath
 import numpy as np
 
 
-def mp_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
-                        cu_seqlens=None, dps: int = 50):
+def mp_gated_delta_rule(
+    q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, dps: int = 50
+):
     """Token loop in ``dps`` decimal digits; native convention, k-first state. Returns float64 arrays."""
     with mpmath.workdps(dps):
         B, T, H, K = q.shape

@@ -18,13 +18,15 @@ def cli(*args, cwd=ROOT, env_path=None):
         import os
 
         env = {**os.environ, "PYTHONPATH": str(env_path)}
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 @pytest.fixture
 def plugins(tmp_path):
-    (tmp_path / "my_kernels.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_kernels.py").write_text(
+        textwrap.dedent("""
         import numpy as np
         from gdn_verify.implementations import numpy_impl
 
@@ -44,24 +46,28 @@ def plugins(tmp_path):
 
         def crashes(*a, **kw):
             raise RuntimeError("kernel exploded")
-    """))
+    """)
+    )
     return tmp_path
 
 
-@pytest.mark.parametrize("args, message", [
-    (["check", "--impl", "nonsense"], "unknown"),
-    (["check", "--impl", "no_such_module:fn"], "cannot import module"),
-    (["check", "--impl", "my_kernels:missing"], "has no function"),
-    (["check", "--impl", "numpy", "--dtype", "int8"], "--dtype"),
-    (["check", "--impl", "numpy", "--properties", "matches_reference,bogus"], "--properties"),
-    (["check", "--impl", "numpy", "--max-examples", "0"], "--max-examples"),
-    (["check", "--impl", "numpy", "--max-tokens", "10"], "--max-tokens"),
-    (["check", "--impl", "planted:not_a_bug"], "unknown bug"),
-    (["replay", "missing.npz", "--impl", "numpy"], "CASE: 'missing.npz': no such case file"),
-    (["check", "--impl", "numpy", "--dims", "a,b"], "--dims"),
-    (["check", "--impl", "numpy", "--array", "torch"], "--array"),
-    (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["check", "--impl", "nonsense"], "unknown"),
+        (["check", "--impl", "no_such_module:fn"], "cannot import module"),
+        (["check", "--impl", "my_kernels:missing"], "has no function"),
+        (["check", "--impl", "numpy", "--dtype", "int8"], "--dtype"),
+        (["check", "--impl", "numpy", "--properties", "matches_reference,bogus"], "--properties"),
+        (["check", "--impl", "numpy", "--max-examples", "0"], "--max-examples"),
+        (["check", "--impl", "numpy", "--max-tokens", "10"], "--max-tokens"),
+        (["check", "--impl", "planted:not_a_bug"], "unknown bug"),
+        (["replay", "missing.npz", "--impl", "numpy"], "CASE: 'missing.npz': no such case file"),
+        (["check", "--impl", "numpy", "--dims", "a,b"], "--dims"),
+        (["check", "--impl", "numpy", "--array", "torch"], "--array"),
+        (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
+    ],
+)
 def test_misuse_exits_2_with_one_line(args, message, plugins):
     result = cli(*args, cwd=plugins)
     assert result.returncode == 2, result.stderr
@@ -73,24 +79,54 @@ def test_plugin_passes_and_unsupported_features_are_reported(plugins):
     good = cli("check", "--impl", "my_kernels:good", "--max-examples", "5", "--seed", "1", cwd=plugins)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "0 failed" in good.stdout
-    partial = cli("check", "--impl", "my_kernels:no_varlen", "--max-examples", "5", "--seed", "1",
-                  "--properties", "varlen_equals_separate,matches_reference", cwd=plugins)
+    partial = cli(
+        "check",
+        "--impl",
+        "my_kernels:no_varlen",
+        "--max-examples",
+        "5",
+        "--seed",
+        "1",
+        "--properties",
+        "varlen_equals_separate,matches_reference",
+        cwd=plugins,
+    )
     assert partial.returncode == 0, partial.stdout + partial.stderr
     assert "varlen_equals_separate   unsupported" in partial.stdout
 
 
 @pytest.mark.parametrize("fn, text", [("wrong_shape", "output contract"), ("crashes", "raised RuntimeError")])
 def test_broken_plugins_are_violations_not_crashes(fn, text, plugins):
-    result = cli("check", "--impl", f"my_kernels:{fn}", "--max-examples", "3", "--seed", "1",
-                 "--properties", "matches_reference", cwd=plugins)
+    result = cli(
+        "check",
+        "--impl",
+        f"my_kernels:{fn}",
+        "--max-examples",
+        "3",
+        "--seed",
+        "1",
+        "--properties",
+        "matches_reference",
+        cwd=plugins,
+    )
     assert result.returncode == 1
     assert text in result.stdout and "Traceback" not in result.stderr
     assert "replay: gdn-verify replay /" in result.stdout
 
 
 def test_failure_prints_minimal_example_and_replays(tmp_path):
-    result = cli("check", "--impl", "planted:off_by_one_final_state", "--seed", "3", "--json",
-                 str(tmp_path / "r.json"), "--properties", "matches_reference", cwd=tmp_path)
+    result = cli(
+        "check",
+        "--impl",
+        "planted:off_by_one_final_state",
+        "--seed",
+        "3",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--properties",
+        "matches_reference",
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     assert "FAILED matches_reference" in result.stdout and "minimal example: B=" in result.stdout
     command = next(line for line in result.stdout.splitlines() if "replay:" in line).split("replay: ")[1]
@@ -114,6 +150,20 @@ def test_console_script_and_module_are_the_same_command_line(tmp_path):
     for command in ([str(script)], [sys.executable, "-m", "gdn_verify"]):
         done = subprocess.run([*command, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
         assert done.returncode == 0 and "check" in done.stdout and "replay" in done.stdout
-    done = subprocess.run([str(script), "check", "--impl", "numpy", "--max-examples", "2", "--properties",
-                           "matches_reference,determinism"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = subprocess.run(
+        [
+            str(script),
+            "check",
+            "--impl",
+            "numpy",
+            "--max-examples",
+            "2",
+            "--properties",
+            "matches_reference,determinism",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

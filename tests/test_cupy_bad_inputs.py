@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_case(cp, name):
-    result = subprocess.run([sys.executable, "-m", "tests.bad_inputs", name], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.bad_inputs", name], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert f"PASS {name}" in result.stdout

@@ -47,8 +47,20 @@ def rel_rms(x, ref) -> float:
     return float(np.linalg.norm(np.asarray(x, np.float64) - ref) / max(np.linalg.norm(ref), 1e-300))
 
 
-def make_case(seed, B=1, T=64, H=1, HV=2, K=16, V=16, cu_seqlens=None, with_state=False, state_v_first=False,
-              gate=None, dtype=np.float32):
+def make_case(
+    seed,
+    B=1,
+    T=64,
+    H=1,
+    HV=2,
+    K=16,
+    V=16,
+    cu_seqlens=None,
+    with_state=False,
+    state_v_first=False,
+    gate=None,
+    dtype=np.float32,
+):
     """Inputs in ``dtype`` (NumPy, host): unit-norm keys, g = log U(0.5, 1), beta = U(0, 1)."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, T, H, K))
@@ -70,8 +82,13 @@ def run_gpu(chunk, cp, case, chunk_size=64, l2norm=False, tc=None):
     dev = {n: cp.asarray(case[n]) for n in ("q", "k", "v", "g", "beta")}
     state = None if case["initial_state"] is None else cp.asarray(case["initial_state"])
     o, s = chunk.chunk_gated_delta_rule(
-        **dev, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=l2norm,
-        state_v_first=case["state_v_first"], cu_seqlens=case["cu_seqlens"], chunk_size=chunk_size,
+        **dev,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=case["state_v_first"],
+        cu_seqlens=case["cu_seqlens"],
+        chunk_size=chunk_size,
         use_tensor_cores=tc,
     )
     o, s = cp.asnumpy(o), cp.asnumpy(s)
@@ -82,8 +99,15 @@ def run_gpu(chunk, cp, case, chunk_size=64, l2norm=False, tc=None):
 
 def run_oracle(case, l2norm=False, oracle=oracle_chunk):
     return oracle(
-        case["q"], case["k"], case["v"], case["g"], case["beta"], initial_state=case["initial_state"],
-        output_final_state=True, use_qk_l2norm_in_kernel=l2norm, state_v_first=case["state_v_first"],
+        case["q"],
+        case["k"],
+        case["v"],
+        case["g"],
+        case["beta"],
+        initial_state=case["initial_state"],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=case["state_v_first"],
         cu_seqlens=case["cu_seqlens"],
     )
 
@@ -134,8 +158,9 @@ def test_tensor_cores_match_oracle(chunk, cp, name):
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
 def test_tensor_cores_fp16_inputs(chunk, cp, chunk_size):
     """fp16 inputs take the tensor-core path by default; fp16 values are exact in bf16 hi + lo."""
-    case = make_case(12, T=150, H=2, HV=4, K=64, V=48, cu_seqlens=[0, 1, 63, 64, 65, 150], with_state=True,
-                     dtype=np.float16)
+    case = make_case(
+        12, T=150, H=2, HV=4, K=64, V=48, cu_seqlens=[0, 1, 63, 64, 65, 150], with_state=True, dtype=np.float16
+    )
     o, s = check(chunk, cp, case, chunk_size, l2norm=True, tol=FP16_TOL, state_tol=TC_FP32_TOL)
     assert o.dtype == np.float16
     o_tc, s_tc = run_gpu(chunk, cp, case, chunk_size, True, tc=True)
@@ -166,8 +191,15 @@ def test_many_sequences(chunk, cp, chunk_size, tc):
     lengths = rng.integers(0, 140, 40)
     lengths[:6] = [0, 1, 63, 64, 65, 0]
     cu = np.concatenate([[0], np.cumsum(lengths)])
-    check(chunk, cp, make_case(8, T=int(cu[-1]), H=1, HV=2, K=24, V=20, cu_seqlens=cu, with_state=True),
-          chunk_size, l2norm=True, tol=TC_FP32_TOL if tc else FP32_TOL, tc=tc)
+    check(
+        chunk,
+        cp,
+        make_case(8, T=int(cu[-1]), H=1, HV=2, K=24, V=20, cu_seqlens=cu, with_state=True),
+        chunk_size,
+        l2norm=True,
+        tol=TC_FP32_TOL if tc else FP32_TOL,
+        tc=tc,
+    )
 
 
 def test_empty_sequences_keep_initial_state(chunk, cp):
@@ -250,8 +282,14 @@ def test_bf16_torch(chunk, tc):
         dev[n] = dev[n].to(torch.bfloat16)
     state = torch.from_numpy(case["initial_state"]).cuda()
     cu = torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
-    o, s = chunk.chunk_gated_delta_rule(**dev, initial_state=state, output_final_state=True,
-                                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu, use_tensor_cores=tc)
+    o, s = chunk.chunk_gated_delta_rule(
+        **dev,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu,
+        use_tensor_cores=tc,
+    )
     assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and o.shape == (1, 512, 4, 128)
     assert s.dtype == torch.float32
     host = {**case, **{n: dev[n].float().cpu().numpy() for n in dev}}  # the oracle sees the rounded inputs
@@ -280,9 +318,13 @@ def test_bf16_torch(chunk, tc):
     ],
 )
 def test_bad_arguments(chunk, cp, change, name):
-    args = dict(q=np.zeros((1, 8, 1, 16), np.float32), k=np.zeros((1, 8, 1, 16), np.float32),
-                v=np.zeros((1, 8, 2, 4), np.float32), g=np.zeros((1, 8, 2), np.float32),
-                beta=np.zeros((1, 8, 2), np.float32))
+    args = dict(
+        q=np.zeros((1, 8, 1, 16), np.float32),
+        k=np.zeros((1, 8, 1, 16), np.float32),
+        v=np.zeros((1, 8, 2, 4), np.float32),
+        g=np.zeros((1, 8, 2), np.float32),
+        beta=np.zeros((1, 8, 2), np.float32),
+    )
     args.update(change)
     args = {n: cp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in args.items()}
     with pytest.raises(ValueError, match=f"^{name}:"):

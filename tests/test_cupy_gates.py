@@ -83,11 +83,15 @@ def test_recurrent_options(cp, option):
 
     data, state, kw = raw_case(1, option, B=2, T=9, H=2, HV=4)
     o, s = recurrent_gated_delta_rule(
-        **{n: cp.asarray(x) for n, x in data.items()}, initial_state=cp.asarray(state), output_final_state=True,
-        use_qk_l2norm_in_kernel=True, **on_gpu(cp, kw),
-    )  # fmt: skip
-    ref_o, ref_s = oracle(**native(data, kw), initial_state=state, output_final_state=True,
-                          use_qk_l2norm_in_kernel=True)  # fmt: skip
+        **{n: cp.asarray(x) for n, x in data.items()},
+        initial_state=cp.asarray(state),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        **on_gpu(cp, kw),
+    )
+    ref_o, ref_s = oracle(
+        **native(data, kw), initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     assert rel(cp.asnumpy(o), ref_o) < FP32_TOL and rel(cp.asnumpy(s), ref_s) < FP32_TOL
 
 
@@ -97,11 +101,16 @@ def test_recurrent_options_float64_oracle(cp, option):
 
     data, state, kw = raw_case(2, option, T=12)
     o, s = recurrent_gated_delta_rule(
-        **{n: cp.asarray(x) for n, x in data.items()}, initial_state=cp.asarray(state), output_final_state=True,
-        use_qk_l2norm_in_kernel=True, precision="float64", **on_gpu(cp, kw),
-    )  # fmt: skip
-    ref_o, ref_s = oracle(**native(data, kw), initial_state=state, output_final_state=True,
-                          use_qk_l2norm_in_kernel=True)  # fmt: skip
+        **{n: cp.asarray(x) for n, x in data.items()},
+        initial_state=cp.asarray(state),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        precision="float64",
+        **on_gpu(cp, kw),
+    )
+    ref_o, ref_s = oracle(
+        **native(data, kw), initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     assert rel(cp.asnumpy(o), ref_o) < 1e-12 and rel(cp.asnumpy(s), ref_s) < 1e-12
 
 
@@ -114,11 +123,21 @@ def test_chunk_options(cp, option, tc):
     cu = [0, 17, 64, 150]
     state = np.random.default_rng(4).standard_normal((3, 2, 32, 32)).astype(np.float32)
     o, s = chunk_gated_delta_rule(
-        **{n: cp.asarray(x) for n, x in data.items()}, initial_state=cp.asarray(state), output_final_state=True,
-        use_qk_l2norm_in_kernel=True, cu_seqlens=cu, use_tensor_cores=tc, **on_gpu(cp, kw),
-    )  # fmt: skip
-    ref_o, ref_s = oracle(**native(data, kw), initial_state=state, output_final_state=True,
-                          use_qk_l2norm_in_kernel=True, cu_seqlens=np.array(cu))  # fmt: skip
+        **{n: cp.asarray(x) for n, x in data.items()},
+        initial_state=cp.asarray(state),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu,
+        use_tensor_cores=tc,
+        **on_gpu(cp, kw),
+    )
+    ref_o, ref_s = oracle(
+        **native(data, kw),
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=np.array(cu),
+    )
     tol = TC_FP32_TOL if tc else FP32_TOL
     assert rel(cp.asnumpy(o), ref_o) < tol and rel(cp.asnumpy(s), ref_s) < tol
 
@@ -133,16 +152,21 @@ def test_pool_and_decode_step_options(cp):
     nat = native(data, kw)
     for row in (0, 2):
         part = {n: x[row : row + 1] for n, x in nat.items()}
-        ref[row] = oracle(**part, initial_state=pool[idx[row]][None], output_final_state=True,
-                          use_qk_l2norm_in_kernel=True)  # fmt: skip
+        ref[row] = oracle(
+            **part, initial_state=pool[idx[row]][None], output_final_state=True, use_qk_l2norm_in_kernel=True
+        )
     dev = {n: cp.asarray(x) for n, x in data.items()}
     gpu_pool = cp.asarray(pool)
-    o1 = cp.asnumpy(pooled_decode(**dev, state_pool=gpu_pool, slot_indices=cp.asarray(idx),
-                                  use_qk_l2norm_in_kernel=True, **on_gpu(cp, kw)))  # fmt: skip
+    o1 = cp.asnumpy(
+        pooled_decode(
+            **dev, state_pool=gpu_pool, slot_indices=cp.asarray(idx), use_qk_l2norm_in_kernel=True, **on_gpu(cp, kw)
+        )
+    )
     pool1 = cp.asnumpy(gpu_pool)
     gpu_pool2 = cp.asarray(pool)
-    step = DecodeStep(**dev, state=gpu_pool2, slot_indices=cp.asarray(idx), use_qk_l2norm_in_kernel=True,
-                      **on_gpu(cp, kw))  # fmt: skip
+    step = DecodeStep(
+        **dev, state=gpu_pool2, slot_indices=cp.asarray(idx), use_qk_l2norm_in_kernel=True, **on_gpu(cp, kw)
+    )
     o2 = cp.asnumpy(step(**dev, state=gpu_pool2, slot_indices=cp.asarray(idx)))
     for o, p in ((o1, pool1), (o2, cp.asnumpy(gpu_pool2))):
         assert np.all(o[1] == 0)

@@ -40,8 +40,9 @@ def _fake_cupy(launches):
     cp.empty = lambda shape, dtype: FakeArray(np.full(shape, np.nan, dtype))
     cp.asarray = lambda x: FakeArray(np.asarray(x))
     cuda = types.SimpleNamespace()
-    cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0, deviceSynchronize=lambda: None,
-                                         streamSynchronize=lambda s: None)  # fmt: skip
+    cuda.runtime = types.SimpleNamespace(
+        getDevice=lambda: 0, deviceSynchronize=lambda: None, streamSynchronize=lambda s: None
+    )
     cuda.Device = lambda d=0: types.SimpleNamespace(attributes={"MultiProcessorCount": 132}, __enter__=None)
 
     class Device:
@@ -62,8 +63,15 @@ def _fake_cupy(launches):
     def launch(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
         params = ctypes.cast(ctypes.c_void_p(argv), ctypes.POINTER(ctypes.c_void_p))[0]
         raw = ctypes.string_at(params, 14 * 8 + 30 * 8 + 8)
-        launches.append(dict(ptrs=struct.unpack("<14Q", raw[:112]), scalars=struct.unpack("<30qd", raw[112:]),
-                             blocks=gx, threads=bx, stream=stream))  # fmt: skip
+        launches.append(
+            dict(
+                ptrs=struct.unpack("<14Q", raw[:112]),
+                scalars=struct.unpack("<30qd", raw[112:]),
+                blocks=gx,
+                threads=bx,
+                stream=stream,
+            )
+        )
 
     cuda.Device = Device
     cuda.PinnedMemory = Pinned
@@ -103,10 +111,13 @@ def fake(monkeypatch):
 def arrays(B=1, T=10, H=1, HV=2, K=16, V=8):
     rng = np.random.default_rng(0)
     f = np.float32
-    return dict(q=FakeArray(rng.standard_normal((B, T, H, K)).astype(f)),
-                k=FakeArray(rng.standard_normal((B, T, H, K)).astype(f)),
-                v=FakeArray(rng.standard_normal((B, T, HV, V)).astype(f)),
-                g=FakeArray(np.zeros((B, T, HV), f)), beta=FakeArray(np.zeros((B, T, HV), f)))  # fmt: skip
+    return dict(
+        q=FakeArray(rng.standard_normal((B, T, H, K)).astype(f)),
+        k=FakeArray(rng.standard_normal((B, T, H, K)).astype(f)),
+        v=FakeArray(rng.standard_normal((B, T, HV, V)).astype(f)),
+        g=FakeArray(np.zeros((B, T, HV), f)),
+        beta=FakeArray(np.zeros((B, T, HV), f)),
+    )
 
 
 def test_recurrent_packs_pointers_and_scalars(fake):
@@ -118,13 +129,28 @@ def test_recurrent_packs_pointers_and_scalars(fake):
     cu = FakeArray(np.array([0, 4, 10], np.int64))
     state = FakeArray(np.zeros((2, 2, 16, 8), np.float32))
     A = FakeArray(np.zeros(2, np.float32))
-    o, s = recurrent_gated_delta_rule(**x, initial_state=state, output_final_state=True, cu_seqlens=cu,
-                                      use_gate_in_kernel=True, A_log=A, use_beta_sigmoid_in_kernel=True,
-                                      allow_neg_eigval=True)  # fmt: skip
+    o, s = recurrent_gated_delta_rule(
+        **x,
+        initial_state=state,
+        output_final_state=True,
+        cu_seqlens=cu,
+        use_gate_in_kernel=True,
+        A_log=A,
+        use_beta_sigmoid_in_kernel=True,
+        allow_neg_eigval=True,
+    )
     (call,) = launches
     ptrs, scalars = call["ptrs"], call["scalars"]
-    want = [x[n].data.ptr for n in ("q", "k", "v", "g", "beta")] + [A.data.ptr, 0, state.data.ptr, s.data.ptr,
-                                                                     o.data.ptr, cu.data.ptr, 0, 0]  # fmt: skip
+    want = [x[n].data.ptr for n in ("q", "k", "v", "g", "beta")] + [
+        A.data.ptr,
+        0,
+        state.data.ptr,
+        s.data.ptr,
+        o.data.ptr,
+        cu.data.ptr,
+        0,
+        0,
+    ]
     assert list(ptrs[:13]) == want
     assert ptrs[13] == tensors.error_words(0).ptr
     B, T, N, H, HV, K, V = scalars[15:22]

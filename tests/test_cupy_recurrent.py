@@ -103,13 +103,22 @@ def run_both(cp, kern, c, dtype=np.float32, cu=None, l2norm=False, v_first=False
     cu_gpu = None if cu is None else cp.asarray(np.asarray(cu, np.int64))
     poison(cp)
     o, s = kern.recurrent_gated_delta_rule(
-        **gpu, scale=scale, output_final_state=True, use_qk_l2norm_in_kernel=l2norm, state_v_first=v_first,
-        cu_seqlens=cu_gpu, precision=precision,
-    )  # fmt: skip
+        **gpu,
+        scale=scale,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=v_first,
+        cu_seqlens=cu_gpu,
+        precision=precision,
+    )
     ref_o, ref_s = recurrent_gated_delta_rule(
-        **rounded, scale=scale, output_final_state=True, use_qk_l2norm_in_kernel=l2norm, state_v_first=v_first,
+        **rounded,
+        scale=scale,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=v_first,
         cu_seqlens=cu,
-    )  # fmt: skip
+    )
     return cp.asnumpy(o), cp.asnumpy(s), ref_o, ref_s
 
 
@@ -259,9 +268,17 @@ def test_raw_gate_decode(cp, kern, dec, use_l2norm):
     ptr = gpu_state.data.ptr
     poison(cp)
     o, new_state = dec.fused_decode_raw_gates(
-        cp.asarray(q), cp.asarray(k), cp.asarray(v), gpu_state, cp.asarray(A_log), cp.asarray(a),
-        cp.asarray(dt_bias), cp.asarray(b), scale=0.0, use_qk_l2norm=use_l2norm,
-    )  # fmt: skip
+        cp.asarray(q),
+        cp.asarray(k),
+        cp.asarray(v),
+        gpu_state,
+        cp.asarray(A_log),
+        cp.asarray(a),
+        cp.asarray(dt_bias),
+        cp.asarray(b),
+        scale=0.0,
+        use_qk_l2norm=use_l2norm,
+    )
     assert new_state is gpu_state and new_state.data.ptr == ptr  # in place
     ref_o, ref_s = decode_gated_delta_rule(q, k, v, state, A_log, a, dt_bias, b, use_qk_l2norm=use_l2norm)
     assert rel(cp.asnumpy(o), ref_o) < FP32_TOL
@@ -279,9 +296,15 @@ def test_raw_gate_decode_fp64_gate_tensors(cp, kern, dec):
     a, b = rng.standard_normal((2, B, 1, HV))
     gpu_state = cp.asarray(state)
     o, _ = dec.fused_decode_raw_gates(
-        cp.asarray(q), cp.asarray(k), cp.asarray(v), gpu_state, cp.asarray(A_log), cp.asarray(a),
-        cp.asarray(dt_bias), cp.asarray(b),
-    )  # fmt: skip
+        cp.asarray(q),
+        cp.asarray(k),
+        cp.asarray(v),
+        gpu_state,
+        cp.asarray(A_log),
+        cp.asarray(a),
+        cp.asarray(dt_bias),
+        cp.asarray(b),
+    )
     ref_o, ref_s = decode_gated_delta_rule(q, k, v, state, A_log, a, dt_bias, b)
     assert rel(cp.asnumpy(o), ref_o) < FP32_TOL and rel(cp.asnumpy(gpu_state), ref_s) < FP32_TOL
     g, beta = gates_from_raw(A_log, a, dt_bias, b)
@@ -299,8 +322,15 @@ def test_pool_contract(cp, kern, dec, idx_dtype, v_first):
     gpu_pool = cp.asarray(pool)
     inputs = {n: cp.asarray(np.float32(c[n])) for n in ("q", "k", "v", "g", "beta")}
     poison(cp)
-    o = cp.asnumpy(dec.pooled_decode(**inputs, state_pool=gpu_pool, slot_indices=cp.asarray(idx),
-                                      use_qk_l2norm_in_kernel=True, state_v_first=v_first))  # fmt: skip
+    o = cp.asnumpy(
+        dec.pooled_decode(
+            **inputs,
+            state_pool=gpu_pool,
+            slot_indices=cp.asarray(idx),
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=v_first,
+        )
+    )
     new_pool = cp.asnumpy(gpu_pool)
     for slot in (1, 2, 4, 6):
         np.testing.assert_array_equal(new_pool[slot], pool[slot])  # untouched, bitwise
@@ -309,9 +339,11 @@ def test_pool_contract(cp, kern, dec, idx_dtype, v_first):
         slot = idx[row]
         ref_o, ref_s = recurrent_gated_delta_rule(
             *(np.float32(c[n][row : row + 1]) for n in ("q", "k", "v", "g", "beta")),
-            initial_state=pool[slot : slot + 1], output_final_state=True, use_qk_l2norm_in_kernel=True,
+            initial_state=pool[slot : slot + 1],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
             state_v_first=v_first,
-        )  # fmt: skip
+        )
         assert rel(o[row : row + 1], ref_o) < FP32_TOL
         assert rel(new_pool[slot : slot + 1], ref_s) < FP32_TOL
 
@@ -332,10 +364,17 @@ def test_spec_decode_contract(cp, kern, dec, v_first):
     gpu_pool = cp.asarray(pool)
     inputs = {n: cp.asarray(np.float32(c[n])) for n in ("q", "k", "v", "g", "beta")}
     poison(cp)
-    o = cp.asnumpy(dec.spec_decode(
-        **inputs, state_pool=gpu_pool, cu_seqlens=cp.asarray(cu.astype(np.int32)), ssm_state_indices=cp.asarray(idx),
-        num_accepted_tokens=cp.asarray(accepted), use_qk_l2norm_in_kernel=True, state_v_first=v_first,
-    ))  # fmt: skip
+    o = cp.asnumpy(
+        dec.spec_decode(
+            **inputs,
+            state_pool=gpu_pool,
+            cu_seqlens=cp.asarray(cu.astype(np.int32)),
+            ssm_state_indices=cp.asarray(idx),
+            num_accepted_tokens=cp.asarray(accepted),
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=v_first,
+        )
+    )
     new_pool = cp.asnumpy(gpu_pool)
     written = set()
     for n in range(len(lengths)):
@@ -348,9 +387,12 @@ def test_spec_decode_contract(cp, kern, dec, v_first):
         for t in range(lengths[n]):
             part = slice(cu[n], cu[n] + t + 1)
             ref_o, ref_s = recurrent_gated_delta_rule(
-                *(np.float32(c[x][:, part]) for x in ("q", "k", "v", "g", "beta")), initial_state=init,
-                output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=v_first,
-            )  # fmt: skip
+                *(np.float32(c[x][:, part]) for x in ("q", "k", "v", "g", "beta")),
+                initial_state=init,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                state_v_first=v_first,
+            )
             if idx[n, t] >= 0:
                 assert rel(new_pool[idx[n, t]][None], ref_s) < FP32_TOL
                 written.add(int(idx[n, t]))
@@ -373,9 +415,11 @@ def test_bfloat16_torch(cp, kern, torch):
     assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and s.dtype == torch.float32
     ref_in = {n: t[n].double().cpu().numpy() for n in t}
     ref_o, ref_s = recurrent_gated_delta_rule(
-        **ref_in, initial_state=c["initial_state"].astype(np.float32), output_final_state=True,
+        **ref_in,
+        initial_state=c["initial_state"].astype(np.float32),
+        output_final_state=True,
         use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
+    )
     assert rel(o.double().cpu().numpy(), ref_o) < BF16_TOL
     assert rel(s.double().cpu().numpy(), ref_s) < FP32_TOL
 
@@ -399,9 +443,15 @@ def test_torch_inputs_share_memory(cp, kern, dec, torch):
     assert not torch.equal(state, before)
     assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and o.shape == (B, 1, HV, V)
     ref_o, ref_s = decode_gated_delta_rule(
-        q.double().cpu().numpy(), k.double().cpu().numpy(), v.double().cpu().numpy(), before.cpu().numpy(),
-        A_log.cpu().numpy(), a.double().cpu().numpy(), dt_bias.double().cpu().numpy(), b.double().cpu().numpy(),
-    )  # fmt: skip
+        q.double().cpu().numpy(),
+        k.double().cpu().numpy(),
+        v.double().cpu().numpy(),
+        before.cpu().numpy(),
+        A_log.cpu().numpy(),
+        a.double().cpu().numpy(),
+        dt_bias.double().cpu().numpy(),
+        b.double().cpu().numpy(),
+    )
     assert rel(o.double().cpu().numpy(), ref_o) < BF16_TOL
     assert rel(state.cpu().numpy(), ref_s) < FP32_TOL
 
@@ -494,16 +544,20 @@ def test_decode_step_matches_oracle(cp, kern, dec, variant, v_first):
     """DecodeStep: prepared once, called with fresh tensors of the same signature, state in place."""
     B, H, HV, K, V = 2, 1, 2, 128, 128
     c0, inputs0, state0 = _step_inputs(cp, 60, B, H, HV, K, V, v_first)
-    step = dec.DecodeStep(**inputs0, state=cp.asarray(state0), use_qk_l2norm_in_kernel=True, state_v_first=v_first,
-                           decode_variant=variant)  # fmt: skip
+    step = dec.DecodeStep(
+        **inputs0, state=cp.asarray(state0), use_qk_l2norm_in_kernel=True, state_v_first=v_first, decode_variant=variant
+    )
     for seed in (61, 62):  # new tensors each call: only the pointers change
         c, inputs, state = _step_inputs(cp, seed, B, H, HV, K, V, v_first)
         gpu_state = cp.asarray(state)
         o = step(**inputs, state=gpu_state)
         ref_o, ref_s = recurrent_gated_delta_rule(
-            *(np.float32(c[n]) for n in ("q", "k", "v", "g", "beta")), initial_state=state, output_final_state=True,
-            use_qk_l2norm_in_kernel=True, state_v_first=v_first,
-        )  # fmt: skip
+            *(np.float32(c[n]) for n in ("q", "k", "v", "g", "beta")),
+            initial_state=state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=v_first,
+        )
         assert rel(cp.asnumpy(o), ref_o) < FP32_TOL
         assert rel(cp.asnumpy(gpu_state), ref_s) < FP32_TOL
 
@@ -513,8 +567,10 @@ def test_decode_step_outputs(cp, kern, dec):
     B, H, HV, K, V = 2, 2, 4, 32, 16
     c, inputs, state = _step_inputs(cp, 70, B, H, HV, K, V)
     ref_o, ref_s = recurrent_gated_delta_rule(
-        *(np.float32(c[n]) for n in ("q", "k", "v", "g", "beta")), initial_state=state, output_final_state=True,
-    )  # fmt: skip
+        *(np.float32(c[n]) for n in ("q", "k", "v", "g", "beta")),
+        initial_state=state,
+        output_final_state=True,
+    )
     step = dec.DecodeStep(**inputs, state=cp.asarray(state), reuse_output=True, stream=0)
     s1, s2 = cp.asarray(state), cp.asarray(state)
     o1 = step(**inputs, state=s1)
@@ -546,8 +602,10 @@ def test_decode_step_pool(cp, kern, dec):
     for row, slot in ((0, 4), (2, 0), (3, 2)):
         ref_o, ref_s = recurrent_gated_delta_rule(
             *(np.float32(c[n][row : row + 1]) for n in ("q", "k", "v", "g", "beta")),
-            initial_state=pool[slot : slot + 1], output_final_state=True, use_qk_l2norm_in_kernel=True,
-        )  # fmt: skip
+            initial_state=pool[slot : slot + 1],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
         assert rel(o[row : row + 1], ref_o) < FP32_TOL and rel(new_pool[slot : slot + 1], ref_s) < FP32_TOL
 
 

@@ -15,11 +15,15 @@ def problem(seed=0, regime="mild", lengths=(70, 80), HV=2, K=32, V=16, state=Tru
     rng = np.random.default_rng(seed)
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     T = int(cu[-1])
-    return Problem(q=rng.standard_normal((1, T, 1, K)), k=unit_rows(rng, (1, T, 1, K)),
-                   v=rng.standard_normal((1, T, HV, V)), g=gate_values(rng, (1, T, HV), regime),
-                   beta=beta_values(rng, (1, T, HV)), cu_seqlens=cu,
-                   initial_state=rng.standard_normal((len(lengths), HV, K, V)).astype(np.float32) if state else None,
-                   ).astype(np.float32)
+    return Problem(
+        q=rng.standard_normal((1, T, 1, K)),
+        k=unit_rows(rng, (1, T, 1, K)),
+        v=rng.standard_normal((1, T, HV, V)),
+        g=gate_values(rng, (1, T, HV), regime),
+        beta=beta_values(rng, (1, T, HV)),
+        cu_seqlens=cu,
+        initial_state=rng.standard_normal((len(lengths), HV, K, V)).astype(np.float32) if state else None,
+    ).astype(np.float32)
 
 
 class FirstOrderSolve(NumpyStaged):
@@ -55,12 +59,15 @@ def test_correct_staged_implementation_is_clean(regime, seed):
     assert max(s.error / s.bound for s in d.stages) < 0.2
 
 
-@pytest.mark.parametrize("staged, stage", [
-    (FirstOrderSolve(), "solve_tril"),
-    (WWithoutGates(), "w_u"),
-    (StateWithoutChunkDecay(), "fwd_h"),
-    (OutputWithoutDiagonal(), "fwd_o"),  # kkt masks the diagonal out anyway: only the output changes
-])
+@pytest.mark.parametrize(
+    "staged, stage",
+    [
+        (FirstOrderSolve(), "solve_tril"),
+        (WWithoutGates(), "w_u"),
+        (StateWithoutChunkDecay(), "fwd_h"),
+        (OutputWithoutDiagonal(), "fwd_o"),  # kkt masks the diagonal out anyway: only the output changes
+    ],
+)
 def test_planted_stage_bug_is_attributed_to_its_stage(staged, stage):
     d = diagnose(staged, problem(2, "moderate"))
     assert d.first_divergent == stage, d.describe()
@@ -114,10 +121,16 @@ def test_replay_diagnose_names_the_stage_of_a_plugin_that_exposes_its_stages(tmp
         "        return _unchunks(np.eye(self.chunk_size, dtype=np.float32) - Ac)\n"
         "def kernel(**kw):\n"
         "    return numpy_impl.chunk_gated_delta_rule(**kw)\n"
-        "kernel.stages = FirstOrderSolve()\n")
+        "kernel.stages = FirstOrderSolve()\n"
+    )
     path = problem(0).save(tmp_path / "case.npz", property="matches_reference")
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "cli.py"), "replay", str(path), "--impl", "staged_plugin:kernel",
-                           "--diagnose"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": f"{root}:{tmp_path}", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, str(root / "cli.py"), "replay", str(path), "--impl", "staged_plugin:kernel", "--diagnose"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": f"{root}:{tmp_path}", "PATH": "/usr/bin:/bin"},
+    )
     assert "first divergent stage: solve_tril" in done.stdout, done.stdout + done.stderr

@@ -20,8 +20,18 @@ from gdn_verify.implementations import flashinfer as fi
 from gdn_verify.properties.strategies import beta_values, gate_values, unit_rows
 
 
-def standin_prefill(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
-                    cu_seqlens=None, use_qk_l2norm_in_kernel=False):
+def standin_prefill(
+    q,
+    k,
+    v,
+    g=None,
+    beta=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    use_qk_l2norm_in_kernel=False,
+):
     """FlashInfer's ``chunk_gated_delta_rule`` convention, computed by the float64 oracle."""
     assert q.ndim == 3 and k.shape == q.shape and v.ndim == 3, "packed [T, H, D] tokens"
     assert cu_seqlens is not None and cu_seqlens.dtype == np.int64 and cu_seqlens[-1] == q.shape[0]
@@ -33,9 +43,18 @@ def standin_prefill(q, k, v, g=None, beta=None, scale=None, initial_state=None, 
     with np.errstate(divide="ignore"):
         log_alpha = np.maximum(np.log(g.astype(np.float64)), -1e4)  # alpha == 0: saturated decay
     o, state = reference.chunk_gated_delta_rule(
-        q[None], k[None], v[None], log_alpha[None], beta[None], scale=scale or None, initial_state=initial_state,
-        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=True,
-        cu_seqlens=cu_seqlens)
+        q[None],
+        k[None],
+        v[None],
+        log_alpha[None],
+        beta[None],
+        scale=scale or None,
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        state_v_first=True,
+        cu_seqlens=cu_seqlens,
+    )
     return (o[0], state) if output_final_state else o[0]
 
 
@@ -44,8 +63,9 @@ def standin_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None, use_qk_l2no
     B, one, H, K = q.shape
     assert one == 1 and state.shape == (B, v.shape[2], v.shape[3], K)
     assert A_log.dtype == np.float32 and A_log.shape == (v.shape[2],)
-    o, new_state = reference.decode_gated_delta_rule(q, k, v, state, A_log, a, dt_bias, b, scale=scale,
-                                                     use_qk_l2norm=use_qk_l2norm)
+    o, new_state = reference.decode_gated_delta_rule(
+        q, k, v, state, A_log, a, dt_bias, b, scale=scale, use_qk_l2norm=use_qk_l2norm
+    )
     state[...] = new_state
     return o, state
 
@@ -58,8 +78,21 @@ def float32_exact(problem: Problem) -> Problem:
     return problem.replace(g=g, beta=problem.beta.astype(np.float32).astype(np.float64))
 
 
-def make_problem(seed=0, varlen=True, H=2, HV=4, K=8, V=8, regime="mixed", state="random", v_first=False,
-                 l2norm=False, lengths=(5, 0, 70), batch=2, T=33) -> Problem:
+def make_problem(
+    seed=0,
+    varlen=True,
+    H=2,
+    HV=4,
+    K=8,
+    V=8,
+    regime="mixed",
+    state="random",
+    v_first=False,
+    l2norm=False,
+    lengths=(5, 0, 70),
+    batch=2,
+    T=33,
+) -> Problem:
     rng = np.random.default_rng(seed)
     if varlen:
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -70,9 +103,18 @@ def make_problem(seed=0, varlen=True, H=2, HV=4, K=8, V=8, regime="mixed", state
     S0 = None if state is None else rng.standard_normal((N, HV, K, V))
     if S0 is not None and v_first:
         S0 = np.ascontiguousarray(S0.swapaxes(-1, -2))
-    problem = Problem(q=rng.standard_normal((B, T, H, K)), k=k, v=rng.standard_normal((B, T, HV, V)),
-                      g=gate_values(rng, (B, T, HV), regime), beta=beta_values(rng, (B, T, HV)), initial_state=S0,
-                      cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm, state_v_first=v_first, scale=0.5 if seed else None)
+    problem = Problem(
+        q=rng.standard_normal((B, T, H, K)),
+        k=k,
+        v=rng.standard_normal((B, T, HV, V)),
+        g=gate_values(rng, (B, T, HV), regime),
+        beta=beta_values(rng, (B, T, HV)),
+        initial_state=S0,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=v_first,
+        scale=0.5 if seed else None,
+    )
     return float32_exact(problem)
 
 
@@ -139,11 +181,14 @@ def test_raw_gates_round_trip_including_the_unrepresentable_extremes():
 
 
 def test_float32_problems_pass_the_property_suite_through_both_adapters(tmp_path):
-    for name, adapter in (("prefill", fi.prefill_adapter(standin_prefill)),
-                          ("decode", fi.decode_adapter(standin_decode))):
+    for name, adapter in (
+        ("prefill", fi.prefill_adapter(standin_prefill)),
+        ("decode", fi.decode_adapter(standin_decode)),
+    ):
         impl = Implementation(f"standin-{name}", {"default": adapter})
-        result = check(impl, dtype="float32", properties=["matches_reference"], max_examples=25, seed=5,
-                       cases_dir=tmp_path)["matches_reference"]
+        result = check(
+            impl, dtype="float32", properties=["matches_reference"], max_examples=25, seed=5, cases_dir=tmp_path
+        )["matches_reference"]
         # K != V is unsupported by FlashInfer's prefill; everything else must pass.
         assert result.status == "passed", result.failure and result.failure.message
 
@@ -170,17 +215,22 @@ def test_forgotten_state_transpose_is_caught(which, tmp_path):
         def call(**kw):
             kw[key] = np.ascontiguousarray(kw[key].swapaxes(-1, -2))  # k-first handed over as k-last
             return kernel(**kw)
+
         return call
 
-    adapter = (fi.prefill_adapter(transposed(standin_prefill, "initial_state")) if which == "prefill"
-               else fi.decode_adapter(transposed(standin_decode, "state")))
+    adapter = (
+        fi.prefill_adapter(transposed(standin_prefill, "initial_state"))
+        if which == "prefill"
+        else fi.decode_adapter(transposed(standin_decode, "state"))
+    )
     problem = make_problem(regime="mild")
     o, _ = native(problem, adapter)
     want_o, _ = reference.recurrent_gated_delta_rule(**problem.kwargs())
     assert np.max(np.abs(o - want_o)) > 1e-2
     impl = Implementation("wrong", {"default": adapter})
-    result = check(impl, dtype="float32", properties=["matches_reference"], max_examples=40, seed=1,
-                   cases_dir=tmp_path)["matches_reference"]
+    result = check(
+        impl, dtype="float32", properties=["matches_reference"], max_examples=40, seed=1, cases_dir=tmp_path
+    )["matches_reference"]
     assert result.status == "failed"
 
 

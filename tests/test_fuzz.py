@@ -33,8 +33,15 @@ def test_misuse_is_a_configuration_error(tmp_path):
 def test_correct_implementation_survives_a_short_campaign(tmp_path):
     lines = []
     start = time.monotonic()
-    report = fuzz("numpy", "10s", database=tmp_path / "db", cases_dir=tmp_path / "cases", max_tokens=256,
-                  seed=11, progress=lambda rep, name: lines.append(rep.status_line(name)))
+    report = fuzz(
+        "numpy",
+        "10s",
+        database=tmp_path / "db",
+        cases_dir=tmp_path / "cases",
+        max_tokens=256,
+        seed=11,
+        progress=lambda rep, name: lines.append(rep.status_line(name)),
+    )
     took = time.monotonic() - start
     assert not report.failures, [f.failure.message for f in report.failures]
     assert report.cases > 20 and report.rounds >= 1

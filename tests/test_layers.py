@@ -1,13 +1,13 @@
 """The layers import downward only; checked by walking every import statement (lazy ones included).
 
-    cupy_kernels                  numpy, cupy, torch and the standard library only
-    gdn_verify.core               itself
-    gdn_verify.properties         core
-    gdn_verify.implementations    core (and cupy_kernels, the kernels under test)
-    gdn_verify.runners            core, implementations (properties arrive as objects)
-    gdn_verify.bench              core, cupy_kernels
-    gdn_verify.api, console, pytest_plugin: the library below them; report: the same, on the API
-    cli.py                        anything; nothing in gdn_verify imports it but __main__
+cupy_kernels                  numpy, cupy, torch and the standard library only
+gdn_verify.core               itself
+gdn_verify.properties         core
+gdn_verify.implementations    core (and cupy_kernels, the kernels under test)
+gdn_verify.runners            core, implementations (properties arrive as objects)
+gdn_verify.bench              core, cupy_kernels
+gdn_verify.api, console, pytest_plugin: the library below them; report: the same, on the API
+cli.py                        anything; nothing in gdn_verify imports it but __main__
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def imports(source: str) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             # "from gdn_verify import api" imports gdn_verify.api
-            found += [(node.lineno, f"{node.module}.{alias.name}" if node.module in ("gdn_verify",) else node.module)
-                      for alias in node.names]
+            found += [
+                (node.lineno, f"{node.module}.{alias.name}" if node.module in ("gdn_verify",) else node.module)
+                for alias in node.names
+            ]
     return found
 
 
@@ -89,8 +91,11 @@ def violations(layer: str, source: str, where: str) -> list[str]:
 
 def library_files() -> list[Path]:
     files = [*ROOT.glob("cupy_kernels/*.py"), *ROOT.glob("properties/*.py")]
-    files += [p for p in ROOT.glob("gdn_verify/**/*.py")
-              if p.name not in ("__main__.py", "_cli.py") and "properties" not in p.relative_to(ROOT).parts[1:2]]
+    files += [
+        p
+        for p in ROOT.glob("gdn_verify/**/*.py")
+        if p.name not in ("__main__.py", "_cli.py") and "properties" not in p.relative_to(ROOT).parts[1:2]
+    ]
     return sorted(files)
 
 
@@ -103,21 +108,29 @@ def test_every_layer_imports_downward_only():
 
 def test_the_walk_sees_every_library_file():
     names = {str(p.relative_to(ROOT)) for p in library_files()}
-    assert {"cupy_kernels/chunk.py", "gdn_verify/core/verdict.py", "properties/native.py",
-            "gdn_verify/runners/check.py", "gdn_verify/api.py"} <= names
+    assert {
+        "cupy_kernels/chunk.py",
+        "gdn_verify/core/verdict.py",
+        "properties/native.py",
+        "gdn_verify/runners/check.py",
+        "gdn_verify/api.py",
+    } <= names
 
 
-@pytest.mark.parametrize("layer, source", [
-    ("cupy_kernels", "from gdn_verify.core.conventions import sequence_bounds"),
-    ("cupy_kernels", "import scipy"),
-    ("core", "def f():\n    from gdn_verify.implementations import resolve"),  # lazy imports count
-    ("properties", "from gdn_verify.implementations import numpy_impl"),
-    ("runners", "from gdn_verify.properties import catalogue"),
-    ("runners", "from gdn_verify import api"),
-    ("top", "import cli"),
-    ("top", "from gdn_verify._cli import main"),
-    ("report", "from properties.native import native_properties"),
-])
+@pytest.mark.parametrize(
+    "layer, source",
+    [
+        ("cupy_kernels", "from gdn_verify.core.conventions import sequence_bounds"),
+        ("cupy_kernels", "import scipy"),
+        ("core", "def f():\n    from gdn_verify.implementations import resolve"),  # lazy imports count
+        ("properties", "from gdn_verify.implementations import numpy_impl"),
+        ("runners", "from gdn_verify.properties import catalogue"),
+        ("runners", "from gdn_verify import api"),
+        ("top", "import cli"),
+        ("top", "from gdn_verify._cli import main"),
+        ("report", "from properties.native import native_properties"),
+    ],
+)
 def test_a_violation_is_reported(layer, source):
     assert violations(layer, source, "x.py")
 

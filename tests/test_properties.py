@@ -24,8 +24,15 @@ SEED = random.randrange(2**31)
 @pytest.mark.parametrize("impl_name", ["numpy", "numpy-chunk16", "numpy-recurrent", "oracle"])
 @pytest.mark.parametrize("prop", NAMES)
 def test_correct_implementations_pass(impl_name, prop, tmp_path):
-    result = check(impl_name, dtype="float32", properties=[prop], max_examples=15 if prop != "error_growth" else 2,
-                   seed=SEED, cases_dir=tmp_path, max_tokens=1024)[prop]
+    result = check(
+        impl_name,
+        dtype="float32",
+        properties=[prop],
+        max_examples=15 if prop != "error_growth" else 2,
+        seed=SEED,
+        cases_dir=tmp_path,
+        max_tokens=1024,
+    )[prop]
     if prop == "spec_decode_slots" and impl_name != "numpy":  # only numpy has the speculative-decoding form
         assert result.status == "unsupported"
         return
@@ -45,8 +52,9 @@ def test_correct_implementations_pass(impl_name, prop, tmp_path):
 @pytest.mark.parametrize("impl_name", ["numpy", "numpy-chunk16", "numpy-recurrent"])
 def test_tolerance_calibration_holds_for_every_dtype(impl_name, dtype, tmp_path):
     """The calibrated tolerance passes correct float32 implementations with every input dtype."""
-    result = check(impl_name, dtype=dtype, properties=["matches_reference"], max_examples=60, seed=SEED,
-                   cases_dir=tmp_path)["matches_reference"]
+    result = check(
+        impl_name, dtype=dtype, properties=["matches_reference"], max_examples=60, seed=SEED, cases_dir=tmp_path
+    )["matches_reference"]
     assert result.status == "passed", f"seed {SEED}: {result.failure and result.failure.message}"
     assert result.worst.ratio < 1.0
 
@@ -54,9 +62,13 @@ def test_tolerance_calibration_holds_for_every_dtype(impl_name, dtype, tmp_path)
 def long_problem(T=512, dtype=np.float32, K=32, seed=0):
     rng = np.random.default_rng(seed)
     k = rng.standard_normal((1, T, 1, K))
-    return Problem(q=rng.standard_normal((1, T, 1, K)), k=k / np.linalg.norm(k, axis=-1, keepdims=True),
-                   v=rng.standard_normal((1, T, 2, K)), g=np.log(rng.uniform(0.95, 1.0, (1, T, 2))),
-                   beta=rng.uniform(0, 1, (1, T, 2))).astype(dtype)
+    return Problem(
+        q=rng.standard_normal((1, T, 1, K)),
+        k=k / np.linalg.norm(k, axis=-1, keepdims=True),
+        v=rng.standard_normal((1, T, 2, K)),
+        g=np.log(rng.uniform(0.95, 1.0, (1, T, 2))),
+        beta=rng.uniform(0, 1, (1, T, 2)),
+    ).astype(dtype)
 
 
 def test_bf16_state_rounding_fails_by_a_wide_margin():
@@ -78,8 +90,14 @@ def test_condition_number_reflects_cancellation():
     null = np.linalg.svd(S0[0, 0].T)[2][-1]  # a K-vector with S0^T null = 0
     q = np.broadcast_to(null + 1e-6 * rng.standard_normal(K), (1, T, 1, K)).copy()
     k = np.eye(K)[None, :T, None, :]
-    problem = Problem(q=q, k=k, v=rng.standard_normal((1, T, 1, V)), g=np.zeros((1, T, 1)),
-                      beta=np.zeros((1, T, 1)), initial_state=S0.astype(np.float32))
+    problem = Problem(
+        q=q,
+        k=k,
+        v=rng.standard_normal((1, T, 1, V)),
+        g=np.zeros((1, T, 1)),
+        beta=np.zeros((1, T, 1)),
+        initial_state=S0.astype(np.float32),
+    )
     kappa = tolerance.condition(problem, numpy_oracle(problem))
     assert kappa.output_rms > 1e4
     plain = problem.replace(q=rng.standard_normal((1, T, 1, K)))
@@ -151,8 +169,15 @@ def test_in_kernel_gates_follow_fla_and_reject_incomplete_options():
     from gdn_verify.core.gating import in_kernel_gates
 
     a, b = np.zeros((1, 2, 1)), np.zeros((1, 2, 1))
-    g, beta = in_kernel_gates(a, b, use_gate_in_kernel=True, A_log=np.log([2.0]), dt_bias=np.array([0.0]),
-                              use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    g, beta = in_kernel_gates(
+        a,
+        b,
+        use_gate_in_kernel=True,
+        A_log=np.log([2.0]),
+        dt_bias=np.array([0.0]),
+        use_beta_sigmoid_in_kernel=True,
+        allow_neg_eigval=True,
+    )
     assert np.allclose(g, -2.0 * np.log(2.0)) and np.allclose(beta, 1.0)  # -A softplus(0); 2 sigmoid(0)
     with pytest.raises(ValueError, match="A_log"):
         in_kernel_gates(a, b, use_gate_in_kernel=True)

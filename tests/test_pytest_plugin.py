@@ -24,8 +24,14 @@ KERNELS = textwrap.dedent("""
 
 def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(folder)}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=folder,
-                          capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -35,8 +41,20 @@ def folder(tmp_path):
 
 
 def test_a_correct_plugin_passes_one_item_per_property(folder):
-    done = run_pytest(folder, "--gdn-impl", "kernels:good", "--gdn-array", "numpy", "--gdn-dtype", "float32",
-                      "--gdn-max-examples", "5", "--gdn-seed", "1", "-rs")
+    done = run_pytest(
+        folder,
+        "--gdn-impl",
+        "kernels:good",
+        "--gdn-array",
+        "numpy",
+        "--gdn-dtype",
+        "float32",
+        "--gdn-max-examples",
+        "5",
+        "--gdn-seed",
+        "1",
+        "-rs",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     passed = int(done.stdout.split(" passed")[0].split()[-1])
     assert passed >= 10
@@ -44,9 +62,21 @@ def test_a_correct_plugin_passes_one_item_per_property(folder):
 
 
 def test_a_buggy_plugin_fails_with_its_minimal_example(folder):
-    done = run_pytest(folder, "--gdn-impl", "kernels:bad", "--gdn-array", "numpy", "--gdn-dtype", "float32",
-                      "--gdn-max-examples", "20", "--gdn-seed", "1", "--gdn-properties",
-                      "matches_reference,determinism")
+    done = run_pytest(
+        folder,
+        "--gdn-impl",
+        "kernels:bad",
+        "--gdn-array",
+        "numpy",
+        "--gdn-dtype",
+        "float32",
+        "--gdn-max-examples",
+        "20",
+        "--gdn-seed",
+        "1",
+        "--gdn-properties",
+        "matches_reference,determinism",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "gdn-verify::matches_reference" in done.stdout and "minimal example: B=" in done.stdout
     assert "replay: gdn-verify replay /" in done.stdout
@@ -59,7 +89,8 @@ def test_misuse_is_a_usage_error(folder):
 
 
 def test_the_fixture_checks_a_kernel_inside_a_users_own_test(folder):
-    (folder / "test_mine.py").write_text(textwrap.dedent("""
+    (folder / "test_mine.py").write_text(
+        textwrap.dedent("""
         from kernels import bad, good
 
         def test_good(gdn_check):
@@ -67,7 +98,8 @@ def test_the_fixture_checks_a_kernel_inside_a_users_own_test(folder):
 
         def test_bad(gdn_check):
             gdn_check(bad, properties=["matches_reference"], max_examples=20).assert_passed()
-    """))
+    """)
+    )
     done = run_pytest(folder, "test_mine.py")
     assert done.returncode == 1 and "1 failed, 1 passed" in done.stdout, done.stdout
     assert "minimal example: B=" in done.stdout

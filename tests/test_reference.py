@@ -116,8 +116,18 @@ def test_zero_length_sequences_keep_their_initial_state():
 
 
 def test_chunk_form_equals_recurrent_at_size():
-    inputs = tiny_case(7, B=1, T=300, H=2, HV=4, K=16, V=8, cu_seqlens=np.array([0, 1, 63, 64, 65, 200, 200, 300]),
-                       gate=saturated, with_state=True)
+    inputs = tiny_case(
+        7,
+        B=1,
+        T=300,
+        H=2,
+        HV=4,
+        K=16,
+        V=8,
+        cu_seqlens=np.array([0, 1, 63, 64, 65, 200, 200, 300]),
+        gate=saturated,
+        with_state=True,
+    )
     o_r, s_r = recurrent_gated_delta_rule(**inputs, output_final_state=True)
     for chunk_size in (16, 32, 64):
         o_c, s_c = chunk_gated_delta_rule(**inputs, output_final_state=True, chunk_size=chunk_size)
@@ -151,8 +161,9 @@ def test_decode_form_matches_native():
     o, new_state = decode_gated_delta_rule(q, k, v, state, A_log, a, dt_bias, b, scale=0.0)
     assert o.shape == (B, 1, HV, V) and new_state.shape == (B, HV, V, K)
     g, beta = gates_from_raw(A_log, a, dt_bias, b)
-    o_mp, s_mp = mp_gated_delta_rule(q, k, v, g, beta, initial_state=state.swapaxes(-1, -2),
-                                     use_qk_l2norm_in_kernel=True)
+    o_mp, s_mp = mp_gated_delta_rule(
+        q, k, v, g, beta, initial_state=state.swapaxes(-1, -2), use_qk_l2norm_in_kernel=True
+    )
     assert rel_err(o, o_mp) < 1e-13
     assert rel_err(new_state.swapaxes(-1, -2), s_mp) < 1e-13
 
@@ -169,8 +180,10 @@ BAD_INPUTS = {
     "q rank": (lambda: with_(q=np.zeros((6, 2, 3))), "q"),
     "k shape": (lambda: with_(k=np.zeros((1, 6, 2, 4))), "k"),
     "v tokens": (lambda: with_(v=np.zeros((1, 5, 4, 2))), "v"),
-    "HV not multiple": (lambda: with_(v=np.zeros((1, 6, 3, 2)), g=np.zeros((1, 6, 3)), beta=np.zeros((1, 6, 3)),
-                                      initial_state=None), "v"),
+    "HV not multiple": (
+        lambda: with_(v=np.zeros((1, 6, 3, 2)), g=np.zeros((1, 6, 3)), beta=np.zeros((1, 6, 3)), initial_state=None),
+        "v",
+    ),
     "g heads": (lambda: with_(g=np.zeros((1, 6, 2))), "g"),
     "beta heads": (lambda: with_(beta=np.zeros((1, 6, 2))), "beta"),
     "g rank": (lambda: with_(g=np.zeros((1, 6, 4, 1))), "g"),

@@ -54,7 +54,10 @@ def test_round_exact_bfloat16_rounds_once_to_nearest_even():
     assert bits(error_stats.round_exact(x, BF16)) == [one + 1, one, one + 2, 0x8000 | (one + 1), one]
     tiny = 2.0**-133  # the smallest bfloat16 subnormal
     assert error_stats.round_exact(np.array([1.5 * tiny, 2.5 * tiny, 0.4 * tiny]), BF16).astype(float).tolist() == [
-        2 * tiny, 2 * tiny, 0.0]
+        2 * tiny,
+        2 * tiny,
+        0.0,
+    ]
     assert np.isposinf(error_stats.round_exact(np.array([3.4e38]), BF16).astype(float)).all()
 
 
@@ -79,12 +82,15 @@ def test_ulp_distance_counts_representable_values():
     assert np.isnan(error_stats.ulp_distance(np.array([np.nan], f32), np.array([1.0]))).all()
 
 
-@pytest.mark.parametrize("dtype, value, expected", [
-    (BF16, 1 + 2**-10, 2**-10 / (1 + 2**-10)),  # rounds to 1
-    (np.float32, 1 + 2**-30, 2**-30 / (1 + 2**-30)),  # rounds to 1
-    (np.float16, 1 + 2**-12, 2**-12 / (1 + 2**-12)),
-    (np.float64, 1 + 2**-30, 0.0),
-])
+@pytest.mark.parametrize(
+    "dtype, value, expected",
+    [
+        (BF16, 1 + 2**-10, 2**-10 / (1 + 2**-10)),  # rounds to 1
+        (np.float32, 1 + 2**-30, 2**-30 / (1 + 2**-30)),  # rounds to 1
+        (np.float16, 1 + 2**-12, 2**-12 / (1 + 2**-12)),
+        (np.float64, 1 + 2**-30, 0.0),
+    ],
+)
 def test_rounding_floor_hand_cases(dtype, value, expected):
     ref = np.full((1, 6, 2, 3), value)
     assert error_stats.rounding_floor(ref, dtype, np.array([0, 6])) == pytest.approx(expected, rel=1e-12)
@@ -122,10 +128,31 @@ def test_growth_exponent_and_token_errors():
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "cpu"
-    argv = ["--impl", "numpy", "--impl", "numpy-recurrent", "--impl", BUG, "--impl", "cupy-chunk",
-            "--dtype", "float32", "--dtype", "bfloat16", "--quick", "--max-tokens", "256", "--seed", "3",
-            "--properties", "matches_reference,determinism,varlen_equals_separate", "--max-examples", "5",
-            "--out", str(out)]
+    argv = [
+        "--impl",
+        "numpy",
+        "--impl",
+        "numpy-recurrent",
+        "--impl",
+        BUG,
+        "--impl",
+        "cupy-chunk",
+        "--dtype",
+        "float32",
+        "--dtype",
+        "bfloat16",
+        "--quick",
+        "--max-tokens",
+        "256",
+        "--seed",
+        "3",
+        "--properties",
+        "matches_reference,determinism,varlen_equals_separate",
+        "--max-examples",
+        "5",
+        "--out",
+        str(out),
+    ]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         assert cli.main(["report", *argv]) == 0
@@ -162,8 +189,18 @@ def test_report_writes_every_file_with_valid_pngs(made):
 def test_results_json_sections_and_finite_numbers(made):
     out, _, _ = made
     doc = json.loads((out / "results.json").read_text())
-    for section in ("environment", "config", "summary", "error_vs_length", "rounding_floor", "distributions",
-                    "error_map", "gate_sweep", "beta_sweep", "properties"):
+    for section in (
+        "environment",
+        "config",
+        "summary",
+        "error_vs_length",
+        "rounding_floor",
+        "distributions",
+        "error_map",
+        "gate_sweep",
+        "beta_sweep",
+        "properties",
+    ):
         assert section in doc, section
     numbers = list(walk_numbers(doc))
     assert len(numbers) > 500
@@ -178,8 +215,9 @@ def test_results_json_sections_and_finite_numbers(made):
         assert [s["impl"] for s in doc["config"]["skipped"]] == ["cupy-chunk"]
         assert "unavailable" in doc["config"]["skipped"][0]["reason"]
     # Every implementation x dtype measured at every length, without a null.
-    assert {(e["impl"], e["dtype"]) for e in doc["error_vs_length"]} >= {(n, d) for n in names[:3]
-                                                                         for d in ("float32", "bfloat16")}
+    assert {(e["impl"], e["dtype"]) for e in doc["error_vs_length"]} >= {
+        (n, d) for n in names[:3] for d in ("float32", "bfloat16")
+    }
     for e in doc["error_vs_length"]:
         assert e["lengths"] == [64, 128, 256] and None not in e["output_rms"] and e["exponent"] is not None
 
@@ -232,8 +270,9 @@ def test_property_table_has_failures_with_replay_commands(made):
     assert replay.startswith("gdn-verify replay /") and replay.endswith(f"--impl {BUG}")
     case = Path(failed["failure"]["case"])
     assert case.is_file() and case.parent == out / "cases"
-    rerun = subprocess.run([sys.executable, "cli.py", *replay.split()[1:]], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)
+    rerun = subprocess.run(
+        [sys.executable, "cli.py", *replay.split()[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 1 and "failed" in rerun.stdout
     md = (out / "report.md").read_text()
     page = (out / "index.html").read_text()
@@ -251,13 +290,16 @@ def test_progress_and_summary_are_printed(made):
     assert f"report written to {out / 'index.html'}" in printed
 
 
-@pytest.mark.parametrize("kw, field", [
-    (dict(dtypes=["int8"]), "dtypes"),
-    (dict(impls=["nonsense"]), "impl"),
-    (dict(max_tokens=4), "max_tokens"),
-    (dict(properties=["bogus"]), "properties"),
-    (dict(max_examples=0), "max_examples"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(dtypes=["int8"]), "dtypes"),
+        (dict(impls=["nonsense"]), "impl"),
+        (dict(max_tokens=4), "max_tokens"),
+        (dict(properties=["bogus"]), "properties"),
+        (dict(max_examples=0), "max_examples"),
+    ],
+)
 def test_misuse_is_a_configuration_error(kw, field):
     with pytest.raises(ConfigurationError) as info:
         report.options(**kw)
@@ -277,9 +319,28 @@ def test_only_unavailable_implementations_is_a_configuration_error():
 def test_cli_report_without_gpu_exits_0_and_names_what_it_skipped(tmp_path):
     if report.gpu_usable():
         pytest.skip("a GPU is usable here: nothing is skipped by default")
-    done = subprocess.run([sys.executable, "cli.py", "report", "--quick", "--max-tokens", "64", "--properties",
-                           "determinism", "--max-examples", "2", "--dtype", "float32", "--out", str(tmp_path / "r")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "cli.py",
+            "report",
+            "--quick",
+            "--max-tokens",
+            "64",
+            "--properties",
+            "determinism",
+            "--max-examples",
+            "2",
+            "--dtype",
+            "float32",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     for name in report.GPU_DEFAULTS:
         assert f"skipped: {name}:" in done.stdout
@@ -291,9 +352,19 @@ def chromium_dom(page: Path, tmp_path: Path) -> str:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not on PATH (Debian: apt-get install -y chromium)")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+    ]
     done = subprocess.run([browser, *flags, page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -325,5 +396,4 @@ def test_committed_gpu_report_renders_every_figure(tmp_path):
     assert page.is_file(), "the committed GPU report is missing"
     assert body_counts(chromium_dom(page, tmp_path)) == (len(FIGURE_NAMES), len(FIGURE_NAMES))
     results = json.loads((COMMITTED_GPU_REPORT / "results.json").read_text())
-    assert {row["impl"] for row in results["summary"]} == {"cupy-chunk", "cupy-recurrent", "fla-chunk",
-                                                          "fla-recurrent"}
+    assert {row["impl"] for row in results["summary"]} == {"cupy-chunk", "cupy-recurrent", "fla-chunk", "fla-recurrent"}

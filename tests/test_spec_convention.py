@@ -14,8 +14,7 @@ PROP = "spec_decode_slots"
 
 
 def run(fn, tmp_path, dtype="float32", n=40, seed=0):
-    result = check(fn, convention="spec", dtype=dtype, properties=[PROP], max_examples=n, seed=seed,
-                   cases_dir=tmp_path)
+    result = check(fn, convention="spec", dtype=dtype, properties=[PROP], max_examples=n, seed=seed, cases_dir=tmp_path)
     return result[PROP]
 
 
@@ -39,8 +38,7 @@ def _padding_tokens(cu, indices, accepted):
 
 
 def test_negative_index_used_as_an_offset_is_caught(tmp_path):
-    def writes_pool_minus_one(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens,
-                              **kw):
+    def writes_pool_minus_one(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, **kw):
         o = cs.spec_reference(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, **kw)
         if _padding_tokens(cu_seqlens, ssm_state_indices, num_accepted_tokens):
             state_pool[-1] = 0.0  # a padding request's -1 index taken as "last slot"

@@ -87,8 +87,14 @@ def test_tf32_products_fail_float32_matches_reference():
 
 
 def test_tf32_variant_fails_the_property(tmp_path):
-    result = check("numpy-chunk-tf32", dtype="float32", properties=["matches_reference"], max_examples=30, seed=1,
-                   cases_dir=tmp_path)["matches_reference"]
+    result = check(
+        "numpy-chunk-tf32",
+        dtype="float32",
+        properties=["matches_reference"],
+        max_examples=30,
+        seed=1,
+        cases_dir=tmp_path,
+    )["matches_reference"]
     assert result.status == "failed"
 
 

@@ -213,8 +213,13 @@ def decode_bench(
 
         def step_for(d, variant, reuse=True):
             args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
-            step = DecodeStep(**args, state=d["initial_state"], use_qk_l2norm_in_kernel=True, reuse_output=reuse,
-                              decode_variant=variant)  # fmt: skip
+            step = DecodeStep(
+                **args,
+                state=d["initial_state"],
+                use_qk_l2norm_in_kernel=True,
+                reuse_output=reuse,
+                decode_variant=variant,
+            )
             return lambda: step(**args, state=d["initial_state"])
 
         dst = [_empty_like(torch, cupy, d["initial_state"]) for d in data]
@@ -237,10 +242,12 @@ def decode_bench(
                 return _time_cupy_graph(cupy, calls)
 
             ours_us = timed([lambda d=d: our_call(d) for d in data])
-            copy_fw_us = _time_cupy_graph(cupy, [lambda d=d, o=o: o.__setitem__(Ellipsis, d["initial_state"])
-                                                 for d, o in zip(data, dst)])  # fmt: skip
-        copy_sm_us = timed([lambda d=d, o=o, n=state_bytes: sm_copy(_ptr(d["initial_state"]), _ptr(o), n)
-                            for d, o in zip(data, dst)])  # fmt: skip
+            copy_fw_us = _time_cupy_graph(
+                cupy, [lambda d=d, o=o: o.__setitem__(Ellipsis, d["initial_state"]) for d, o in zip(data, dst)]
+            )
+        copy_sm_us = timed(
+            [lambda d=d, o=o, n=state_bytes: sm_copy(_ptr(d["initial_state"]), _ptr(o), n) for d, o in zip(data, dst)]
+        )
         copy_us = min(copy_fw_us, copy_sm_us)
         variant_us = {}
         for name in DECODE_VARIANTS:
@@ -297,8 +304,10 @@ def decode_bench(
         rows.append(row)
         fla_text = "n/a" if fla_us is None else f"{fla_us:.1f} us ({row['fla_frac']:.0%})"
         var_text = ", ".join(f"{n} {t:.1f} us ({copy_us / t:.0%})" for n, t in variant_us.items())
-        say(f"B={B}: ours {ours_us:.1f} us ({row['ours_frac']:.0%} of copy), FLA {fla_text}, copy {copy_us:.1f} us "
-            f"(framework {copy_fw_us:.1f}, SM kernel {copy_sm_us:.1f}); variants: {var_text}")  # fmt: skip
+        say(
+            f"B={B}: ours {ours_us:.1f} us ({row['ours_frac']:.0%} of copy), FLA {fla_text}, copy {copy_us:.1f} us "
+            f"(framework {copy_fw_us:.1f}, SM kernel {copy_sm_us:.1f}); variants: {var_text}"
+        )
         del data, dst
     return rows
 

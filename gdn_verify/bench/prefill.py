@@ -50,8 +50,14 @@ def _torch_inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int
     g = torch.nn.functional.logsigmoid(torch.rand(1, T, HV, generator=gen, device=dev))
     beta = torch.rand(1, T, HV, generator=gen, device=dev).sigmoid()
     cu = torch.arange(seqs + 1, device=dev, dtype=torch.int64) * length
-    return dict(q=randn(1, T, H, K).to(bf16), k=k.to(bf16), v=randn(1, T, HV, V).to(bf16), g=g,
-                beta=beta.to(bf16), cu_seqlens=cu)
+    return dict(
+        q=randn(1, T, H, K).to(bf16),
+        k=k.to(bf16),
+        v=randn(1, T, HV, V).to(bf16),
+        g=g,
+        beta=beta.to(bf16),
+        cu_seqlens=cu,
+    )
 
 
 def _cupy_inputs(cupy, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed: int) -> dict:
@@ -62,9 +68,14 @@ def _cupy_inputs(cupy, seqs: int, length: int, H: int, HV: int, K: int, V: int, 
     g = -cupy.log1p(cupy.exp(-rng.random((1, T, HV), dtype=cupy.float32)))  # logsigmoid(U(0, 1))
     beta = 1.0 / (1.0 + cupy.exp(-rng.random((1, T, HV), dtype=cupy.float32)))
     f16 = cupy.float16
-    return dict(q=rng.standard_normal((1, T, H, K), dtype=cupy.float32).astype(f16), k=k.astype(f16),
-                v=rng.standard_normal((1, T, HV, V), dtype=cupy.float32).astype(f16), g=g,
-                beta=beta.astype(f16), cu_seqlens=cupy.arange(seqs + 1, dtype=cupy.int64) * length)
+    return dict(
+        q=rng.standard_normal((1, T, H, K), dtype=cupy.float32).astype(f16),
+        k=k.astype(f16),
+        v=rng.standard_normal((1, T, HV, V), dtype=cupy.float32).astype(f16),
+        g=g,
+        beta=beta.astype(f16),
+        cu_seqlens=cupy.arange(seqs + 1, dtype=cupy.int64) * length,
+    )
 
 
 def prefill_bench(
@@ -139,8 +150,10 @@ def prefill_bench(
 def _format_row(row: dict) -> str:
     text = f"{row['sequences']} x {row['length']}: ours {row['ours_ms']:.3f} ms ({row['ours_mtok_s']:.1f} Mtok/s)"
     if "fla_ms" in row:
-        text += (f", FLA {row['fla_ms']:.3f} ms ({row['fla_mtok_s']:.1f} Mtok/s), ratio {row['ratio']:.2f}, "
-                 f"rel diff {row['rel_diff']:.1e}")
+        text += (
+            f", FLA {row['fla_ms']:.3f} ms ({row['fla_mtok_s']:.1f} Mtok/s), ratio {row['ratio']:.2f}, "
+            f"rel diff {row['rel_diff']:.1e}"
+        )
     return text
 
 
@@ -155,10 +168,15 @@ def format_table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        fla = (f"{r['fla_ms']:.3f} | {r['fla_mtok_s']:.1f} | {r['ratio']:.2f} | {r['rel_diff']:.1e}"
-               if "fla_ms" in r else "n/a | n/a | n/a | n/a")
-        lines.append(f"| {r['sequences']} x {r['length']} | {r['tokens']} | {r['ours_ms']:.3f} | "
-                     f"{r['ours_mtok_s']:.1f} | {fla} |")
+        fla = (
+            f"{r['fla_ms']:.3f} | {r['fla_mtok_s']:.1f} | {r['ratio']:.2f} | {r['rel_diff']:.1e}"
+            if "fla_ms" in r
+            else "n/a | n/a | n/a | n/a"
+        )
+        lines.append(
+            f"| {r['sequences']} x {r['length']} | {r['tokens']} | {r['ours_ms']:.3f} | "
+            f"{r['ours_mtok_s']:.1f} | {fla} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 

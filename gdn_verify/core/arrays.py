@@ -30,6 +30,7 @@ def _torch():
 def _cupy():
     try:
         import cupy
+
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise ArrayKindUnavailable("cupy arrays need a CUDA GPU; none is visible")
     except ImportError as exc:
@@ -59,12 +60,13 @@ def to_kind(x: np.ndarray | None, kind: str) -> Any:
         torch = _torch()
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if x.dtype == DTYPES["bfloat16"]:
-            return torch.from_numpy(x.astype(np.float32)).to(device=device, dtype=torch.bfloat16)
+            # contiguous, like every other dtype: kernels may refuse strided inputs (a property's views)
+            return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device=device, dtype=torch.bfloat16)
         return torch.from_numpy(np.ascontiguousarray(x)).to(device)
     cupy = _cupy()
     if x.dtype == DTYPES["bfloat16"]:
         raise NotImplementedError("CuPy has no bfloat16 arrays; use torch arrays for bfloat16")
-    return cupy.asarray(x)
+    return cupy.asarray(np.ascontiguousarray(x))
 
 
 def to_numpy(x: Any) -> np.ndarray | None:

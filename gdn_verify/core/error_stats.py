@@ -106,7 +106,10 @@ def ulp_histogram(distance: np.ndarray) -> dict:
     counts.append(int(np.sum(finite > ULP_BIN_EDGES[-1])))
     n = finite.size
     return dict(
-        labels=labels, counts=counts, nan=int(d.size - n), total=int(d.size),
+        labels=labels,
+        counts=counts,
+        nan=int(d.size - n),
+        total=int(d.size),
         correctly_rounded=float(np.mean(finite == 0)) if n else None,
         within_1ulp=float(np.mean(finite <= 1)) if n else None,
         median=float(np.median(finite)) if n else None,
@@ -126,8 +129,12 @@ def relative_error_histogram(rel: np.ndarray) -> dict:
     counts, _ = np.histogram(logs, bins=np.array(REL_LOG10_EDGES))
     n = defined.size
     return dict(
-        log10_edges=list(REL_LOG10_EDGES), counts=counts.astype(int).tolist(), exact=exact,
-        undefined=int(r.size - n), nonfinite=int(np.sum(np.isinf(defined))), total=int(r.size),
+        log10_edges=list(REL_LOG10_EDGES),
+        counts=counts.astype(int).tolist(),
+        exact=exact,
+        undefined=int(r.size - n),
+        nonfinite=int(np.sum(np.isinf(defined))),
+        total=int(r.size),
         median=float(np.median(defined)) if n else None,
         p99=float(np.quantile(defined, 0.99)) if n else None,
         max=float(defined.max()) if n else None,

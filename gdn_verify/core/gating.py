@@ -41,9 +41,15 @@ def gates_from_raw(A_log, a, dt_bias, b) -> tuple[np.ndarray, np.ndarray]:
     return log_decay(A_log, a, dt_bias), sigmoid(b)
 
 
-def in_kernel_gates(g, beta, use_gate_in_kernel: bool = False, A_log=None, dt_bias=None,
-                    use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def in_kernel_gates(
+    g,
+    beta,
+    use_gate_in_kernel: bool = False,
+    A_log=None,
+    dt_bias=None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """Native float64 ``(g, beta)`` from FLA 0.6's in-kernel gate options.
 
     ``use_gate_in_kernel``: ``g`` is the raw gate input ``a`` and the decay is

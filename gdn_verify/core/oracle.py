@@ -32,8 +32,11 @@ def numpy_oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     kw = problem.kwargs()
     kw["output_final_state"] = True
     kw["state_v_first"] = problem.state_v_first
-    form = chunk_gated_delta_rule if problem.lengths.max(initial=0) > RECURRENT_ORACLE_MAX_TOKENS else \
-        recurrent_gated_delta_rule
+    form = (
+        chunk_gated_delta_rule
+        if problem.lengths.max(initial=0) > RECURRENT_ORACLE_MAX_TOKENS
+        else recurrent_gated_delta_rule
+    )
     o, state = form(**kw)
     assert state is not None  # output_final_state=True
     return o, state

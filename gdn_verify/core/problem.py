@@ -73,9 +73,16 @@ class Problem:
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the native call (``state_v_first`` only when set)."""
         kw = dict(
-            q=self.q, k=self.k, v=self.v, g=self.g, beta=self.beta, scale=self.scale,
-            initial_state=self.initial_state, output_final_state=self.output_final_state,
-            use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel, cu_seqlens=self.cu_seqlens,
+            q=self.q,
+            k=self.k,
+            v=self.v,
+            g=self.g,
+            beta=self.beta,
+            scale=self.scale,
+            initial_state=self.initial_state,
+            output_final_state=self.output_final_state,
+            use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel,
+            cu_seqlens=self.cu_seqlens,
         )
         if self.state_v_first:
             kw["state_v_first"] = True
@@ -90,8 +97,11 @@ class Problem:
         ``initial_state``: the state to start from (default: the problem's own).
         """
         state = self.initial_state if isinstance(initial_state, str) else initial_state
-        return self.replace(**{name: getattr(self, name)[:, start:end] for name in INPUT_FIELDS},
-                            initial_state=state, output_final_state=True)
+        return self.replace(
+            **{name: getattr(self, name)[:, start:end] for name in INPUT_FIELDS},
+            initial_state=state,
+            output_final_state=True,
+        )
 
     def take(self, index: np.ndarray, cu_seqlens: np.ndarray, initial_state: np.ndarray | None) -> Problem:
         """A varlen call (``B == 1``) of the flat ``B * T`` tokens ``index``, packed by ``cu_seqlens``."""
@@ -99,15 +109,17 @@ class Problem:
         for name in INPUT_FIELDS:
             x = getattr(self, name)
             fields[name] = x.reshape((1, -1) + x.shape[2:])[:, np.asarray(index, np.int64)]
-        return self.replace(**fields, cu_seqlens=np.asarray(cu_seqlens, np.int64), initial_state=initial_state,
-                            output_final_state=True)
+        return self.replace(
+            **fields, cu_seqlens=np.asarray(cu_seqlens, np.int64), initial_state=initial_state, output_final_state=True
+        )
 
     def sequence(self, n: int) -> Problem:
         """Sequence ``n`` (of a varlen pack or a batch) as a call of its own, from its own initial state."""
         start, end = self.bounds[n], self.bounds[n + 1]
         state = None if self.initial_state is None else self.initial_state[n : n + 1]
         return self.take(np.arange(start, end), np.array([0, end - start]), state).replace(
-            output_final_state=self.output_final_state)
+            output_final_state=self.output_final_state
+        )
 
     def astype(self, dtype) -> Problem:
         """The same problem with ``q, k, v, g, beta`` rounded to ``dtype``."""
@@ -145,8 +157,11 @@ class Problem:
         if self.cu_seqlens is not None:
             arrays["cu_seqlens"] = np.asarray(self.cu_seqlens, np.int64)
         meta = dict(
-            dtype=dtype_name(self.dtype), scale=self.scale, output_final_state=self.output_final_state,
-            use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel, state_v_first=self.state_v_first,
+            dtype=dtype_name(self.dtype),
+            scale=self.scale,
+            output_final_state=self.output_final_state,
+            use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel,
+            state_v_first=self.state_v_first,
             metadata=metadata,
         )
         np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)

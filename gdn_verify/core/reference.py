@@ -145,7 +145,16 @@ def chunk_gated_delta_rule(
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
     p = pack(
-        q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        use_qk_l2norm_in_kernel,
+        state_v_first,
+        cu_seqlens,
         pad_to_multiple=int(chunk_size),
     )
     o, S = chunk_core(p, int(chunk_size))
@@ -179,8 +188,16 @@ def decode_gated_delta_rule(
     if scale == 0.0:
         scale = None
     o, new_state = recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale=scale, initial_state=state, output_final_state=True,
-        use_qk_l2norm_in_kernel=use_qk_l2norm, state_v_first=True,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=scale,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm,
+        state_v_first=True,
     )
     assert new_state is not None  # output_final_state=True
     return o, new_state

@@ -122,7 +122,7 @@ class Kappa:
     output_token: float
     state: float
     # Sensitivity to the float32 chunk-local gate cumsum's rounding (0 without gates).
-    gate: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    gate: tuple[float, ...] = (0.0, 0.0, 0.0)
 
 
 METRICS = ("output_rms", "output_token", "state")
@@ -140,7 +140,7 @@ class Tolerance:
     state: float
     kappa_output: float
     kappa_state: float
-    algorithm: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    algorithm: tuple[float, ...] = (0.0, 0.0, 0.0)
     cause: str = ""
 
     def uniform(self, name: str) -> float:
@@ -148,8 +148,15 @@ class Tolerance:
         return getattr(self, name) - self.algorithm[METRICS.index(name)]
 
     def scaled(self, factor: float) -> Tolerance:
-        return Tolerance(self.output_rms * factor, self.output_token * factor, self.state * factor,
-                         self.kappa_output, self.kappa_state, tuple(x * factor for x in self.algorithm), self.cause)
+        return Tolerance(
+            self.output_rms * factor,
+            self.output_token * factor,
+            self.state * factor,
+            self.kappa_output,
+            self.kappa_state,
+            tuple(x * factor for x in self.algorithm),
+            self.cause,
+        )
 
     def violations(self, errors: Errors) -> list[str]:
         """Human-readable list of the metrics that exceed their bound (empty when within)."""
@@ -166,8 +173,11 @@ class Tolerance:
         """One line when every metric is within its bound but one is above its uniform bound."""
         if self.violations(errors):
             return ""
-        above = [f"{name} {getattr(errors, name):.3g} > {self.uniform(name):.3g}" for name in METRICS
-                 if getattr(errors, name) > self.uniform(name)]
+        above = [
+            f"{name} {getattr(errors, name):.3g} > {self.uniform(name):.3g}"
+            for name in METRICS
+            if getattr(errors, name) > self.uniform(name)
+        ]
         return f"{ABOVE_UNIFORM} ({', '.join(above)}): {self.cause}" if above else ""
 
 
@@ -205,8 +215,10 @@ def output_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> tuple[f
         return float("nan"), float("nan"), (int(t), int(h))
     # Within a block the denominator is constant, so the block's relative RMS error is the
     # RMS of its per-token errors.
-    rms = max((float(np.max(np.sqrt(np.mean(tok[a:b] ** 2, axis=0)))) for a, b in zip(bounds[:-1], bounds[1:])
-               if b > a), default=0.0)
+    rms = max(
+        (float(np.max(np.sqrt(np.mean(tok[a:b] ** 2, axis=0)))) for a, b in zip(bounds[:-1], bounds[1:]) if b > a),
+        default=0.0,
+    )
     t, h = np.unravel_index(np.argmax(tok), tok.shape)
     return rms, float(tok[t, h]), (int(t), int(h))
 
@@ -273,12 +285,15 @@ def gate_cumsum_cause(problem: Problem) -> str:
     n = int(np.searchsorted(problem.bounds, flat, side="right") - 1)
     position = int(flat - problem.bounds[n])
     first = max(position - MAX_CHUNK + 1, 0)
-    return (f"float32 chunk-local gate cumsum (|cumsum| up to {a.max():.3g} in the {MAX_CHUNK}-token chunk "
-            f"[{first}, {position}] of sequence {n}, value head {h})")
+    return (
+        f"float32 chunk-local gate cumsum (|cumsum| up to {a.max():.3g} in the {MAX_CHUNK}-token chunk "
+        f"[{first}, {position}] of sequence {n}, value head {h})"
+    )
 
 
-def condition(problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: int = 0,
-              oracle: Oracle = numpy_oracle) -> Kappa:
+def condition(
+    problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: int = 0, oracle: Oracle = numpy_oracle
+) -> Kappa:
     """Estimated relative condition numbers of the three metrics, each at least 1.
 
     The oracle (default: the NumPy one) is rerun on inputs multiplied
@@ -301,13 +316,13 @@ def condition(problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: 
         nudged = nudged.replace(scale=problem.scale * (1.0 + PERTURBATION))
     o2, s2 = oracle(nudged)
     errors = measure(o2, s2, reference[0], reference[1], problem)
-    kappa = [max(1.0, getattr(errors, name) / PERTURBATION) for name in METRICS]
+    rms, token, state = (max(1.0, getattr(errors, name) / PERTURBATION) for name in METRICS)
     a = chunk_gate_sums(problem)
     if not a.size or a.max() == 0:
-        return Kappa(*kappa)
+        return Kappa(rms, token, state)
     shifted = problem.replace(g=np.asarray(problem.g, np.float64) + PERTURBATION * rng.choice([-1.0, 1.0], a.shape) * a)
     errors = measure(*oracle(shifted), reference[0], reference[1], problem)
-    return Kappa(*kappa, gate=tuple(float(getattr(errors, name) / PERTURBATION) for name in METRICS))
+    return Kappa(rms, token, state, gate=tuple(float(getattr(errors, name) / PERTURBATION) for name in METRICS))
 
 
 def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
@@ -316,14 +331,19 @@ def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
     u_in = unit_roundoff(problem.dtype)
     u_out = unit_roundoff(output_dtype if output_dtype is not None else problem.dtype)
     arithmetic = C_IN * u_in + C_WORK * np.sqrt(dot_length) * UNIT_ROUNDOFF_FP32
-    uniform = (u_out + arithmetic * kappa.output_rms, TOKEN_FACTOR * (u_out + arithmetic * kappa.output_token),
-               arithmetic * kappa.state)
+    uniform = (
+        u_out + arithmetic * kappa.output_rms,
+        TOKEN_FACTOR * (u_out + arithmetic * kappa.output_token),
+        arithmetic * kappa.state,
+    )
     gate = C_GATE * UNIT_ROUNDOFF_FP32
     extra = (gate * kappa.gate[0], TOKEN_FACTOR * gate * kappa.gate[1], gate * kappa.gate[2])
     return Tolerance(
-        *(float(u + e) for u, e in zip(uniform, extra)),
+        output_rms=float(uniform[0] + extra[0]),
+        output_token=float(uniform[1] + extra[1]),
+        state=float(uniform[2] + extra[2]),
         kappa_output=float(kappa.output_rms),
         kappa_state=float(kappa.state),
-        algorithm=tuple(float(e) for e in extra),
+        algorithm=(float(extra[0]), float(extra[1]), float(extra[2])),
         cause=gate_cumsum_cause(problem) if any(extra) else "",
     )

@@ -95,8 +95,7 @@ def output_contract_violations(result: Result, problem: Problem) -> list[str]:
     return problems
 
 
-def run_checked(impl: Implementation, problem: Problem, form: str | None = None, options: dict | None = None
-                ) -> Result:
+def run_checked(impl: Implementation, problem: Problem, form: str | None = None, options: dict | None = None) -> Result:
     """Run ``impl``; a wrong output shape or type is a :class:`Violation`, not a crash."""
     try:
         result = impl.run(problem, form, options)
@@ -117,32 +116,51 @@ def _state_kfirst(state: Any, problem: Problem) -> Any:
     return None if state is None else (state.swapaxes(-1, -2) if problem.state_v_first else state)
 
 
-def compare(problem: Problem, result: Result, reference: tuple, tolerance: tol.Tolerance, factor: float = 1.0,
-            what: str = "oracle") -> Measurement:
+def compare(
+    problem: Problem,
+    result: Result,
+    reference: tuple,
+    tolerance: tol.Tolerance,
+    factor: float = 1.0,
+    what: str = "oracle",
+) -> Measurement:
     """Errors of ``result`` against ``reference`` (NumPy ``(o, final_state)``) within ``factor * tolerance``."""
     if result.o is None or not np.all(np.isfinite(np.asarray(result.o, np.float64))):
         raise Violation(f"non-finite output values (NaN/Inf) where the {what} is finite")
     if result.final_state is not None and not np.all(np.isfinite(np.asarray(result.final_state, np.float64))):
         raise Violation(f"non-finite final state values where the {what} is finite")
-    errors = tol.measure(result.o, _state_kfirst(as64(result.final_state), problem), reference[0],
-                         _state_kfirst(as64(reference[1]), problem), problem)
+    errors = tol.measure(
+        result.o,
+        _state_kfirst(as64(result.final_state), problem),
+        reference[0],
+        _state_kfirst(as64(reference[1]), problem),
+        problem,
+    )
     bound = tolerance.scaled(factor)
     bad = bound.violations(errors)
-    ratios = [errors.output_rms / bound.output_rms, errors.output_token / bound.output_token,
-              errors.state / bound.state if bound.state else 0.0]
+    ratios = [
+        errors.output_rms / bound.output_rms,
+        errors.output_token / bound.output_token,
+        errors.state / bound.state if bound.state else 0.0,
+    ]
     worst = int(np.argmax(ratios))
     name = tol.METRICS[worst]
-    m = Measurement(getattr(errors, name), getattr(bound, name), f"{name} vs {what}", bound.uniform(name),
-                    bound.note(errors))
+    m = Measurement(
+        getattr(errors, name), getattr(bound, name), f"{name} vs {what}", bound.uniform(name), bound.note(errors)
+    )
     if bad:
         where = []
         if errors.worst_token is not None and worst < 2:
             where.append(f"worst token {errors.worst_token[0]} (flat B*T index), value head {errors.worst_token[1]}")
         if errors.worst_sequence is not None and worst == 2:
-            where.append(f"worst final state: sequence {errors.worst_sequence[0]}, value head "
-                         f"{errors.worst_sequence[1]}")
-        raise Violation(f"{'; '.join(bad)} (against the {what}; kappa_o={tolerance.kappa_output:.3g}, "
-                        f"kappa_s={tolerance.kappa_state:.3g}){'; ' + '; '.join(where) if where else ''}", m)
+            where.append(
+                f"worst final state: sequence {errors.worst_sequence[0]}, value head {errors.worst_sequence[1]}"
+            )
+        raise Violation(
+            f"{'; '.join(bad)} (against the {what}; kappa_o={tolerance.kappa_output:.3g}, "
+            f"kappa_s={tolerance.kappa_state:.3g}){'; ' + '; '.join(where) if where else ''}",
+            m,
+        )
     return m
 
 
@@ -155,9 +173,11 @@ def oracle_and_tolerance(problem: Problem, oracle: Oracle = numpy_oracle) -> tup
 
 def bitwise_equal(a: Result, b: Result) -> bool:
     """Outputs and final states are bitwise identical (both None counts as equal)."""
-    return all((x is None and y is None) or (x is not None and y is not None and
-                                             np.asarray(x).tobytes() == np.asarray(y).tobytes())
-               for x, y in ((a.o, b.o), (a.final_state, b.final_state)))
+    return all(
+        (x is None and y is None)
+        or (x is not None and y is not None and np.asarray(x).tobytes() == np.asarray(y).tobytes())
+        for x, y in ((a.o, b.o), (a.final_state, b.final_state))
+    )
 
 
 def sequence_part(r: Result, problem: Problem, n: int) -> Result:

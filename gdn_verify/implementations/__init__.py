@@ -45,12 +45,12 @@ def _fla_style(name: str, chunk_size: int, cumsum_dtype=np.float32, tf32: bool =
     """A built-in NumPy model of the production chunked algorithm (``numpy_impl.chunk_fla_core``)."""
 
     def run(**kw):
-        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=chunk_size, cumsum_dtype=cumsum_dtype,
-                                                     tf32=tf32)
+        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=chunk_size, cumsum_dtype=cumsum_dtype, tf32=tf32)
 
     cumsum = np.dtype(cumsum_dtype).name
     return lambda: Implementation(
-        name, {"chunk": run},
+        name,
+        {"chunk": run},
         description=f"float32 NumPy chunked as FLA writes it, C={chunk_size}, {cumsum} chunk-local gate cumsum{what}",
     )
 
@@ -58,8 +58,11 @@ def _fla_style(name: str, chunk_size: int, cumsum_dtype=np.float32, tf32: bool =
 BUILTIN: dict[str, Callable[[], Implementation]] = {
     "numpy": lambda: Implementation(
         "numpy",
-        {"chunk": numpy_impl.chunk_gated_delta_rule, "recurrent": numpy_impl.recurrent_gated_delta_rule,
-         SPEC_FORM: spec.spec_reference},
+        {
+            "chunk": numpy_impl.chunk_gated_delta_rule,
+            "recurrent": numpy_impl.recurrent_gated_delta_rule,
+            SPEC_FORM: spec.spec_reference,
+        },
         description="float32 NumPy, chunked (C=64) with recurrent and speculative-decoding forms",
     ),
     "numpy-chunk": lambda: Implementation(
@@ -119,8 +122,9 @@ def load_plugin(spec_text: str, array: str = "numpy", convention: str = "native"
     return from_callable(fn, array, convention, name=spec_text)
 
 
-def from_callable(fn: Callable, array: str = "numpy", convention: str = "native", name: str | None = None
-                  ) -> Implementation:
+def from_callable(
+    fn: Callable, array: str = "numpy", convention: str = "native", name: str | None = None
+) -> Implementation:
     """A user's callable as an implementation (its only form: native, or spec with ``convention="spec"``).
 
     A chunked plug-in may expose its stages for ``replay --diagnose`` as ``fn.stages`` (a
@@ -133,9 +137,14 @@ def from_callable(fn: Callable, array: str = "numpy", convention: str = "native"
     name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     stages = getattr(fn, "stages", None)
     form = SPEC_FORM if convention == "spec" else "default"
-    return Implementation(name, {form: fn}, array=array, description=f"plug-in {name}",
-                          default_dtype="float32" if array == "numpy" else "bfloat16",
-                          extra={} if stages is None else {"stages": stages})
+    return Implementation(
+        name,
+        {form: fn},
+        array=array,
+        description=f"plug-in {name}",
+        default_dtype="float32" if array == "numpy" else "bfloat16",
+        extra={} if stages is None else {"stages": stages},
+    )
 
 
 def resolve(name: str, array: str | None = None, convention: str = "native") -> Implementation:
@@ -167,8 +176,9 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
     if not plugin and array is not None and array != impl.array:
         raise ConfigurationError("array", f"applies to MODULE:FUNCTION plug-ins; {name} takes {impl.array} arrays")
     if not plugin and convention != "native":
-        raise ConfigurationError("convention", f"applies to MODULE:FUNCTION plug-ins; {name}'s forms are "
-                                 f"{', '.join(impl.forms)}")
+        raise ConfigurationError(
+            "convention", f"applies to MODULE:FUNCTION plug-ins; {name}'s forms are {', '.join(impl.forms)}"
+        )
     try:
         arrays.check_kind(impl.array)
     except arrays.ArrayKindUnavailable as exc:
@@ -201,6 +211,14 @@ def choose_oracle(array: str) -> tuple[str, Oracle]:
 
 
 __all__ = [
-    "ConfigurationError", "ContractError", "Implementation", "Result", "choose_oracle", "default_name",
-    "from_callable", "load_plugin", "names", "resolve",
+    "ConfigurationError",
+    "ContractError",
+    "Implementation",
+    "Result",
+    "choose_oracle",
+    "default_name",
+    "from_callable",
+    "load_plugin",
+    "names",
+    "resolve",
 ]

@@ -46,22 +46,46 @@ def gpu_oracle(q, k, v, g, beta, **kw):
 
 
 def cupy_recurrent() -> Implementation:
-    return Implementation("cupy-recurrent", {"recurrent": recurrent.recurrent_gated_delta_rule}, _array_kind(),
-                          "CuPy recurrent kernel, float32 state", "bfloat16")
+    return Implementation(
+        "cupy-recurrent",
+        {"recurrent": recurrent.recurrent_gated_delta_rule},
+        _array_kind(),
+        "CuPy recurrent kernel, float32 state",
+        "bfloat16",
+    )
 
 
 def cupy_chunk() -> Implementation:
-    return Implementation("cupy-chunk", {"chunk": chunk.chunk_gated_delta_rule}, _array_kind(),
-                          "CuPy chunked (WY/UT) kernel, C=64", "bfloat16")
+    return Implementation(
+        "cupy-chunk",
+        {"chunk": chunk.chunk_gated_delta_rule},
+        _array_kind(),
+        "CuPy chunked (WY/UT) kernel, C=64",
+        "bfloat16",
+    )
 
 
 def cupy_auto() -> Implementation:
-    forms = {"auto": auto, "chunk": chunk.chunk_gated_delta_rule, "recurrent": recurrent.recurrent_gated_delta_rule,
-             SPEC_FORM: decode.spec_decode}
-    return Implementation("cupy", forms, _array_kind(),
-                          f"CuPy kernels: recurrent up to {RECURRENT_MAX_TOKENS} tokens, else chunked", "bfloat16")
+    forms = {
+        "auto": auto,
+        "chunk": chunk.chunk_gated_delta_rule,
+        "recurrent": recurrent.recurrent_gated_delta_rule,
+        SPEC_FORM: decode.spec_decode,
+    }
+    return Implementation(
+        "cupy",
+        forms,
+        _array_kind(),
+        f"CuPy kernels: recurrent up to {RECURRENT_MAX_TOKENS} tokens, else chunked",
+        "bfloat16",
+    )
 
 
 def cupy_oracle() -> Implementation:
-    return Implementation("cupy-oracle", {"recurrent": gpu_oracle}, _array_kind(),
-                          "the recurrent kernel in float64: a GPU oracle (float64 outputs)", "float64")
+    return Implementation(
+        "cupy-oracle",
+        {"recurrent": gpu_oracle},
+        _array_kind(),
+        "the recurrent kernel in float64: a GPU oracle (float64 outputs)",
+        "float64",
+    )

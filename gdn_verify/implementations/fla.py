@@ -66,8 +66,14 @@ class FlaStaged:
         except ImportError as exc:
             raise ConfigurationError("impl", f"FLA is not installed (pip install fla-core==0.6.0): {exc}") from None
         self.torch = torch
-        self.f = dict(cumsum=chunk_local_cumsum, kkt=chunk_scaled_dot_kkt_fwd, solve=solve_tril,
-                      wu=recompute_w_u_fwd, h=chunk_gated_delta_rule_fwd_h, o=chunk_fwd_o)
+        self.f = dict(
+            cumsum=chunk_local_cumsum,
+            kkt=chunk_scaled_dot_kkt_fwd,
+            solve=solve_tril,
+            wu=recompute_w_u_fwd,
+            h=chunk_gated_delta_rule_fwd_h,
+            o=chunk_fwd_o,
+        )
 
     def _t(self, x):
         return self.torch.from_numpy(np.ascontiguousarray(x, np.float32)).cuda()
@@ -79,8 +85,7 @@ class FlaStaged:
         return self._n(self.f["cumsum"](self._t(g), chunk_size=64))
 
     def kkt(self, k, beta, G):
-        return self._n(self.f["kkt"](k=self._t(k), g=self._t(G), beta=self._t(beta),
-                                     output_dtype=self.torch.float32))
+        return self._n(self.f["kkt"](k=self._t(k), g=self._t(G), beta=self._t(beta), output_dtype=self.torch.float32))
 
     def solve_tril(self, A):
         return self._n(self.f["solve"](A=self._t(A), output_dtype=self.torch.float32))
@@ -90,23 +95,41 @@ class FlaStaged:
         return self._n(w), self._n(u)
 
     def fwd_h(self, k, W, U, G, initial_state):
-        h, v_new, final = self.f["h"](k=self._t(k), w=self._t(W), u=self._t(U), g=self._t(G),
-                                      initial_state=self._t(initial_state), output_final_state=True)
+        h, v_new, final = self.f["h"](
+            k=self._t(k),
+            w=self._t(W),
+            u=self._t(U),
+            g=self._t(G),
+            initial_state=self._t(initial_state),
+            output_final_state=True,
+        )
         return self._n(h), self._n(v_new), self._n(final)
 
     def fwd_o(self, q, k, v_new, h, G, scale):
-        return self._n(self.f["o"](q=self._t(q), k=self._t(k), v=self._t(v_new), h=self._t(h), g=self._t(G),
-                                   scale=scale))
+        return self._n(
+            self.f["o"](q=self._t(q), k=self._t(k), v=self._t(v_new), h=self._t(h), g=self._t(G), scale=scale)
+        )
 
 
 def fla_chunk() -> Implementation:
     chunk, _ = _fla()
     arrays.check_kind("torch")
-    return Implementation("fla-chunk", {"chunk": _wrap(chunk)}, "torch", "FLA 0.6 chunk_gated_delta_rule", "bfloat16",
-                          extra={"stages": FlaStaged()})
+    return Implementation(
+        "fla-chunk",
+        {"chunk": _wrap(chunk)},
+        "torch",
+        "FLA 0.6 chunk_gated_delta_rule",
+        "bfloat16",
+        extra={"stages": FlaStaged()},
+    )
 
 
 def fla_recurrent() -> Implementation:
     _, recurrent = _fla()
-    return Implementation("fla-recurrent", {"recurrent": _wrap(recurrent)}, "torch",
-                          "FLA 0.6 fused_recurrent_gated_delta_rule", "bfloat16")
+    return Implementation(
+        "fla-recurrent",
+        {"recurrent": _wrap(recurrent)},
+        "torch",
+        "FLA 0.6 fused_recurrent_gated_delta_rule",
+        "bfloat16",
+    )

@@ -132,8 +132,19 @@ def prefill_adapter(kernel: Callable, ops=None) -> Callable:
     """A native-convention callable running FlashInfer's prefill ``kernel`` (same signature)."""
     ops = ops or NumpyOps()
 
-    def call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-             use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False):
+    def call(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        state_v_first=False,
+    ):
         B, T, H, K, HV, V = _head_shapes(q, v, scale)
         if K != V:
             raise NotImplementedError(f"FlashInfer's GDN has one head_size; K={K} != V={V}")
@@ -171,8 +182,19 @@ def decode_adapter(kernel: Callable, ops=None) -> Callable:
     """A native-convention callable running FlashInfer's decode ``kernel`` one token per step."""
     ops = ops or NumpyOps()
 
-    def call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-             use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False):
+    def call(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        state_v_first=False,
+    ):
         B, T, H, K, HV, V = _head_shapes(q, v, scale)
         bounds = _bounds(ops, cu_seqlens, B, T)
         lengths = np.diff(bounds)
@@ -192,9 +214,16 @@ def decode_adapter(kernel: Callable, ops=None) -> Callable:
             tok = ops.from_host(bounds[running] + t, like=q)
             step_state = ops.contiguous(state[seq])
             o_t, step_state = kernel(
-                q=ops.contiguous(flat[0][tok][:, None]), k=ops.contiguous(flat[1][tok][:, None]),
-                v=ops.contiguous(flat[2][tok][:, None]), state=step_state, A_log=A_log, a=a[tok][:, None],
-                dt_bias=dt_bias, b=b[tok][:, None], scale=scale, use_qk_l2norm=use_qk_l2norm_in_kernel,
+                q=ops.contiguous(flat[0][tok][:, None]),
+                k=ops.contiguous(flat[1][tok][:, None]),
+                v=ops.contiguous(flat[2][tok][:, None]),
+                state=step_state,
+                A_log=A_log,
+                a=a[tok][:, None],
+                dt_bias=dt_bias,
+                b=b[tok][:, None],
+                scale=scale,
+                use_qk_l2norm=use_qk_l2norm_in_kernel,
             )
             o[tok] = ops.cast_like(o_t[:, 0], o)
             state[seq] = step_state
@@ -232,11 +261,21 @@ def _decode_limits(kernel: Callable) -> Callable:
 
 def flashinfer_prefill() -> Implementation:
     prefill, _ = _flashinfer_kernels()
-    return Implementation("flashinfer-prefill", {"chunk": prefill_adapter(prefill, TorchOps())}, "torch",
-                          "FlashInfer chunk_gated_delta_rule (alpha gate, k-last state, packed tokens)", "bfloat16")
+    return Implementation(
+        "flashinfer-prefill",
+        {"chunk": prefill_adapter(prefill, TorchOps())},
+        "torch",
+        "FlashInfer chunk_gated_delta_rule (alpha gate, k-last state, packed tokens)",
+        "bfloat16",
+    )
 
 
 def flashinfer_decode() -> Implementation:
     _, decode = _flashinfer_kernels()
-    return Implementation("flashinfer-decode", {"recurrent": decode_adapter(_decode_limits(decode), TorchOps())},
-                          "torch", "FlashInfer gated_delta_rule_decode_pretranspose, one token per step", "bfloat16")
+    return Implementation(
+        "flashinfer-decode",
+        {"recurrent": decode_adapter(_decode_limits(decode), TorchOps())},
+        "torch",
+        "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
+        "bfloat16",
+    )

@@ -91,14 +91,47 @@ def chunk_fla_core(p, chunk_size: int, cumsum_dtype=np.float32, tf32: bool = Fal
     return np.moveaxis(o, 1, 3).reshape(N, L, HV, V), S
 
 
-def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
-         cu_seqlens, chunk_size: int | None, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-         allow_neg_eigval, core=None):
+def _run(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    initial_state,
+    output_final_state,
+    use_qk_l2norm_in_kernel,
+    state_v_first,
+    cu_seqlens,
+    chunk_size: int | None,
+    use_gate_in_kernel,
+    A_log,
+    dt_bias,
+    use_beta_sigmoid_in_kernel,
+    allow_neg_eigval,
+    core=None,
+):
     if use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
-        g, beta = (x.astype(np.float32) for x in in_kernel_gates(g, beta, use_gate_in_kernel, A_log, dt_bias,
-                                                                 use_beta_sigmoid_in_kernel, allow_neg_eigval))
-    p = pack(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
-             dtype=np.float32, pad_to_multiple=chunk_size or 1)
+        g, beta = (
+            x.astype(np.float32)
+            for x in in_kernel_gates(
+                g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval
+            )
+        )
+    p = pack(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        use_qk_l2norm_in_kernel,
+        state_v_first,
+        cu_seqlens,
+        dtype=np.float32,
+        pad_to_multiple=chunk_size or 1,
+    )
     if core is not None:
         o, S = core(p, chunk_size)
     else:
@@ -107,30 +140,108 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2no
     return unpack_output(p, o).astype(np.asarray(v).dtype), final_state
 
 
-def recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False,
-                               use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
-                               allow_neg_eigval=False):
+def recurrent_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+    state_v_first=False,
+    use_gate_in_kernel=False,
+    A_log=None,
+    dt_bias=None,
+    use_beta_sigmoid_in_kernel=False,
+    allow_neg_eigval=False,
+):
     """Float32 token loop. Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 | None)``."""
-    return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                state_v_first, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                allow_neg_eigval)
+    return _run(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        use_qk_l2norm_in_kernel,
+        state_v_first,
+        cu_seqlens,
+        None,
+        use_gate_in_kernel,
+        A_log,
+        dt_bias,
+        use_beta_sigmoid_in_kernel,
+        allow_neg_eigval,
+    )
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, chunk_size=64,
-                           use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
-                           allow_neg_eigval=False):
+def chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+    state_v_first=False,
+    chunk_size=64,
+    use_gate_in_kernel=False,
+    A_log=None,
+    dt_bias=None,
+    use_beta_sigmoid_in_kernel=False,
+    allow_neg_eigval=False,
+):
     """Float32 chunked (WY/UT) form with chunk size 16, 32 or 64."""
-    return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                state_v_first, cu_seqlens, chunk_size, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                allow_neg_eigval)
+    return _run(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        use_qk_l2norm_in_kernel,
+        state_v_first,
+        cu_seqlens,
+        chunk_size,
+        use_gate_in_kernel,
+        A_log,
+        dt_bias,
+        use_beta_sigmoid_in_kernel,
+        allow_neg_eigval,
+    )
 
 
-def chunk_fla_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, chunk_size=64,
-                               cumsum_dtype=np.float32, tf32=False, use_gate_in_kernel=False, A_log=None,
-                               dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
+def chunk_fla_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+    state_v_first=False,
+    chunk_size=64,
+    cumsum_dtype=np.float32,
+    tf32=False,
+    use_gate_in_kernel=False,
+    A_log=None,
+    dt_bias=None,
+    use_beta_sigmoid_in_kernel=False,
+    allow_neg_eigval=False,
+):
     """Float32 chunked form as production kernels write it (see :func:`chunk_fla_core`).
 
     ``cumsum_dtype``: float32 as in FLA/FlashInfer/vLLM, float64 to take the cumsum's rounding
@@ -142,6 +253,23 @@ def chunk_fla_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     def core(p, C):
         return chunk_fla_core(p, C, np.dtype(cumsum_dtype), tf32)
 
-    return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                state_v_first, cu_seqlens, chunk_size, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                allow_neg_eigval, core)
+    return _run(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        use_qk_l2norm_in_kernel,
+        state_v_first,
+        cu_seqlens,
+        chunk_size,
+        use_gate_in_kernel,
+        A_log,
+        dt_bias,
+        use_beta_sigmoid_in_kernel,
+        allow_neg_eigval,
+        core,
+    )

@@ -20,9 +20,20 @@ from gdn_verify.implementations.spec import spec_reads_first_slot
 
 
 def _packed(kw: dict, pad: int = 1):
-    return pack(kw["q"], kw["k"], kw["v"], kw["g"], kw["beta"], kw.get("scale"), kw.get("initial_state"),
-                kw.get("use_qk_l2norm_in_kernel", False), kw.get("state_v_first", False), kw.get("cu_seqlens"),
-                dtype=np.float32, pad_to_multiple=pad)
+    return pack(
+        kw["q"],
+        kw["k"],
+        kw["v"],
+        kw["g"],
+        kw["beta"],
+        kw.get("scale"),
+        kw.get("initial_state"),
+        kw.get("use_qk_l2norm_in_kernel", False),
+        kw.get("state_v_first", False),
+        kw.get("cu_seqlens"),
+        dtype=np.float32,
+        pad_to_multiple=pad,
+    )
 
 
 def _finish(p, o, S, kw):
@@ -205,8 +216,10 @@ def _loop(fn, bug):
 
 BUGS: dict[str, tuple[str, Callable]] = {
     "gate_without_exp": ("the decay multiplies by g instead of exp(g)", _loop(token_loop, "gate_without_exp")),
-    "decay_after_update": ("the state decays after the update instead of before",
-                           _loop(token_loop, "decay_after_update")),
+    "decay_after_update": (
+        "the state decays after the update instead of before",
+        _loop(token_loop, "decay_after_update"),
+    ),
     "output_before_update": ("o_t reads the state before token t's update", _loop(token_loop, "output_before_update")),
     "beta_twice": ("beta is applied twice (beta^2)", _loop(token_loop, "beta_twice")),
     "bf16_state": ("the state is rounded to bfloat16 after every token", _loop(token_loop, "bf16_state")),
@@ -214,20 +227,28 @@ BUGS: dict[str, tuple[str, Callable]] = {
     "state_across_sequences": ("the state is carried from one sequence into the next", state_across_sequences),
     "off_by_one_final_state": ("the final state misses the last token", off_by_one_final_state),
     "ragged_chunk_reads_next": ("a ragged last chunk reads the next sequence's tokens", ragged_chunk_reads_next),
-    "gamma_ratio_of_exps": ("gate ratios as exp(G_i)/exp(G_j): NaN on saturated gates",
-                            _loop(chunk_loop, "gamma_ratio_of_exps")),
-    "chunk_state_without_decay": ("state passing omits the chunk's total decay",
-                                  _loop(chunk_loop, "chunk_state_without_decay")),
-    "intra_chunk_excludes_diagonal": ("the intra-chunk causal mask drops the current token",
-                                      _loop(chunk_loop, "intra_chunk_excludes_diagonal")),
+    "gamma_ratio_of_exps": (
+        "gate ratios as exp(G_i)/exp(G_j): NaN on saturated gates",
+        _loop(chunk_loop, "gamma_ratio_of_exps"),
+    ),
+    "chunk_state_without_decay": (
+        "state passing omits the chunk's total decay",
+        _loop(chunk_loop, "chunk_state_without_decay"),
+    ),
+    "intra_chunk_excludes_diagonal": (
+        "the intra-chunk causal mask drops the current token",
+        _loop(chunk_loop, "intra_chunk_excludes_diagonal"),
+    ),
     "nan_on_zero_rows": ("l2norm without epsilon: zero rows give NaN", nan_on_zero_rows),
     "scale_ignored": ("the scale argument is ignored", default_scale_ignores_argument),
     "state_layout_ignored": ("state_v_first is accepted but ignored", state_layout_ignored),
     "gate_bias_ignored": ("use_gate_in_kernel drops dt_bias", gate_bias_ignored),
     "neg_eigval_ignored": ("allow_neg_eigval is accepted but ignored", neg_eigval_ignored),
     "nondeterministic": ("results change between identical calls", nondeterministic),
-    "spec_reads_first_slot": ("speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
-                              spec_reads_first_slot),
+    "spec_reads_first_slot": (
+        "speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
+        spec_reads_first_slot,
+    ),
 }
 
 

@@ -27,8 +27,21 @@ import numpy as np
 from gdn_verify.implementations import numpy_impl
 
 
-def _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale=None,
-                use_qk_l2norm_in_kernel=False, *, read_column: Callable | None = None):
+def _spec_numpy(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state_pool,
+    cu_seqlens,
+    ssm_state_indices,
+    num_accepted_tokens,
+    scale=None,
+    use_qk_l2norm_in_kernel=False,
+    *,
+    read_column: Callable | None = None,
+):
     cu = np.asarray(cu_seqlens, np.int64)
     indices = np.asarray(ssm_state_indices)
     accepted = np.asarray(num_accepted_tokens)
@@ -42,22 +55,61 @@ def _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num
         for t in range(int(cu[n]), int(cu[n + 1])):
             token = {name: x[:, t : t + 1] for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
             o_t, state = numpy_impl.recurrent_gated_delta_rule(
-                **token, scale=scale, initial_state=state, output_final_state=True,
-                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                **token,
+                scale=scale,
+                initial_state=state,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            )
             o[:, t] = o_t[:, 0]
             state_pool[indices[n, t - cu[n]]] = state[0]
     return o
 
 
-def spec_reference(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens,
-                   scale=None, use_qk_l2norm_in_kernel=False) -> np.ndarray:
+def spec_reference(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state_pool,
+    cu_seqlens,
+    ssm_state_indices,
+    num_accepted_tokens,
+    scale=None,
+    use_qk_l2norm_in_kernel=False,
+) -> np.ndarray:
     """The convention in float32 NumPy, one token step at a time (``numpy_impl``'s recurrence)."""
-    return _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale,
-                       use_qk_l2norm_in_kernel)
+    return _spec_numpy(
+        q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale, use_qk_l2norm_in_kernel
+    )
 
 
-def spec_reads_first_slot(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens,
-                          scale=None, use_qk_l2norm_in_kernel=False) -> np.ndarray:
+def spec_reads_first_slot(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state_pool,
+    cu_seqlens,
+    ssm_state_indices,
+    num_accepted_tokens,
+    scale=None,
+    use_qk_l2norm_in_kernel=False,
+) -> np.ndarray:
     """Planted bug: every request starts from ``ssm_state_indices[n, 0]``, ignoring the accepted count."""
-    return _spec_numpy(q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale,
-                       use_qk_l2norm_in_kernel, read_column=lambda n, accepted: 0)
+    return _spec_numpy(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state_pool,
+        cu_seqlens,
+        ssm_state_indices,
+        num_accepted_tokens,
+        scale,
+        use_qk_l2norm_in_kernel,
+        read_column=lambda n, accepted: 0,
+    )

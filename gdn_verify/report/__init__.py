@@ -57,8 +57,9 @@ def resolve_all(names: list[str] | None, array: str | None) -> tuple[list[Implem
     impls, skipped = [], []
     for name in names:
         if name not in implementations.names() and ":" not in name:
-            raise ConfigurationError("impl", f"{name!r}: unknown; choose from {', '.join(implementations.names())} "
-                                     "or MODULE:FUNCTION")
+            raise ConfigurationError(
+                "impl", f"{name!r}: unknown; choose from {', '.join(implementations.names())} or MODULE:FUNCTION"
+            )
         try:
             impls.append(implementations.resolve(name, array if ":" in name else None))
         except ConfigurationError as exc:
@@ -66,8 +67,9 @@ def resolve_all(names: list[str] | None, array: str | None) -> tuple[list[Implem
     if defaulted and not impls:
         impls = [implementations.resolve(name) for name in CPU_DEFAULTS]
     if not impls:
-        raise ConfigurationError("impl", "no implementation can run here (" +
-                                 "; ".join(f"{s['impl']}: {s['reason']}" for s in skipped) + ")")
+        raise ConfigurationError(
+            "impl", "no implementation can run here (" + "; ".join(f"{s['impl']}: {s['reason']}" for s in skipped) + ")"
+        )
     return impls, skipped
 
 
@@ -84,10 +86,19 @@ class Options:
     head_dims: tuple[int, ...] | None = None
 
 
-def options(impls: list[str] | None = None, *, array: str | None = None, dtypes: list[str] | None = None,
-            out: str | Path | None = None, max_tokens: int | None = None, seed: int = 0, quick: bool = False,
-            max_examples: int | None = None, properties: list[str] | None = None,
-            dims: tuple[int, ...] | None = None) -> Options:
+def options(
+    impls: list[str] | None = None,
+    *,
+    array: str | None = None,
+    dtypes: list[str] | None = None,
+    out: str | Path | None = None,
+    max_tokens: int | None = None,
+    seed: int = 0,
+    quick: bool = False,
+    max_examples: int | None = None,
+    properties: list[str] | None = None,
+    dims: tuple[int, ...] | None = None,
+) -> Options:
     """Validate a report request; raises :class:`ConfigurationError` naming the argument."""
     from gdn_verify.properties import NAMES
 
@@ -101,8 +112,9 @@ def options(impls: list[str] | None = None, *, array: str | None = None, dtypes:
         raise ConfigurationError("max_examples", f"{max_examples}: must be at least 1")
     unknown = [n for n in properties or () if n not in NAMES]
     if unknown or properties == []:
-        raise ConfigurationError("properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from "
-                                 f"{', '.join(NAMES)}")
+        raise ConfigurationError(
+            "properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(NAMES)}"
+        )
     resolved, skipped = resolve_all(impls, array)
     sizes = measurements.FULL if not quick and gpu_usable() else measurements.SMALL
     if max_tokens is not None:
@@ -110,8 +122,17 @@ def options(impls: list[str] | None = None, *, array: str | None = None, dtypes:
     out = Path(out) if out else Path("reports") / time.strftime("report-%Y%m%d-%H%M%S", time.gmtime())
     if out.exists() and not out.is_dir():
         raise ConfigurationError("out", f"{out}: exists and is not a directory")
-    return Options(resolved, skipped, dtypes, sizes, seed, out, max_examples or (10 if quick else 20),
-                   list(properties) if properties else None, dims)
+    return Options(
+        resolved,
+        skipped,
+        dtypes,
+        sizes,
+        seed,
+        out,
+        max_examples or (10 if quick else 20),
+        list(properties) if properties else None,
+        dims,
+    )
 
 
 def run_properties(options: Options, step: Callable[[str], None], note: Callable[[str], None]) -> list[dict]:
@@ -124,14 +145,33 @@ def run_properties(options: Options, step: Callable[[str], None], note: Callable
             label = f"check {impl.name}, {dtype}"
             step(label)
             try:
-                result = check(impl, dtype=dtype, properties=options.properties, seed=options.seed,
-                               max_examples=options.max_examples, dims=options.head_dims,
-                               max_tokens=min(options.sizes.max_tokens, 2048), cases_dir=options.out / "cases",
-                               progress=lambda p, n, w, label=label: note(f"{label}: {p} ({n})"))
+                result = check(
+                    impl,
+                    dtype=dtype,
+                    properties=options.properties,
+                    seed=options.seed,
+                    max_examples=options.max_examples,
+                    dims=options.head_dims,
+                    max_tokens=min(options.sizes.max_tokens, 2048),
+                    cases_dir=options.out / "cases",
+                    progress=lambda p, n, w, label=label: note(f"{label}: {p} ({n})"),
+                )
             except Exception as exc:  # noqa: BLE001 - the suite itself broke on this implementation
-                rows.append(dict(impl=impl.name, dtype=dtype, results=[dict(
-                    name="(suite)", status="error", examples=0, unsupported=0,
-                    note=f"the property runner raised {type(exc).__name__}: {exc}")]))
+                rows.append(
+                    dict(
+                        impl=impl.name,
+                        dtype=dtype,
+                        results=[
+                            dict(
+                                name="(suite)",
+                                status="error",
+                                examples=0,
+                                unsupported=0,
+                                note=f"the property runner raised {type(exc).__name__}: {exc}",
+                            )
+                        ],
+                    )
+                )
                 continue
             rows.append(dict(impl=impl.name, dtype=dtype, results=result.as_dict()["results"]))
     return rows
@@ -145,21 +185,31 @@ def summarize(results: dict, properties: list[dict]) -> list[dict]:
         row = dict(impl=impl, dtype=dtype, error=e.get("error"))
         if e["lengths"]:
             floor = results["rounding_floor"][dtype]
-            row.update(tokens=e["lengths"][-1], output_rms=e["output_rms"][-1], state=e["state"][-1],
-                       floor=floor["output_rms"][len(e["lengths"]) - 1], exponent=e.get("exponent"))
+            row.update(
+                tokens=e["lengths"][-1],
+                output_rms=e["output_rms"][-1],
+                state=e["state"][-1],
+                floor=floor["output_rms"][len(e["lengths"]) - 1],
+                exponent=e.get("exponent"),
+            )
             if row["output_rms"] is not None and row["floor"]:
                 row["times_floor"] = row["output_rms"] / row["floor"]
         for d in results["distributions"]:
             if (d["impl"], d["dtype"]) == (impl, dtype):
-                row.update(correctly_rounded=d["ulp"]["correctly_rounded"], median_ulp=d["ulp"]["median"],
-                           p99_ulp=d["ulp"]["p99"], max_ulp=d["ulp"]["max"])
+                row.update(
+                    correctly_rounded=d["ulp"]["correctly_rounded"],
+                    median_ulp=d["ulp"]["median"],
+                    p99_ulp=d["ulp"]["p99"],
+                    max_ulp=d["ulp"]["max"],
+                )
         for m in results["error_map"]["entries"]:
             if (m["impl"], m["dtype"]) == (impl, dtype) and "worst" in m:
                 row["worst_token_error"] = m["worst"]["error"]
         for p in properties:
             if (p["impl"], p["dtype"]) == (impl, dtype):
-                row["properties"] = {s: sum(r["status"] == s for r in p["results"])
-                                     for s in ("passed", "failed", "unsupported", "error")}
+                row["properties"] = {
+                    s: sum(r["status"] == s for r in p["results"]) for s in ("passed", "failed", "unsupported", "error")
+                }
         rows.append(row)
     return rows
 
@@ -179,8 +229,9 @@ def _json_ready(x: Any) -> Any:
     return x
 
 
-def make_report(options: Options, argv: list[str] | None = None,
-                progress: Callable[[float, str], None] | None = None) -> dict:
+def make_report(
+    options: Options, argv: list[str] | None = None, progress: Callable[[float, str], None] | None = None
+) -> dict:
     """Run everything and write the report directory; returns the results document.
 
     ``progress(fraction_done, label)`` is called as each step starts and within long ones.
@@ -209,11 +260,18 @@ def make_report(options: Options, argv: list[str] | None = None,
     s = options.sizes
     doc = dict(
         environment=environment.capture(options.seed, argv),
-        config=dict(implementations=[dict(name=i.name, description=i.description, array=i.array)
-                                     for i in options.impls],
-                    skipped=options.skipped, dtypes=options.dtypes, sizes=dataclasses.asdict(s), oracle=oracle_name,
-                    seed=options.seed, max_examples=options.max_examples, properties=options.properties,
-                    chunk=measurements.CHUNK, decay_rates=measurements.decay_rates(s.HV).tolist()),
+        config=dict(
+            implementations=[dict(name=i.name, description=i.description, array=i.array) for i in options.impls],
+            skipped=options.skipped,
+            dtypes=options.dtypes,
+            sizes=dataclasses.asdict(s),
+            oracle=oracle_name,
+            seed=options.seed,
+            max_examples=options.max_examples,
+            properties=options.properties,
+            chunk=measurements.CHUNK,
+            decay_rates=measurements.decay_rates(s.HV).tolist(),
+        ),
         summary=summarize(results, properties),
         **results,
         properties=properties,
@@ -224,8 +282,11 @@ def make_report(options: Options, argv: list[str] | None = None,
     out.mkdir(parents=True, exist_ok=True)
     paths = figures.draw_all(doc, maps, names, out)
     keys = sorted(maps)
-    np.savez_compressed(out / "error_map.npz", names=np.array([f"{i} {d}" for i, d in keys]),
-                        **{f"errors_{n}": maps[k] for n, k in enumerate(keys)})
+    np.savez_compressed(
+        out / "error_map.npz",
+        names=np.array([f"{i} {d}" for i, d in keys]),
+        **{f"errors_{n}": maps[k] for n, k in enumerate(keys)},
+    )
     (out / "results.json").write_text(json.dumps(doc, indent=1, allow_nan=False))
     (out / "report.md").write_text(render.markdown(doc, [p.name for p in paths]))
     (out / "index.html").write_text(render.html(doc, [p.name for p in paths]))

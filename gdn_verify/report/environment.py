@@ -16,8 +16,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGES = ("gdn-verify", "numpy", "scipy", "ml_dtypes", "matplotlib", "hypothesis", "cupy-cuda13x",
-            "cupy-cuda12x", "cupy", "torch", "triton", "fla-core", "flash-linear-attention", "flashinfer-python")
+PACKAGES = (
+    "gdn-verify",
+    "numpy",
+    "scipy",
+    "ml_dtypes",
+    "matplotlib",
+    "hypothesis",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "cupy",
+    "torch",
+    "triton",
+    "fla-core",
+    "flash-linear-attention",
+    "flashinfer-python",
+)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -57,8 +71,9 @@ def gpu_info() -> dict:
     info: dict = {}
     smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     if smi:
-        info["nvidia_smi"] = [dict(zip(("name", "driver", "memory"), (p.strip() for p in line.split(","))))
-                              for line in smi.splitlines()]
+        info["nvidia_smi"] = [
+            dict(zip(("name", "driver", "memory"), (p.strip() for p in line.split(",")))) for line in smi.splitlines()
+        ]
     if importlib.util.find_spec("cupy") is not None:
         try:
             import cupy
@@ -66,8 +81,12 @@ def gpu_info() -> dict:
             runtime = cupy.cuda.runtime
             props = runtime.getDeviceProperties(0)
             name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-            info["cupy"] = dict(device=name, compute_capability=f"{props['major']}.{props['minor']}",
-                                cuda_runtime=runtime.runtimeGetVersion(), cuda_driver=runtime.driverGetVersion())
+            info["cupy"] = dict(
+                device=name,
+                compute_capability=f"{props['major']}.{props['minor']}",
+                cuda_runtime=runtime.runtimeGetVersion(),
+                cuda_driver=runtime.driverGetVersion(),
+            )
         except Exception as exc:  # noqa: BLE001 - no usable device is an answer, not an error
             info["cupy"] = dict(unavailable=f"{type(exc).__name__}: {exc}")
     if importlib.util.find_spec("torch") is not None:

@@ -57,18 +57,32 @@ def error_vs_length(results: dict, impls: list[str], path: Path) -> Path:
     ax = fig.add_subplot()
     for dtype, floor in results["rounding_floor"].items():
         ls, _ = _style(dtype)
-        ax.plot(floor["lengths"], _positive(floor["output_rms"]), color="0.55", ls=ls, lw=2.5, alpha=0.6,
-                label=f"{dtype} rounding floor")
+        ax.plot(
+            floor["lengths"],
+            _positive(floor["output_rms"]),
+            color="0.55",
+            ls=ls,
+            lw=2.5,
+            alpha=0.6,
+            label=f"{dtype} rounding floor",
+        )
     for e in results["error_vs_length"]:
         if not e["lengths"]:
             continue
         ls, marker = _style(e["dtype"])
         exponent = "n/a" if e.get("exponent") is None else f"{e['exponent']:.2f}"
-        ax.plot(e["lengths"], _positive(e["output_rms"]), color=color[e["impl"]], ls=ls, marker=marker,
-                label=f"{e['impl']} / {e['dtype']}: T^{exponent}")
+        ax.plot(
+            e["lengths"],
+            _positive(e["output_rms"]),
+            color=color[e["impl"]],
+            ls=ls,
+            marker=marker,
+            label=f"{e['impl']} / {e['dtype']}: T^{exponent}",
+        )
     ax.set_xscale("log", base=2)
-    lengths = results["rounding_floor"][next(iter(results["rounding_floor"]))]["lengths"] if results["rounding_floor"] \
-        else []
+    lengths = (
+        results["rounding_floor"][next(iter(results["rounding_floor"]))]["lengths"] if results["rounding_floor"] else []
+    )
     ax.set_xticks(lengths, [str(T) for T in lengths])
     ax.minorticks_off()
     ax.set_yscale("log")
@@ -94,9 +108,15 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
             rel = d["relative_error"]
             fraction = np.array(rel["counts"], float) / max(rel["total"], 1)
             exact = percent(rel["exact"] / max(rel["total"], 1))
-            top.stairs(fraction, rel["log10_edges"], color=color[d["impl"]], lw=1.8,
-                       label=f"{d['impl']} (median {rel['median']:.2g}, exact {exact})"
-                       if rel["median"] is not None else d["impl"])
+            top.stairs(
+                fraction,
+                rel["log10_edges"],
+                color=color[d["impl"]],
+                lw=1.8,
+                label=f"{d['impl']} (median {rel['median']:.2g}, exact {exact})"
+                if rel["median"] is not None
+                else d["impl"],
+            )
         top.set_yscale("log")
         top.set_xlabel("log10 per-element relative error |o - ref| / |ref|")
         top.set_ylabel("fraction of elements")
@@ -110,8 +130,13 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
             fraction = np.array(u["counts"], float) / max(u["total"], 1)
             share = u["correctly_rounded"]
             rounded = "" if share is None else f" ({percent(share)} correctly rounded)"
-            bottom.bar(x, np.where(fraction > 0, fraction, np.nan), width=width, color=color[d["impl"]],
-                       label=f"{d['impl']}{rounded}")
+            bottom.bar(
+                x,
+                np.where(fraction > 0, fraction, np.nan),
+                width=width,
+                color=color[d["impl"]],
+                label=f"{d['impl']}{rounded}",
+            )
         if entries:
             labels = entries[0]["ulp"]["labels"]
             bottom.set_xticks(np.arange(len(labels)), labels, rotation=60, fontsize=7)
@@ -147,8 +172,9 @@ def error_map(results: dict, maps: dict, path: Path) -> Path:
     section = results["error_map"]
     entries = [e for e in section["entries"] if (e["impl"], e["dtype"]) in maps]
     bounds = np.concatenate([[0], np.cumsum(section["lengths"])])
-    chunk_lines = [s + j for s, e in zip(bounds[:-1], bounds[1:]) for j in range(section["chunk"], e - s,
-                                                                                 section["chunk"])]
+    chunk_lines = [
+        s + j for s, e in zip(bounds[:-1], bounds[1:]) for j in range(section["chunk"], e - s, section["chunk"])
+    ]
     cmap = matplotlib.colormaps["magma"].with_extremes(bad="black", under="black")
     fig = Figure(figsize=(13, 0.6 + 2.1 * max(len(entries), 1)), layout="constrained")
     if not entries:
@@ -158,8 +184,14 @@ def error_map(results: dict, maps: dict, path: Path) -> Path:
     for ax, e in zip(axes, entries):
         errors = maps[(e["impl"], e["dtype"])]
         heads = errors.shape[1]
-        image = ax.imshow(np.where(errors > 0, errors, np.nan).T, aspect="auto", interpolation="nearest", cmap=cmap,
-                          norm=LogNorm(*_log_scale(errors)), extent=(0, errors.shape[0], heads - 0.5, -0.5))
+        image = ax.imshow(
+            np.where(errors > 0, errors, np.nan).T,
+            aspect="auto",
+            interpolation="nearest",
+            cmap=cmap,
+            norm=LogNorm(*_log_scale(errors)),
+            extent=(0, errors.shape[0], heads - 0.5, -0.5),
+        )
         margin, top, bottom = 0.14 * heads, -0.5, heads - 0.5  # y grows downwards: head 0 on top
         ax.vlines(bounds[1:-1], top - margin, top, color="tab:blue", lw=1.4)
         ax.vlines(bounds[1:-1], bottom, bottom + margin, color="tab:blue", lw=1.4)
@@ -168,16 +200,22 @@ def error_map(results: dict, maps: dict, path: Path) -> Path:
         ax.set_ylim(heads - 0.5 + margin, -0.5 - margin)
         ax.set_xlim(0, errors.shape[0])
         w = e["worst"]
-        ax.set_title(f"{e['impl']} / {e['dtype']}: worst {w['error']:.2g} at token {w['token']} "
-                     f"(sequence {w['sequence']}, position {w['position']}), head {w['head']}"
-                     if w["error"] is not None else f"{e['impl']} / {e['dtype']}: non-finite output at token "
-                     f"{w['token']}, head {w['head']}", fontsize=9, loc="left")
+        ax.set_title(
+            f"{e['impl']} / {e['dtype']}: worst {w['error']:.2g} at token {w['token']} "
+            f"(sequence {w['sequence']}, position {w['position']}), head {w['head']}"
+            if w["error"] is not None
+            else f"{e['impl']} / {e['dtype']}: non-finite output at token {w['token']}, head {w['head']}",
+            fontsize=9,
+            loc="left",
+        )
         ax.set_ylabel("value head")
         ax.set_yticks(range(heads))
         ax.tick_params(axis="y", labelsize=7)
         fig.colorbar(image, ax=ax, pad=0.01, fraction=0.03, label="rel. error")
-    axes[-1].set_xlabel(f"token (flat index in the varlen pack of lengths {section['lengths']}); marks above and "
-                        f"below: blue = sequence boundary, grey = every {section['chunk']} tokens of a sequence")
+    axes[-1].set_xlabel(
+        f"token (flat index in the varlen pack of lengths {section['lengths']}); marks above and "
+        f"below: blue = sequence boundary, grey = every {section['chunk']} tokens of a sequence"
+    )
     return _save(fig, path)
 
 
@@ -190,8 +228,15 @@ def gate_beta(results: dict, impls: list[str], path: Path) -> Path:
         section = results[key]
         x = np.arange(len(section["labels"])) if key == "gate_sweep" else np.array(section["values"], float)
         for dtype, floor in section["rounding_floor"].items():
-            ax.plot(x, _positive(floor), color="0.55", ls=_style(dtype)[0], lw=2.5, alpha=0.6,
-                    label=f"{dtype} rounding floor")
+            ax.plot(
+                x,
+                _positive(floor),
+                color="0.55",
+                ls=_style(dtype)[0],
+                lw=2.5,
+                alpha=0.6,
+                label=f"{dtype} rounding floor",
+            )
         for e in section["entries"]:
             ls, marker = _style(e["dtype"])
             y = _positive(e["output_rms"])

@@ -61,9 +61,15 @@ def decay_rates(HV: int) -> np.ndarray:
     return np.logspace(-4, np.log10(0.3), HV)
 
 
-def make_problem(rng: np.random.Generator, sizes: Sizes, lengths: list[int] | None = None, T: int | None = None,
-                 g: np.ndarray | float | None = None, beta: np.ndarray | float | None = None,
-                 initial_state: bool = False) -> Problem:
+def make_problem(
+    rng: np.random.Generator,
+    sizes: Sizes,
+    lengths: list[int] | None = None,
+    T: int | None = None,
+    g: np.ndarray | float | None = None,
+    beta: np.ndarray | float | None = None,
+    initial_state: bool = False,
+) -> Problem:
     """A float64 problem with ``B = 1``: one sequence of ``T`` tokens, or a varlen pack of ``lengths``.
 
     q, k standard normal with ``use_qk_l2norm_in_kernel`` (how models call the kernel), v
@@ -118,8 +124,15 @@ Step = Callable[[str], None]
 class Runner:
     """Runs every experiment for ``impls`` x ``dtypes`` on one seed; ``step(label)`` reports progress."""
 
-    def __init__(self, impls: list[Implementation], dtypes: list[str], sizes: Sizes, seed: int, oracle: Oracle,
-                 step: Step | None = None):
+    def __init__(
+        self,
+        impls: list[Implementation],
+        dtypes: list[str],
+        sizes: Sizes,
+        seed: int,
+        oracle: Oracle,
+        step: Step | None = None,
+    ):
         self.impls, self.dtypes, self.sizes, self.seed, self.oracle = impls, dtypes, sizes, seed, oracle
         self.step = step or (lambda label: None)
         self.lengths = sweep_lengths(sizes.max_tokens)
@@ -138,9 +151,14 @@ class Runner:
         """``(results, error maps)``: JSON-ready sections and ``{(impl, dtype): [tokens, HV]}`` arrays."""
         growth = make_problem(self._rng(1), self.sizes, T=self.lengths[-1])
         pack = make_problem(self._rng(2), self.sizes, lengths=list(self.sizes.pack_lengths), initial_state=True)
-        results = dict(error_vs_length=[], rounding_floor={}, distributions=[], gate_sweep=self._sweep_header("g"),
-                       beta_sweep=self._sweep_header("beta"),
-                       error_map=dict(lengths=list(self.sizes.pack_lengths), chunk=CHUNK, entries=[]))
+        results = dict(
+            error_vs_length=[],
+            rounding_floor={},
+            distributions=[],
+            gate_sweep=self._sweep_header("g"),
+            beta_sweep=self._sweep_header("beta"),
+            error_map=dict(lengths=list(self.sizes.pack_lengths), chunk=CHUNK, entries=[]),
+        )
         maps: dict[tuple[str, str], np.ndarray] = {}
         for dtype in self.dtypes:
             self._length_sweep(growth.astype(DTYPES[dtype]), dtype, results)
@@ -155,8 +173,10 @@ class Runner:
         ref_o, ref_states = oracle_prefixes(self.oracle, problem, self.lengths)
         results["rounding_floor"][dtype] = dict(
             lengths=self.lengths,
-            output_rms=[error_stats.rounding_floor(ref_o[:, :T], DTYPES[dtype], np.array([0, T]))
-                        for T in self.lengths])
+            output_rms=[
+                error_stats.rounding_floor(ref_o[:, :T], DTYPES[dtype], np.array([0, T])) for T in self.lengths
+            ],
+        )
         for impl in self.impls:
             entry = dict(impl=impl.name, dtype=dtype, lengths=[], output_rms=[], output_token=[], state=[])
             results["error_vs_length"].append(entry)
@@ -180,9 +200,14 @@ class Runner:
         o = np.asarray(o)
         if o.dtype.kind != "f" and o.dtype != DTYPES["bfloat16"]:
             o = o.astype(np.float64)
-        return dict(impl=impl.name, dtype=dtype, output_dtype=o.dtype.name, tokens=int(ref.shape[1]),
-                    relative_error=error_stats.relative_error_histogram(error_stats.elementwise_relative_error(o, ref)),
-                    ulp=error_stats.ulp_histogram(error_stats.ulp_distance(o, ref)))
+        return dict(
+            impl=impl.name,
+            dtype=dtype,
+            output_dtype=o.dtype.name,
+            tokens=int(ref.shape[1]),
+            relative_error=error_stats.relative_error_histogram(error_stats.elementwise_relative_error(o, ref)),
+            ulp=error_stats.ulp_histogram(error_stats.ulp_distance(o, ref)),
+        )
 
     # 3: where the error is ----------------------------------------------------------------------
     def _error_map(self, problem: Problem, dtype: str, results: dict, maps: dict) -> None:
@@ -207,12 +232,19 @@ class Runner:
             per_token = errors.mean(axis=1)
             in_chunk = position % CHUNK
             entry.update(
-                worst=dict(error=_finite_or_none(errors[t, h]), token=int(t), head=int(h),
-                           sequence=int(np.searchsorted(bounds, t, side="right") - 1), position=int(position[t])),
+                worst=dict(
+                    error=_finite_or_none(errors[t, h]),
+                    token=int(t),
+                    head=int(h),
+                    sequence=int(np.searchsorted(bounds, t, side="right") - 1),
+                    position=int(position[t]),
+                ),
                 mean=_finite_or_none(np.mean(errors)),
                 # Mean over heads and tokens at each position within a chunk: a boundary bug peaks at 0 or C-1.
-                by_position_in_chunk=[_finite_or_none(np.mean(per_token[in_chunk == i])) if np.any(in_chunk == i)
-                                      else None for i in range(CHUNK)],
+                by_position_in_chunk=[
+                    _finite_or_none(np.mean(per_token[in_chunk == i])) if np.any(in_chunk == i) else None
+                    for i in range(CHUNK)
+                ],
             )
 
     # 4: error against gate strength and beta ----------------------------------------------------
@@ -221,8 +253,14 @@ class Runner:
             labels = [f"{g:g}" for g in GATE_SWEEP] + [f"spikes {SPIKE:g}"]
         else:
             labels = [f"{b:g}" for b in BETA_SWEEP]
-        return dict(axis=axis, labels=labels, values=list(GATE_SWEEP) + [SPIKE] if axis == "g" else list(BETA_SWEEP),
-                    tokens=self.sizes.sweep_tokens, rounding_floor={}, entries=[])
+        return dict(
+            axis=axis,
+            labels=labels,
+            values=list(GATE_SWEEP) + [SPIKE] if axis == "g" else list(BETA_SWEEP),
+            tokens=self.sizes.sweep_tokens,
+            rounding_floor={},
+            entries=[],
+        )
 
     def _sweep_problems(self, axis: str) -> list[Problem]:
         T, HV = self.sizes.sweep_tokens, self.sizes.HV
@@ -246,8 +284,9 @@ class Runner:
         for label, p in zip(section["labels"], problems):
             self.step(f"oracle, {dtype}, {axis}={label}")
             refs.append(self.oracle(p))
-        section["rounding_floor"][dtype] = [error_stats.rounding_floor(r[0], DTYPES[dtype], p.bounds)
-                                            for r, p in zip(refs, problems)]
+        section["rounding_floor"][dtype] = [
+            error_stats.rounding_floor(r[0], DTYPES[dtype], p.bounds) for r, p in zip(refs, problems)
+        ]
         for impl in self.impls:
             entry = dict(impl=impl.name, dtype=dtype, output_rms=[], state=[])
             section["entries"].append(entry)

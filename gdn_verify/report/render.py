@@ -13,22 +13,34 @@ from html import escape
 from gdn_verify.report.figures import FIGURES, percent
 
 SECTIONS = (
-    ("error_vs_length.png", "1. Error against sequence length",
-     "Relative RMS output error (worst value head) of one sequence against its length, log-log; the legend gives "
-     "the fitted growth exponent (about 0.5 is rounding adding up like a random walk; near 1 or more is coherent "
-     "error that dominates at long context). Grey lines: the error of the exact output rounded once to the dtype, "
-     "below which no implementation returning that dtype can go."),
-    ("distributions.png", "2. Distribution of the error",
-     "Per-element relative error and distance in ULPs (of the output dtype) from the exact output correctly "
-     "rounded, over every output element at the longest length. 0 ULP means the correctly rounded value."),
-    ("error_map.png", "3. Where the error is",
-     "Per-token relative error over (token, value head) of a varlen pack with a random initial state per "
-     "sequence. Marks above and below each map: blue, sequence boundaries; grey, chunk boundaries. A boundary "
-     "bug shows as a vertical stripe in line with the marks. Value heads differ in decay (head 0 remembers "
-     "longest); each map has its own colour scale."),
-    ("gate_beta.png", "4. Error against gate strength and beta",
-     "Relative RMS output error with the same log decay g on every token (no decay to saturated, and -1e4 "
-     "spikes) and with the same beta on every token; grey: rounding floors."),
+    (
+        "error_vs_length.png",
+        "1. Error against sequence length",
+        "Relative RMS output error (worst value head) of one sequence against its length, log-log; the legend gives "
+        "the fitted growth exponent (about 0.5 is rounding adding up like a random walk; near 1 or more is coherent "
+        "error that dominates at long context). Grey lines: the error of the exact output rounded once to the dtype, "
+        "below which no implementation returning that dtype can go.",
+    ),
+    (
+        "distributions.png",
+        "2. Distribution of the error",
+        "Per-element relative error and distance in ULPs (of the output dtype) from the exact output correctly "
+        "rounded, over every output element at the longest length. 0 ULP means the correctly rounded value.",
+    ),
+    (
+        "error_map.png",
+        "3. Where the error is",
+        "Per-token relative error over (token, value head) of a varlen pack with a random initial state per "
+        "sequence. Marks above and below each map: blue, sequence boundaries; grey, chunk boundaries. A boundary "
+        "bug shows as a vertical stripe in line with the marks. Value heads differ in decay (head 0 remembers "
+        "longest); each map has its own colour scale.",
+    ),
+    (
+        "gate_beta.png",
+        "4. Error against gate strength and beta",
+        "Relative RMS output error with the same log decay g on every token (no decay to saturated, and -1e4 "
+        "spikes) and with the same beta on every token; grey: rounding floors.",
+    ),
 )
 
 
@@ -45,23 +57,41 @@ def _pct(x) -> str:
 
 
 def summary_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["implementation", "dtype", "T", "output error", "x rounding floor", "growth exp.", "state error",
-            "correctly rounded", "median / p99 / max ULP", "worst token error", "properties (pass/fail/unsup.)"]
+    head = [
+        "implementation",
+        "dtype",
+        "T",
+        "output error",
+        "x rounding floor",
+        "growth exp.",
+        "state error",
+        "correctly rounded",
+        "median / p99 / max ULP",
+        "worst token error",
+        "properties (pass/fail/unsup.)",
+    ]
     rows = []
     for r in doc["summary"]:
         if r.get("error") and "output_rms" not in r:
             rows.append([r["impl"], r["dtype"], "", r["error"]] + [""] * (len(head) - 4))
             continue
         p = r.get("properties", {})
-        rows.append([
-            r["impl"], r["dtype"], _fmt(r.get("tokens")), _fmt(r.get("output_rms")),
-            _fmt(r.get("times_floor"), ".1f"), _fmt(r.get("exponent"), ".2f"), _fmt(r.get("state")),
-            _pct(r.get("correctly_rounded")),
-            " / ".join(_fmt(r.get(k), "g") for k in ("median_ulp", "p99_ulp", "max_ulp")),
-            _fmt(r.get("worst_token_error")),
-            f"{p.get('passed', 0)} / {p.get('failed', 0)} / {p.get('unsupported', 0)}"
-            + (f" (+{p['error']} errored)" if p.get("error") else ""),
-        ])
+        rows.append(
+            [
+                r["impl"],
+                r["dtype"],
+                _fmt(r.get("tokens")),
+                _fmt(r.get("output_rms")),
+                _fmt(r.get("times_floor"), ".1f"),
+                _fmt(r.get("exponent"), ".2f"),
+                _fmt(r.get("state")),
+                _pct(r.get("correctly_rounded")),
+                " / ".join(_fmt(r.get(k), "g") for k in ("median_ulp", "p99_ulp", "max_ulp")),
+                _fmt(r.get("worst_token_error")),
+                f"{p.get('passed', 0)} / {p.get('failed', 0)} / {p.get('unsupported', 0)}"
+                + (f" (+{p['error']} errored)" if p.get("error") else ""),
+            ]
+        )
     return head, rows
 
 
@@ -70,8 +100,17 @@ def property_rows(row: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in row["results"]:
         worst = r.get("worst") or {}
-        rows.append([r["name"], r["status"], str(r.get("examples", 0)), _fmt(worst.get("error")),
-                     _fmt(worst.get("bound")), worst.get("detail", ""), r.get("note", "")])
+        rows.append(
+            [
+                r["name"],
+                r["status"],
+                str(r.get("examples", 0)),
+                _fmt(worst.get("error")),
+                _fmt(worst.get("bound")),
+                worst.get("detail", ""),
+                r.get("note", ""),
+            ]
+        )
     return head, rows
 
 
@@ -82,21 +121,39 @@ def failures(doc: dict) -> list[dict]:
         for r in row["results"]:
             if r["status"] in ("failed", "error"):
                 f = r.get("failure") or {}
-                out.append(dict(impl=row["impl"], dtype=row["dtype"], name=r["name"],
-                                message=f.get("message", r.get("note", "")), problem=f.get("problem"),
-                                params=f.get("params"), replay=f.get("replay")))
+                out.append(
+                    dict(
+                        impl=row["impl"],
+                        dtype=row["dtype"],
+                        name=r["name"],
+                        message=f.get("message", r.get("note", "")),
+                        problem=f.get("problem"),
+                        params=f.get("params"),
+                        replay=f.get("replay"),
+                    )
+                )
     return out
 
 
 def environment_rows(doc: dict) -> list[tuple[str, str]]:
     env, cfg = doc["environment"], doc["config"]
     s = cfg["sizes"]
-    rows = [("date (UTC)", env["date"]), ("command", env["command"]), ("seed", str(env["seed"])),
-            ("sizes", f"{s['name']}: H={s['H']} HV={s['HV']} K={s['K']} V={s['V']}, T up to {s['max_tokens']}, "
-                      f"varlen pack {s['pack_lengths']}, sweeps T={s['sweep_tokens']}"),
-            ("oracle", cfg["oracle"]), ("examples per property", str(cfg["max_examples"])),
-            ("git commit", env.get("git_commit") or "unknown"), ("python", env["python"]),
-            ("platform", env["platform"]), ("CPU", env["cpu"])]
+    rows = [
+        ("date (UTC)", env["date"]),
+        ("command", env["command"]),
+        ("seed", str(env["seed"])),
+        (
+            "sizes",
+            f"{s['name']}: H={s['H']} HV={s['HV']} K={s['K']} V={s['V']}, T up to {s['max_tokens']}, "
+            f"varlen pack {s['pack_lengths']}, sweeps T={s['sweep_tokens']}",
+        ),
+        ("oracle", cfg["oracle"]),
+        ("examples per property", str(cfg["max_examples"])),
+        ("git commit", env.get("git_commit") or "unknown"),
+        ("python", env["python"]),
+        ("platform", env["platform"]),
+        ("CPU", env["cpu"]),
+    ]
     gpu = env.get("gpu", {})
     for g in gpu.get("nvidia_smi", []):
         rows.append(("GPU (nvidia-smi)", f"{g.get('name')}, driver {g.get('driver')}, {g.get('memory')}"))
@@ -124,9 +181,13 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
 def markdown(doc: dict, figures: list[str]) -> str:
     """The whole report as Markdown, figures linked beside it."""
     cfg = doc["config"]
-    parts = [f"# GDN precision report: {', '.join(i['name'] for i in cfg['implementations'])}", "",
-             f"{doc['environment']['date']}; dtypes {', '.join(cfg['dtypes'])}; seed {cfg['seed']}; "
-             f"oracle: {cfg['oracle']}.", ""]
+    parts = [
+        f"# GDN precision report: {', '.join(i['name'] for i in cfg['implementations'])}",
+        "",
+        f"{doc['environment']['date']}; dtypes {', '.join(cfg['dtypes'])}; seed {cfg['seed']}; "
+        f"oracle: {cfg['oracle']}.",
+        "",
+    ]
     if cfg["skipped"]:
         parts += ["**Skipped** (cannot run here):", ""]
         parts += [f"- skipped: `{s['impl']}`: {s['reason']}" for s in cfg["skipped"]] + [""]
@@ -149,8 +210,15 @@ def markdown(doc: dict, figures: list[str]) -> str:
             parts += [f"  - parameters: `{json.dumps(f['params'])}`"]
         if f["replay"]:
             parts += [f"  - replay: `{f['replay']}`"]
-    parts += ["", "## 6. Environment", "", _md_table(["", ""], [list(r) for r in environment_rows(doc)]), "",
-              "Data: `results.json` (everything above), `error_map.npz` (the per-token error maps).", ""]
+    parts += [
+        "",
+        "## 6. Environment",
+        "",
+        _md_table(["", ""], [list(r) for r in environment_rows(doc)]),
+        "",
+        "Data: `results.json` (everything above), `error_map.npz` (the per-token error maps).",
+        "",
+    ]
     return "\n".join(parts)
 
 
@@ -196,19 +264,26 @@ def html(doc: dict, figures: list[str]) -> str:
     """The whole report as one HTML page; figures load from the PNG files beside it."""
     cfg = doc["config"]
     title = f"GDN precision report: {', '.join(i['name'] for i in cfg['implementations'])}"
-    body = [f"<h1>{_e(title)}</h1>",
-            f"<p>{_e(doc['environment']['date'])}; dtypes {_e(', '.join(cfg['dtypes']))}; seed {_e(cfg['seed'])}; "
-            f"oracle: {_e(cfg['oracle'])}. Data: <a href=\"results.json\">results.json</a>, "
-            f"<a href=\"report.md\">report.md</a>.</p>"]
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f"<p>{_e(doc['environment']['date'])}; dtypes {_e(', '.join(cfg['dtypes']))}; seed {_e(cfg['seed'])}; "
+        f'oracle: {_e(cfg["oracle"])}. Data: <a href="results.json">results.json</a>, '
+        f'<a href="report.md">report.md</a>.</p>',
+    ]
     if cfg["skipped"]:
-        body.append('<div class="skipped"><b>Skipped</b> (cannot run here):<ul>' + "".join(
-            f"<li>skipped: <code>{_e(s['impl'])}</code>: {_e(s['reason'])}</li>" for s in cfg["skipped"]) +
-            "</ul></div>")
+        body.append(
+            '<div class="skipped"><b>Skipped</b> (cannot run here):<ul>'
+            + "".join(f"<li>skipped: <code>{_e(s['impl'])}</code>: {_e(s['reason'])}</li>" for s in cfg["skipped"])
+            + "</ul></div>"
+        )
     body += ["<h2>Summary</h2>", _html_table(*summary_rows(doc))]
     for name, section_title, caption in SECTIONS:
         if name in figures:
-            body += [f"<h2>{_e(section_title)}</h2>", f'<p class="caption">{_e(caption)}</p>',
-                     f'<img class="figure" src="{_e(name)}" alt="{_e(FIGURES[name])}">']
+            body += [
+                f"<h2>{_e(section_title)}</h2>",
+                f'<p class="caption">{_e(caption)}</p>',
+                f'<img class="figure" src="{_e(name)}" alt="{_e(FIGURES[name])}">',
+            ]
     body.append("<h2>5. Properties</h2>")
     for row in doc["properties"]:
         body += [f"<h3>{_e(row['impl'])} / {_e(row['dtype'])}</h3>", _html_table(*property_rows(row), status_col=1)]
@@ -229,7 +304,10 @@ def html(doc: dict, figures: list[str]) -> str:
             items.append(item + "</ul></li>")
         body.append("<ul>" + "".join(items) + "</ul>")
     body += ["<h2>6. Environment</h2>", _html_table(["", ""], [list(r) for r in environment_rows(doc)])]
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
-            f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n"
-            f"<body data-figures-expected=\"{len(figures)}\" data-figures-loaded=\"0\">\n"
-            + "\n".join(body) + "\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n"
+        f'<body data-figures-expected="{len(figures)}" data-figures-loaded="0">\n'
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )

@@ -51,19 +51,31 @@ class PropertyResult:
     above_uniform: int = 0  # examples within the algorithm-aware bound but above the uniform one
     explained: Measurement | None = None  # the one of those furthest above the uniform bound
 
-
     def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = dict(name=self.name, status=self.status, examples=self.examples,
-                                 unsupported=self.unsupported, seconds=round(self.seconds, 2), note=self.note)
+        d: dict[str, Any] = dict(
+            name=self.name,
+            status=self.status,
+            examples=self.examples,
+            unsupported=self.unsupported,
+            seconds=round(self.seconds, 2),
+            note=self.note,
+        )
         if self.worst is not None:
-            d["worst"] = dict(error=self.worst.error, bound=self.worst.bound, detail=self.worst.detail,
-                              uniform_bound=self.worst.uniform)
+            d["worst"] = dict(
+                error=self.worst.error,
+                bound=self.worst.bound,
+                detail=self.worst.detail,
+                uniform_bound=self.worst.uniform,
+            )
         if self.explained is not None:
             d["above_uniform"] = dict(examples=self.above_uniform, note=self.explained.note)
         if self.failure is not None:
-            d["failure"] = dict(message=self.failure.message, problem=self.failure.problem.describe(),
-                                params=self.failure.params,
-                                case=str(self.failure.case_path.resolve()) if self.failure.case_path else None)
+            d["failure"] = dict(
+                message=self.failure.message,
+                problem=self.failure.problem.describe(),
+                params=self.failure.params,
+                case=str(self.failure.case_path.resolve()) if self.failure.case_path else None,
+            )
         return d
 
 
@@ -80,12 +92,20 @@ class RunSettings:
 def save_case(failure: Failure, prop: str, impl: Implementation, cases_dir: Path) -> Path:
     digest = hashlib.sha1(repr((prop, impl.name, failure.problem.describe(), failure.params)).encode()).hexdigest()
     path = cases_dir / f"{prop}-{digest[:10]}.npz"
-    return failure.problem.save(path, property=prop, impl=impl.name, array=impl.array, params=failure.params,
-                                message=failure.message, dtype=failure.problem.dtype.name)
+    return failure.problem.save(
+        path,
+        property=prop,
+        impl=impl.name,
+        array=impl.array,
+        params=failure.params,
+        message=failure.message,
+        dtype=failure.problem.dtype.name,
+    )
 
 
-def run_property(prop: Property, impl: Implementation, run: RunSettings, progress: Progress | None = None
-                 ) -> PropertyResult:
+def run_property(
+    prop: Property, impl: Implementation, run: RunSettings, progress: Progress | None = None
+) -> PropertyResult:
     """Run one property; ``progress(name, examples_so_far, worst)`` is called after each example."""
     result = PropertyResult(prop.name, "passed")
     reason = prop.unsupported_by(impl)
@@ -120,10 +140,14 @@ def run_property(prop: Property, impl: Implementation, run: RunSettings, progres
 
     n = run.max_examples if run.max_examples is not None else prop.max_examples
     config = settings(
-        max_examples=n, deadline=None, database=None if run.database is None else
-        hypothesis.database.DirectoryBasedExampleDatabase(run.database),
-        suppress_health_check=list(HealthCheck), verbosity=hypothesis.Verbosity.quiet, print_blob=False,
-        report_multiple_bugs=False, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+        max_examples=n,
+        deadline=None,
+        database=None if run.database is None else hypothesis.database.DirectoryBasedExampleDatabase(run.database),
+        suppress_health_check=list(HealthCheck),
+        verbosity=hypothesis.Verbosity.quiet,
+        print_blob=False,
+        report_multiple_bugs=False,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     )
     wrapped = config(hypothesis.given(prop.strategy(impl))(test))
     if run.seed is not None and run.database is None:
@@ -159,8 +183,13 @@ def run_property(prop: Property, impl: Implementation, run: RunSettings, progres
     return result
 
 
-def run_check(impl: Implementation, properties: list[Property], run: RunSettings, progress: Progress | None = None,
-              on_result: Callable[[PropertyResult], None] | None = None) -> list[PropertyResult]:
+def run_check(
+    impl: Implementation,
+    properties: list[Property],
+    run: RunSettings,
+    progress: Progress | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+) -> list[PropertyResult]:
     """Run each property in turn; ``on_result`` sees each verdict as soon as it is known."""
     results = []
     for prop in properties:

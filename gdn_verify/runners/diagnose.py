@@ -69,11 +69,15 @@ class Localisation:
         if self.kind == "none":
             return f"no token or state crosses the tolerance (worst {self.error:.3g} vs {self.bound:.3g})"
         if self.kind == "state":
-            return (f"outputs within tolerance; final state of sequence {self.sequence}, value head {self.head} "
-                    f"off by {self.error:.3g} > {self.bound:.3g}")
-        return (f"first token over the tolerance: sequence {self.sequence}, token {self.position} (flat {self.token}),"
-                f" chunk {self.chunk} ({LOCALISE_CHUNK}-token chunks), value head {self.head}: "
-                f"error {self.error:.3g} > {self.bound:.3g}")
+            return (
+                f"outputs within tolerance; final state of sequence {self.sequence}, value head {self.head} "
+                f"off by {self.error:.3g} > {self.bound:.3g}"
+            )
+        return (
+            f"first token over the tolerance: sequence {self.sequence}, token {self.position} (flat {self.token}),"
+            f" chunk {self.chunk} ({LOCALISE_CHUNK}-token chunks), value head {self.head}: "
+            f"error {self.error:.3g} > {self.bound:.3g}"
+        )
 
 
 def localise(impl: Implementation, problem: Problem) -> Localisation:
@@ -87,8 +91,16 @@ def localise(impl: Implementation, problem: Problem) -> Localisation:
         token, head = (int(x) for x in np.argwhere(over)[0])  # row-major: earliest token, then lowest head
         sequence = int(np.searchsorted(problem.bounds, token, side="right") - 1)
         position = token - int(problem.bounds[sequence])
-        return Localisation("output", float(errors[token, head]), tolerance.output_token, token, sequence, position,
-                            position // LOCALISE_CHUNK, head)
+        return Localisation(
+            "output",
+            float(errors[token, head]),
+            tolerance.output_token,
+            token,
+            sequence,
+            position,
+            position // LOCALISE_CHUNK,
+            head,
+        )
     if problem.output_final_state and result.final_state is not None:
         state = np.asarray(result.final_state, np.float64)
         ref_state = reference[1]
@@ -234,8 +246,10 @@ class Diagnosis:
         return next((s.stage for s in self.stages if s.diverges), None)
 
     def describe(self) -> str:
-        lines = [f"  {s.stage:<11} error {s.error:.3g}  bound {s.bound:.3g}  {'DIVERGES' if s.diverges else 'ok'}"
-                 for s in self.stages]
+        lines = [
+            f"  {s.stage:<11} error {s.error:.3g}  bound {s.bound:.3g}  {'DIVERGES' if s.diverges else 'ok'}"
+            for s in self.stages
+        ]
         head = f"first divergent stage: {self.first_divergent}" if self.first_divergent else "all stages within bound"
         return "\n".join([head] + lines)
 
@@ -253,8 +267,19 @@ def _block_error(x, ref, mag, head_axis: int = 2) -> float:
 
 
 def _packed(problem: Problem, C: int) -> Packed:
-    return pack(problem.q, problem.k, problem.v, problem.g, problem.beta, problem.scale, problem.initial_state,
-                problem.use_qk_l2norm_in_kernel, problem.state_v_first, problem.cu_seqlens, pad_to_multiple=C)
+    return pack(
+        problem.q,
+        problem.k,
+        problem.v,
+        problem.g,
+        problem.beta,
+        problem.scale,
+        problem.initial_state,
+        problem.use_qk_l2norm_in_kernel,
+        problem.state_v_first,
+        problem.cu_seqlens,
+        pad_to_multiple=C,
+    )
 
 
 def diagnose(staged: StagedImplementation, problem: Problem) -> Diagnosis:
@@ -295,13 +320,21 @@ def diagnose(staged: StagedImplementation, problem: Problem) -> Diagnosis:
     h, v_new, final = ref.fwd_h(p.k, W, U, G, p.initial_state)
     h_got, v_new_got, final_got = staged.fwd_h(p.k, W, U, G, p.initial_state)
     h_mag, v_mag, final_mag = _fwd_h_magnitudes(ref, absk, np.abs(W), np.abs(U), G, np.abs(p.initial_state))
-    report("fwd_h", max(_block_error(h_got, h, h_mag), _block_error(v_new_got, v_new, v_mag),
-                        _block_error(final_got, final, final_mag, head_axis=1)))
+    report(
+        "fwd_h",
+        max(
+            _block_error(h_got, h, h_mag),
+            _block_error(v_new_got, v_new, v_mag),
+            _block_error(final_got, final, final_mag, head_axis=1),
+        ),
+    )
 
     o = ref.fwd_o(p.q, p.k, v_new, h, G, p.scale)
     o_mag = ref.fwd_o(absq * (1.0 + np.abs(G))[..., None], absk, np.abs(v_new), np.abs(h), G, abs(p.scale))
-    report("fwd_o", _block_error(staged.fwd_o(p.q, p.k, v_new, h, G, p.scale), o, o_mag * gate_slack.max(axis=-1,
-                                                                                                      keepdims=True)))
+    report(
+        "fwd_o",
+        _block_error(staged.fwd_o(p.q, p.k, v_new, h, G, p.scale), o, o_mag * gate_slack.max(axis=-1, keepdims=True)),
+    )
     return Diagnosis(reports)
 
 

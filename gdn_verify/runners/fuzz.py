@@ -67,8 +67,10 @@ class FuzzReport:
     def status_line(self, now_running: str) -> str:
         w = self.worst
         worst = f"worst {w[1].ratio:.2g} of bound ({w[0]})" if w is not None else "worst -"
-        return (f"[fuzz] {format_seconds(self.elapsed)}/{format_seconds(self.budget)}  cases {self.cases}  {worst}"
-                f"  failures {len(self.failures)}  now {now_running}")
+        return (
+            f"[fuzz] {format_seconds(self.elapsed)}/{format_seconds(self.budget)}  cases {self.cases}  {worst}"
+            f"  failures {len(self.failures)}  now {now_running}"
+        )
 
 
 def _counting(prop: Property, report: FuzzReport) -> Property:
@@ -86,10 +88,17 @@ def _counting(prop: Property, report: FuzzReport) -> Property:
     return Property(prop.name, prop.summary, prop.strategy, check, prop.max_examples, prop.unsupported_by, prop.form)
 
 
-def run_fuzz(impl: Implementation, properties: list[Property], seconds: float, *, seed: int | None = None,
-             database: Path = DATABASE_DIR, cases_dir: Path = CASES_DIR,
-             progress: Callable[[FuzzReport, str], None] | None = None,
-             on_result: Callable[[PropertyResult], None] | None = None) -> FuzzReport:
+def run_fuzz(
+    impl: Implementation,
+    properties: list[Property],
+    seconds: float,
+    *,
+    seed: int | None = None,
+    database: Path = DATABASE_DIR,
+    cases_dir: Path = CASES_DIR,
+    progress: Callable[[FuzzReport, str], None] | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+) -> FuzzReport:
     """Run a campaign of ``seconds``; ``progress(report, property)`` after each example, ``on_result`` for
     each property that fails or turns out unsupported (as soon as it does)."""
     report = FuzzReport(budget=seconds)
@@ -117,8 +126,9 @@ def run_fuzz(impl: Implementation, properties: list[Property], seconds: float, *
             # One database directory per implementation and property: Hypothesis keys saved examples
             # by the test function's source, which run_property shares across properties.
             round_seed = None if seed is None else seed + 7919 * report.rounds + names.index(prop.name)
-            run = RunSettings(max_examples=n, seed=round_seed, database=str(database / slug / prop.name),
-                              cases_dir=cases_dir)
+            run = RunSettings(
+                max_examples=n, seed=round_seed, database=str(database / slug / prop.name), cases_dir=cases_dir
+            )
             result = run_property(prop, impl, run, progress=on_example)
             per_example[prop.name] = result.seconds / max(result.examples, 1)
             if result.status in ("failed", "unsupported"):

@@ -28,8 +28,9 @@ class Planted:
         return None if m is None or not m.bound else m.ratio
 
 
-def run_selftest(properties: list[Property], run: RunSettings,
-                 on_bug: Callable[[Planted], None] | None = None) -> list[Planted]:
+def run_selftest(
+    properties: list[Property], run: RunSettings, on_bug: Callable[[Planted], None] | None = None
+) -> list[Planted]:
     """Check each planted bug against ``properties`` in order, stopping at the first that fails."""
     rows = []
     for bug, (description, _) in planted.BUGS.items():
