@@ -11,6 +11,7 @@ unsupported.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,21 @@ from gdn_verify.core import arrays
 from gdn_verify.core.problem import Problem
 
 SPEC_FORM = "spec"
+# How each form is called: positional argument count and keyword names (``Implementation.run``
+# passes the native arguments by keyword; the spec form takes nine arrays by position).
+NATIVE_KEYWORDS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "scale",
+    "initial_state",
+    "output_final_state",
+    "use_qk_l2norm_in_kernel",
+    "cu_seqlens",
+)
+SPEC_CALL = (9, ("scale", "use_qk_l2norm_in_kernel"))
 
 
 class ConfigurationError(ValueError):
@@ -48,6 +64,26 @@ class Result:
     final_state: Any
     o_dtype: str | None
     state_dtype: str | None
+
+
+def _convention(form: str) -> str:
+    return "speculative-decoding (--convention spec)" if form == SPEC_FORM else "native (FLA)"
+
+
+def signature_problem(fn: Callable, positional: int, keywords: tuple[str, ...]) -> str | None:
+    """Why ``fn(*[None] * positional, **{k: None for k in keywords})`` cannot bind, or None.
+
+    Tolerant of ``*args``/``**kwargs`` and of callables whose signature cannot be read.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*([None] * positional), **dict.fromkeys(keywords))
+    except TypeError as exc:
+        return f"{exc} (its signature is {getattr(fn, '__name__', 'fn')}{sig})"
+    return None
 
 
 def _dtype_name(x: Any) -> str | None:
@@ -82,6 +118,18 @@ class Implementation:
         if not native:
             raise NotImplementedError(f"{self.name} has only the speculative-decoding form")
         return native[0]
+
+    def check_signatures(self) -> None:
+        """Raise :class:`ConfigurationError` (``impl``) when a form cannot take the arguments it is
+        called with; checked once, before any property runs. Callables without an inspectable
+        signature (C extensions, some builtins) pass: their misuse shows on the first call."""
+        for form, fn in self.forms.items():
+            positional, keywords = (SPEC_CALL[0], SPEC_CALL[1]) if form == SPEC_FORM else (0, NATIVE_KEYWORDS)
+            problem = signature_problem(fn, positional, keywords)
+            if problem is not None:
+                raise ConfigurationError(
+                    "impl", f"{self.name} cannot take the {_convention(form)} arguments: {problem}"
+                )
 
     def run(self, problem: Problem, form: str | None = None, options: dict[str, Any] | None = None) -> Result:
         """Call the implementation on ``problem`` and bring the outputs back to NumPy.

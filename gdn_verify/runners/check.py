@@ -1,16 +1,24 @@
 """The check runner: drive properties with Hypothesis and collect a verdict per property.
 
-:func:`run_property` returns a :class:`PropertyResult`: ``passed``, ``failed`` (with the
-minimal, shrunk example saved as a replayable ``.npz`` case) or ``unsupported`` (the property
-does not apply, or the implementation raised ``NotImplementedError`` on every example).
-Properties arrive as objects (``gdn_verify.properties.catalogue``); progress is reported through
-a callback.
+:func:`run_property` returns a :class:`PropertyResult` whose ``status`` is one of
+:data:`STATUSES`: ``passed``; ``failed`` (a violation, with the minimal, shrunk example saved as
+a replayable ``.npz`` case); ``unsupported`` (the property does not apply, or the
+implementation raised ``NotImplementedError`` on every example); ``timeout`` (a kernel call
+overran the limit of ``gdn_verify.runners.guard``; the example that hung is saved, nothing is
+shrunk); ``error`` (the kernel raised: shrunk like a failure, with the kernel's own traceback);
+``misuse`` (the kernel cannot take the arguments: :func:`run_check` stops there). Each example
+has one of the same statuses (``PropertyResult.example_counts``). Warnings raised while a
+property runs are counted, never shown one by one. Properties arrive as objects
+(``gdn_verify.properties.catalogue``); progress is reported through a callback.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,25 +31,37 @@ from hypothesis.errors import Unsatisfiable
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Measurement, Property, Violation
+from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard, KernelTimeout, abandoned_calls
 
 CASES_DIR = Path(".gdn_verify") / "cases"
 
 Progress = Callable[[str, int, "Measurement | None"], None]  # (property, examples so far, worst so far)
 
+STATUSES = ("passed", "failed", "unsupported", "timeout", "error", "misuse")
+NOT_PASSED = ("failed", "timeout", "error", "misuse")  # verdicts against the implementation (exit 1; misuse 2)
+
 
 @dataclass
 class Failure:
+    """The example a property did not pass on: ``status`` failed, timeout, error or misuse."""
+
     message: str
     problem: Problem
     params: dict
     measurement: Measurement | None
     case_path: Path | None = None
+    status: str = "failed"
+    traceback: str | None = None  # the kernel's own traceback (status error)
+
+
+class _Stop(BaseException):
+    """Ends a property's Hypothesis run at once (misuse: every further call would fail alike)."""
 
 
 @dataclass
 class PropertyResult:
     name: str
-    status: str  # passed | failed | unsupported
+    status: str  # one of STATUSES
     examples: int = 0
     unsupported: int = 0
     worst: Measurement | None = None
@@ -50,16 +70,22 @@ class PropertyResult:
     note: str = ""
     above_uniform: int = 0  # examples within the algorithm-aware bound but above the uniform one
     explained: Measurement | None = None  # the one of those furthest above the uniform bound
+    example_counts: dict[str, int] = field(default_factory=dict)  # examples by status
+    warnings: int = 0  # warnings raised while the property ran (the kernel's, mostly)
+    warning: str = ""  # one line: the most frequent of them and where it was raised
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(
             name=self.name,
             status=self.status,
             examples=self.examples,
+            examples_by_status=dict(self.example_counts),
             unsupported=self.unsupported,
             seconds=round(self.seconds, 2),
             note=self.note,
         )
+        if self.warnings:
+            d["warnings"] = dict(count=self.warnings, summary=self.warning)
         if self.worst is not None:
             d["worst"] = dict(
                 error=self.worst.error,
@@ -71,10 +97,12 @@ class PropertyResult:
             d["above_uniform"] = dict(examples=self.above_uniform, note=self.explained.note)
         if self.failure is not None:
             d["failure"] = dict(
+                status=self.failure.status,
                 message=self.failure.message,
                 problem=self.failure.problem.describe(),
                 params=self.failure.params,
                 case=str(self.failure.case_path.resolve()) if self.failure.case_path else None,
+                traceback=self.failure.traceback,
             )
         return d
 
@@ -87,6 +115,7 @@ class RunSettings:
     seed: int | None = None
     database: str | None = None  # directory of Hypothesis's example database (None: no database)
     cases_dir: Path = field(default_factory=lambda: CASES_DIR)
+    timeout: float | None = DEFAULT_TIMEOUT  # seconds per kernel call (see runners.guard); None: none
 
 
 def save_case(failure: Failure, prop: str, impl: Implementation, cases_dir: Path) -> Path:
@@ -103,32 +132,87 @@ def save_case(failure: Failure, prop: str, impl: Implementation, cases_dir: Path
     )
 
 
+class _WarningCounter:
+    """Counts warnings by (category, message, place) instead of printing them (a kernel's NumPy
+    RuntimeWarnings printed 610 lines in a 15 s fuzz)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        self.counts[
+            (category.__name__, str(message).splitlines()[0][:100], f"{os.path.basename(filename)}:{lineno}")
+        ] += 1
+
+    def summary(self) -> str:
+        if not self.counts:
+            return ""
+        (category, message, place), n = self.counts.most_common(1)[0]
+        total, others = sum(self.counts.values()), len(self.counts) - 1
+        text = f"{total} warning{'s' * (total > 1)}: {n}x {category}: {message} ({place})"
+        return text + (f", {others} other kind{'s' * (others > 1)}" if others else "")
+
+
 def run_property(
-    prop: Property, impl: Implementation, run: RunSettings, progress: Progress | None = None
+    prop: Property,
+    impl: Implementation,
+    run: RunSettings,
+    progress: Progress | None = None,
+    guard: Guard | None = None,
 ) -> PropertyResult:
-    """Run one property; ``progress(name, examples_so_far, worst)`` is called after each example."""
+    """Run one property; ``progress(name, examples_so_far, worst)`` is called after each example.
+
+    ``guard``: the run's :class:`~gdn_verify.runners.guard.Guard` (one that remembers which shapes
+    have compiled); by default a fresh one with ``run.timeout``.
+    """
     result = PropertyResult(prop.name, "passed")
     reason = prop.unsupported_by(impl)
     if reason is not None:
         result.status, result.note = "unsupported", reason
         return result
+    own_guard = guard is None
+    guard = guard if guard is not None else Guard(run.timeout)
+    called = guard.guarded(impl)
     failures: list[Failure] = []
+    counts: Counter[str] = Counter()
     start = time.perf_counter()
 
     def test(case):
         problem, params = case
         result.examples += 1
         try:
-            m = prop.check(impl, problem, params)
+            m = prop.check(called, problem, params)
         except NotImplementedError:
+            counts["unsupported"] += 1
             result.unsupported += 1
             hypothesis.reject()
+        except KernelTimeout as exc:
+            counts["timeout"] += 1
+            note = str(exc)
+            if abandoned_calls():
+                note += "; the call still runs in an abandoned thread (the process may need to exit to free the device)"
+            failures.append(Failure(note, problem, params, None, status="timeout"))
+            raise
         except Violation as exc:
+            counts["failed"] += 1
             failures.append(Failure(str(exc), problem, params, exc.measurement))
             raise
         except Exception as exc:
-            failures.append(Failure(f"raised {type(exc).__name__}: {exc}", problem, params, None))
+            origin = guard.origin(exc)
+            message = f"raised {type(exc).__name__}: {exc}"
+            if origin is not None and guard.is_misuse(origin):
+                counts["misuse"] += 1
+                failures.append(
+                    Failure(f"the kernel cannot take the arguments: {exc}", problem, params, None, status="misuse")
+                )
+                raise _Stop from None
+            status = "failed" if origin is None else "error"  # raised by the kernel, not by a check
+            counts[status] += 1
+            failures.append(
+                Failure(message, problem, params, None, status=status, traceback=guard.kernel_traceback(exc))
+            )
             raise
+        counts["passed"] += 1
         if result.worst is None or m.ratio > result.worst.ratio:
             result.worst = m
         if m.note:
@@ -156,17 +240,26 @@ def run_property(
     # Hypothesis keys saved examples on the test's source; every property shares `test`, so
     # give each (property, implementation) its own key.
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = f"{prop.name}/{impl.name}".encode()
+    counter = _WarningCounter()
     try:
-        wrapped()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # count every occurrence, not the first per place
+            warnings.showwarning = counter
+            wrapped()
     except Unsatisfiable:
         result.status = "unsupported"
         result.note = "the implementation raised NotImplementedError on every example"
+    except (KernelTimeout, _Stop):  # stopped at once: the example is the one that hung or misused
+        result.failure = failures[-1]
+        result.status = result.failure.status
+        if result.status == "timeout":
+            result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     except Exception:  # noqa: BLE001 - the failure itself was recorded by the test
         if not failures:
             raise
-        result.status = "failed"
         # Hypothesis replays the minimal example last, so the last failure is the shrunk one.
         result.failure = failures[-1]
+        result.status = result.failure.status
         if result.failure.measurement is not None:  # the worst error is the failure's, not the passing examples'
             result.worst = result.failure.measurement
         result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
@@ -179,6 +272,11 @@ def run_property(
         if result.status == "passed" and result.explained is not None:
             note = f"{result.above_uniform} of {result.examples} examples {result.explained.note}"
             result.note = f"{result.note}; {note}" if result.note else note
+    finally:
+        if own_guard:
+            guard.close()
+    result.example_counts = {s: counts[s] for s in STATUSES if counts[s]}
+    result.warnings, result.warning = sum(counter.counts.values()), counter.summary()
     result.seconds = time.perf_counter() - start
     return result
 
@@ -190,13 +288,23 @@ def run_check(
     progress: Progress | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
 ) -> list[PropertyResult]:
-    """Run each property in turn; ``on_result`` sees each verdict as soon as it is known."""
+    """Run each property in turn; ``on_result`` sees each verdict as soon as it is known.
+
+    One guard serves the whole run (shapes compiled once are not given the compile allowance
+    again); a ``misuse`` verdict ends the run, since every further property would fail alike.
+    """
     results = []
-    for prop in properties:
-        result = run_property(prop, impl, run, progress)
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+    guard = Guard(run.timeout)
+    try:
+        for prop in properties:
+            result = run_property(prop, impl, run, progress, guard)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+            if result.status == "misuse":
+                break
+    finally:
+        guard.close()
     return results
 
 

@@ -6,7 +6,9 @@ the budget by at most about one property's share. The example database is persis
 directory per implementation and property, so a failure found once is replayed first the next
 time. Rounds draw fresh random examples; a fixed ``seed`` makes the campaign reproducible
 instead (Hypothesis then switches the database off). A failing property is recorded (shrunk
-case saved as ``.npz``) and dropped from later rounds. Progress and findings are reported
+case saved as ``.npz``), as is one that timed out or on which the kernel raised, and dropped from
+later rounds; a misuse (the kernel cannot take the arguments) ends the campaign. Every
+property's verdict, merged over the rounds, is in ``FuzzReport.properties``. Progress and findings are reported
 through callbacks; the campaign returns a :class:`FuzzReport`.
 """
 
@@ -20,7 +22,8 @@ from pathlib import Path
 
 from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.core.verdict import Measurement, Property
-from gdn_verify.runners.check import CASES_DIR, PropertyResult, RunSettings, run_property
+from gdn_verify.runners.check import CASES_DIR, NOT_PASSED, PropertyResult, RunSettings, run_property
+from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard
 
 DATABASE_DIR = Path(".gdn_verify") / "hypothesis"
 # Two examples per property in the first round: every property is visited early even for a
@@ -53,7 +56,8 @@ def format_seconds(s: float) -> str:
 
 @dataclass
 class FuzzReport:
-    """A campaign's outcome; ``failures`` are the failed properties' results (minimal cases saved)."""
+    """A campaign's outcome; ``failures`` are the results of properties that failed, timed out,
+    raised or misused (minimal cases saved); ``properties`` every property's verdict so far."""
 
     cases: int = 0
     rounds: int = 0
@@ -63,6 +67,25 @@ class FuzzReport:
     failures: list[PropertyResult] = field(default_factory=list)
     unsupported: list[PropertyResult] = field(default_factory=list)
     first_failure_case: int | None = None  # campaign-wide case number of the first failing case
+    properties: dict[str, PropertyResult] = field(default_factory=dict)
+
+    def merge(self, r: PropertyResult) -> None:
+        """Fold one round's verdict on a property into ``properties``."""
+        old = self.properties.get(r.name)
+        if old is None:
+            self.properties[r.name] = r
+            return
+        r.examples += old.examples
+        r.unsupported += old.unsupported
+        r.seconds += old.seconds
+        r.warnings += old.warnings
+        r.warning = r.warning or old.warning
+        r.above_uniform += old.above_uniform
+        for status, n in old.example_counts.items():
+            r.example_counts[status] = r.example_counts.get(status, 0) + n
+        if old.worst is not None and (r.worst is None or (r.failure is None and old.worst.ratio > r.worst.ratio)):
+            r.worst = old.worst
+        self.properties[r.name] = r
 
     def status_line(self, now_running: str) -> str:
         w = self.worst
@@ -98,14 +121,17 @@ def run_fuzz(
     cases_dir: Path = CASES_DIR,
     progress: Callable[[FuzzReport, str], None] | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
+    on_round: Callable[[FuzzReport], None] | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> FuzzReport:
     """Run a campaign of ``seconds``; ``progress(report, property)`` after each example, ``on_result`` for
-    each property that fails or turns out unsupported (as soon as it does)."""
+    each property that does not pass or turns out unsupported (as soon as it does), ``on_round``
+    after each property run (to save partial results); ``timeout`` per kernel call (runners.guard)."""
     report = FuzzReport(budget=seconds)
+    guard = Guard(timeout)
     start = time.monotonic()
     remaining = [_counting(p, report) for p in properties]
     names = [p.name for p in properties]
-    per_example: dict[str, float] = {}
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", impl.name)
 
     def on_example(name: str, examples: int, worst: Measurement | None) -> None:
@@ -115,27 +141,41 @@ def run_fuzz(
         if progress is not None:
             progress(report, name)
 
-    while remaining and time.monotonic() - start < seconds:
-        for prop in list(remaining):
-            left = seconds - (time.monotonic() - start)
-            if left <= 0:
-                break
-            share = left / len(remaining)
-            n = FIRST_ROUND_EXAMPLES if prop.name not in per_example else int(share / per_example[prop.name])
-            n = max(1, min(n, MAX_EXAMPLES_PER_CALL))
-            # One database directory per implementation and property: Hypothesis keys saved examples
-            # by the test function's source, which run_property shares across properties.
-            round_seed = None if seed is None else seed + 7919 * report.rounds + names.index(prop.name)
-            run = RunSettings(
-                max_examples=n, seed=round_seed, database=str(database / slug / prop.name), cases_dir=cases_dir
-            )
-            result = run_property(prop, impl, run, progress=on_example)
-            per_example[prop.name] = result.seconds / max(result.examples, 1)
-            if result.status in ("failed", "unsupported"):
-                remaining.remove(prop)
-                (report.failures if result.status == "failed" else report.unsupported).append(result)
-                if on_result is not None:
-                    on_result(result)
-        report.rounds += 1
+    per_example: dict[str, float] = {}
+    try:
+        while remaining and time.monotonic() - start < seconds:
+            for prop in list(remaining):
+                left = seconds - (time.monotonic() - start)
+                if left <= 0:
+                    break
+                share = left / len(remaining)
+                n = FIRST_ROUND_EXAMPLES if prop.name not in per_example else int(share / per_example[prop.name])
+                n = max(1, min(n, MAX_EXAMPLES_PER_CALL))
+                # One database directory per implementation and property: Hypothesis keys saved examples
+                # by the test function's source, which run_property shares across properties.
+                round_seed = None if seed is None else seed + 7919 * report.rounds + names.index(prop.name)
+                run = RunSettings(
+                    max_examples=n,
+                    seed=round_seed,
+                    database=str(database / slug / prop.name),
+                    cases_dir=cases_dir,
+                    timeout=guard.timeout,
+                )
+                result = run_property(prop, impl, run, progress=on_example, guard=guard)
+                per_example[prop.name] = result.seconds / max(result.examples, 1)
+                report.merge(result)
+                if result.status != "passed":
+                    remaining.remove(prop)
+                    (report.failures if result.status in NOT_PASSED else report.unsupported).append(result)
+                    if on_result is not None:
+                        on_result(result)
+                if on_round is not None:
+                    on_round(report)
+                if result.status == "misuse":
+                    remaining.clear()  # every other property would fail alike
+                    break
+            report.rounds += 1
+    finally:
+        guard.close()
     report.elapsed = time.monotonic() - start
     return report

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gdn_verify.core.verdict import Property
 from gdn_verify.implementations import planted
 from gdn_verify.runners.check import PropertyResult, RunSettings, run_property
+from gdn_verify.runners.guard import Guard
 
 
 @dataclass
@@ -31,17 +32,22 @@ class Planted:
 def run_selftest(
     properties: list[Property], run: RunSettings, on_bug: Callable[[Planted], None] | None = None
 ) -> list[Planted]:
-    """Check each planted bug against ``properties`` in order, stopping at the first that fails."""
+    """Check each planted bug against ``properties`` in order, stopping at the first that does not
+    pass (failed, or the bug made the kernel raise or hang)."""
     rows = []
     for bug, (description, _) in planted.BUGS.items():
         impl = planted.implementation(bug)
         start = time.perf_counter()
         caught = None
-        for prop in properties:
-            result = run_property(prop, impl, run)
-            if result.status == "failed":
-                caught = result
-                break
+        guard = Guard(run.timeout)
+        try:
+            for prop in properties:
+                result = run_property(prop, impl, run, guard=guard)
+                if result.status in ("failed", "error", "timeout"):
+                    caught = result
+                    break
+        finally:
+            guard.close()
         row = Planted(bug, description, caught, time.perf_counter() - start)
         rows.append(row)
         if on_bug is not None:
