@@ -3,13 +3,15 @@
 
 A thin layer over ``gdn_verify.api``: it parses flags, shows progress and results, and maps
 library errors (which name the argument) to flags. Exit status: 0 every property holds, 1 a
-property is violated, 2 misuse (a one-line message), 130 interrupted.
+property is violated (failed, timeout, error), 2 misuse (a one-line message), 130 interrupted.
+``--json PATH`` is checked for writability before the run, rewritten after each property and
+written on Ctrl-C (status ``interrupted``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from gdn_verify.core.implementation import ConfigurationError
 from gdn_verify.core.problem import DTYPES
 from gdn_verify.properties import NAMES
 from gdn_verify.runners.check import PropertyResult
+from gdn_verify.runners.guard import DEFAULT_TIMEOUT, FIRST_CALL_FACTOR, abandoned_calls
 
 ARRAYS = ("numpy", "torch", "cupy")
 # Library argument names that are not spelled --name on the command line.
@@ -51,55 +54,106 @@ def impl_name(args: argparse.Namespace) -> str:
     return name
 
 
+def json_path(args: argparse.Namespace) -> Path | None:
+    """``--json``, checked for writability before anything runs (misuse, exit 2, otherwise)."""
+    return None if not args.json else api.writable(args.json, "json")
+
+
+def misuse_exit(r: PropertyResult) -> int:
+    """The kernel could not take the arguments: one line, exit 2."""
+    message = r.failure.message if r.failure is not None else r.note
+    print(f"error: --impl: {message}", file=sys.stderr)
+    return 2
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    out = json_path(args)
     display = console.ProgressDisplay()
     impl = api.implementation(impl_name(args), args.array, args.convention)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     dims = head_dims(args.dims)
+    if args.database and args.seed is not None:
+        print(
+            f"check: --database {args.database} takes precedence: Hypothesis ignores --seed {args.seed} "
+            "when it replays an example database",
+            file=sys.stderr,
+        )
     print(
         f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
         f"dtype={args.dtype or impl.default_dtype}, seed={seed}"
         + ("" if dims is None else f", head sizes {','.join(map(str, dims))} only"),
         flush=True,
     )
+    partial = api.CheckResult(impl, args.dtype or impl.default_dtype, seed, convention=args.convention)
+    partial.timeout = args.timeout or None
+
+    def save(status: str) -> None:
+        if out is not None:
+            api.write_json(out, partial.as_dict(status, ["gdn-verify", *args.argv]))
 
     def progress(name: str, examples: int, worst) -> None:
         worst_text = f" worst {worst.error:.2e}" if worst is not None else ""
         display.update(f"  {name:<24} {examples:4d} examples{worst_text}")
 
     def on_result(r: PropertyResult) -> None:
+        partial.results.append(r)
+        save("running")  # as results arrive: a run cut short keeps what it found
+        if r.status == "misuse":
+            return  # one line on stderr at the end, not a property verdict
         display.print(console.format_result(r))
-        if r.status == "failed":  # at once, so that a run cut short still shows its minimal example
+        if r.failure is not None:  # at once, so that a run cut short still shows its minimal example
             replay = console.replay_command(r.failure.case_path, impl, args.convention) if r.failure.case_path else None
             display.print(console.format_failure(r, replay))
 
-    result = api.check(
-        impl,
-        dtype=args.dtype,
-        properties=split_list(args.properties),
-        seed=seed,
-        max_examples=args.max_examples,
-        dims=dims,
-        max_tokens=args.max_tokens,
-        database=args.database,
-        convention=args.convention,
-        progress=progress,
-        on_result=on_result,
-        **({"cases_dir": args.cases} if args.cases else {}),
-    )
-    counts = result.counts()
-    print(
-        f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported "
-        f"(impl={impl.name}, dtype={result.dtype}, seed={result.seed})"
-    )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result.as_dict(), indent=2))
+    save("running")
+    try:
+        result = api.check(
+            impl,
+            dtype=args.dtype,
+            properties=split_list(args.properties),
+            seed=seed,
+            max_examples=args.max_examples,
+            dims=dims,
+            max_tokens=args.max_tokens,
+            database=args.database,
+            convention=args.convention,
+            timeout=args.timeout,
+            progress=progress,
+            on_result=on_result,
+            **({"cases_dir": args.cases} if args.cases else {}),
+        )
+    except KeyboardInterrupt:
+        display.clear()
+        save("interrupted")
+        if out is not None:
+            print(f"partial results ({len(partial.results)} properties) written to {out}", file=sys.stderr)
+        raise
+    save("misuse" if result.misuse is not None else "complete")
+    if result.misuse is not None:
+        return misuse_exit(result.misuse)
+    print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
     return 0 if result.passed else 1
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
+    out = json_path(args)
+    rows: list = []
+
+    def save(status: str) -> None:
+        if out is not None:
+            doc = api.selftest_document(
+                rows,
+                args.dtype,
+                seed=args.seed,
+                timeout=args.timeout or None,
+                status=status,
+                command=["gdn-verify", *args.argv],
+            )
+            api.write_json(out, doc)
+
     def on_bug(row) -> None:
+        rows.append(row)
+        save("running")
         if row.caught_by is not None:
             margin = console.margin(row.caught_by.failure.measurement)
             print(
@@ -111,7 +165,15 @@ def cmd_selftest(args: argparse.Namespace) -> int:
             print(f"  MISSED  {row.bug:<30} ({row.description}) ({row.seconds:.1f}s)", flush=True)
 
     print(f"gdn-verify selftest: planted bugs, dtype={args.dtype}, seed={args.seed}")
-    rows = api.selftest(dtype=args.dtype, seed=args.seed, max_examples=args.max_examples, on_bug=on_bug)
+    save("running")
+    try:
+        api.selftest(
+            dtype=args.dtype, seed=args.seed, max_examples=args.max_examples, timeout=args.timeout, on_bug=on_bug
+        )
+    except KeyboardInterrupt:
+        save("interrupted")
+        raise
+    save("complete")
     caught = sum(row.caught_by is not None for row in rows)
     print(f"{caught} of {len(rows)} planted bugs caught")
     return 0 if caught == len(rows) else 1
@@ -130,11 +192,34 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    out = json_path(args)
     display = console.ProgressDisplay()
     impl = api.implementation(impl_name(args), args.array, args.convention)
+    dtype = args.dtype or impl.default_dtype
+    state: dict = {"report": None}
+
+    def save(status: str) -> None:
+        if out is not None and state["report"] is not None:
+            doc = api.fuzz_document(
+                state["report"],
+                impl,
+                dtype,
+                seed=args.seed,
+                timeout=args.timeout or None,
+                convention=args.convention,
+                status=status,
+                command=["gdn-verify", *args.argv],
+            )
+            api.write_json(out, doc)
+
+    def on_round(report) -> None:
+        state["report"] = report
+        save("running")
 
     def on_result(r: PropertyResult) -> None:
-        if r.status == "failed":
+        if r.status == "misuse":
+            return
+        if r.failure is not None:
             replay = console.replay_command(r.failure.case_path, impl, args.convention) if r.failure.case_path else None
             display.print(console.format_failure(r, replay))
         else:
@@ -143,26 +228,50 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     print(f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}")
     if args.seed is not None:
         print(f"fuzz: --seed {args.seed} makes the run reproducible but Hypothesis then ignores the example database")
-    report = api.fuzz(
-        impl,
-        args.budget,
-        dtype=args.dtype,
-        properties=split_list(args.properties),
-        seed=args.seed,
-        dims=head_dims(args.dims),
-        max_tokens=args.max_tokens,
-        database=args.database,
-        convention=args.convention,
-        progress=lambda rep, name: display.update(rep.status_line(name)),
-        on_result=on_result,
-        **({"cases_dir": args.cases} if args.cases else {}),
-    )
+    state["report"] = api.fuzz_runner.FuzzReport(budget=api.fuzz_runner.parse_budget(args.budget))
+    save("running")
+
+    def progress(rep, name: str) -> None:
+        state["report"] = rep
+        display.update(rep.status_line(name))
+
+    try:
+        report = api.fuzz(
+            impl,
+            args.budget,
+            dtype=args.dtype,
+            properties=split_list(args.properties),
+            seed=args.seed,
+            dims=head_dims(args.dims),
+            max_tokens=args.max_tokens,
+            database=args.database,
+            convention=args.convention,
+            timeout=args.timeout,
+            progress=progress,
+            on_result=on_result,
+            on_round=on_round,
+            **({"cases_dir": args.cases} if args.cases else {}),
+        )
+    except KeyboardInterrupt:
+        display.clear()
+        save("interrupted")
+        raise
+    state["report"] = report
     display.clear()
+    misuse = next((r for r in report.properties.values() if r.status == "misuse"), None)
+    save("misuse" if misuse is not None else "complete")
+    if misuse is not None:
+        return misuse_exit(misuse)
     w = report.worst
+    warned = [r for r in report.properties.values() if r.warnings]
+    top = max(warned, key=lambda r: r.warnings, default=None)
     print(
         f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
         f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures"
     )
+    if top is not None:  # one line, however many warnings the kernel raised
+        total = sum(r.warnings for r in warned)
+        print(f"warnings: {total} in all; most in {top.name}: {top.warning}")
     return 1 if report.failures else 0
 
 
@@ -181,6 +290,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         properties=split_list(args.properties),
         dims=head_dims(args.dims),
     )
+    api.writable(options.out, "out", directory=True)  # before hours of measurements, not after
     s = options.sizes
     print(
         f"gdn-verify report: {', '.join(i.name for i in options.impls)}; dtypes {', '.join(options.dtypes)}; "
@@ -248,6 +358,18 @@ def _suite_options(p: argparse.ArgumentParser) -> None:
         "size; default: every size, awkward ones included)",
     )
     p.add_argument("--cases", help="directory for minimal failing cases (default .gdn_verify/cases)")
+    _run_options(p)
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds a kernel call may take before it is reported as a timeout (default {DEFAULT_TIMEOUT:g}; "
+        f"the first call of a new shape gets {FIRST_CALL_FACTOR:g}x that for compilation; 0: no limit)",
+    )
+    p.add_argument("--json", help="write the results as JSON to this path (rewritten as results arrive)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,13 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-tokens", type=int, help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)"
     )
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
-    check.add_argument("--json", help="write the results as JSON to this path")
     check.set_defaults(func=cmd_check)
 
     selftest = sub.add_parser("selftest", help="check the planted-bug implementations; all must be caught")
     selftest.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     selftest.add_argument("--max-examples", type=int)
     selftest.add_argument("--seed", type=int)
+    _run_options(selftest)
     selftest.set_defaults(func=cmd_selftest)
 
     rp = sub.add_parser("replay", help="rerun a saved failing case")
@@ -338,5 +460,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run(argv: list[str] | None = None) -> int:
+    """:func:`main`, then exit; at once when a timed-out kernel call still runs in an abandoned
+    thread (waiting for it, or for a stuck device at interpreter shutdown, could take forever)."""
+    code = main(argv)
+    if abandoned_calls():
+        print(
+            f"note: {abandoned_calls()} timed-out kernel call(s) still running; exiting without waiting for them",
+            file=sys.stderr,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

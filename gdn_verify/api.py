@@ -4,25 +4,50 @@
 (``numpy``, ``cupy``, ``fla-chunk``, ... see ``gdn_verify.implementations.names()``) or an
 :class:`~gdn_verify.core.implementation.Implementation`. Bad arguments raise
 :class:`~gdn_verify.core.implementation.ConfigurationError` (a ``ValueError``) naming the argument.
+
+Results as JSON: ``CheckResult.as_dict()``, :func:`fuzz_document` and :func:`selftest_document`
+are documents of the versioned schema ``gdn_verify/schema/result.schema.json``
+(:data:`SCHEMA_VERSION`); :func:`writable` checks an output path before a run and
+:func:`write_json` replaces a document atomically, so that it can be rewritten as results arrive.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
+import math
+import os
 import random
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gdn_verify import console, implementations
+from gdn_verify.core import environment
 from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.verdict import Property
 from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
 from gdn_verify.runners import fuzz as fuzz_runner
-from gdn_verify.runners.check import CASES_DIR, Progress, PropertyResult, Replay, RunSettings, run_check
+from gdn_verify.runners.check import (
+    CASES_DIR,
+    NOT_PASSED,
+    STATUSES,
+    Progress,
+    PropertyResult,
+    Replay,
+    RunSettings,
+    run_check,
+)
 from gdn_verify.runners.check import replay as replay_case
+from gdn_verify.runners.guard import DEFAULT_TIMEOUT
 from gdn_verify.runners.selftest import Planted, run_selftest
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "result.schema.json"
+RUN_STATUSES = ("running", "complete", "interrupted", "misuse")  # a JSON document's own status
 
 ImplLike = Implementation | Callable | str
 
@@ -87,6 +112,92 @@ def _max_examples(n: int | None) -> int | None:
     return n
 
 
+def _timeout(seconds: float | None) -> float | None:
+    if seconds is None or seconds == 0:
+        return None  # no limit
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigurationError("timeout", f"{seconds}: must be a positive number of seconds (0: no limit)")
+    return float(seconds)
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with NumPy scalars and arrays as Python values and non-finite floats as "inf", "-inf", "nan"
+    (JSON has no infinity)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
+        return jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def _header(kind: str, status: str, command: Sequence[str] | None, array: str) -> dict[str, Any]:
+    if status not in RUN_STATUSES:
+        raise ValueError(f"status {status!r}: expected one of {RUN_STATUSES}")
+    return dict(
+        schema_version=SCHEMA_VERSION,
+        kind=kind,
+        status=status,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=None if command is None else " ".join(command),
+        environment=environment.describe(array),
+    )
+
+
+def _rows(results: Sequence[PropertyResult], impl: Implementation, convention: str) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        row = r.as_dict()
+        if row.get("failure"):
+            case = r.failure.case_path if r.failure is not None else None
+            row["failure"]["replay"] = None if case is None else console.replay_command(case, impl, convention)
+        rows.append(row)
+    return rows
+
+
+def totals(results: Sequence[PropertyResult]) -> dict[str, int]:
+    """How many properties ended in each status (every status present, zeros included)."""
+    return {s: sum(r.status == s for r in results) for s in STATUSES}
+
+
+def writable(path: str | Path, field: str, directory: bool = False) -> Path:
+    """``path`` made absolute, after checking that a file (or, with ``directory``, files inside
+    it) can be written there; raises :class:`ConfigurationError` naming ``field`` otherwise.
+    Called before a run, so that hours of results are not lost to a read-only folder."""
+    target = Path(path).expanduser().resolve()
+    folder = target if directory else target.parent
+    try:
+        if not directory and target.is_dir():
+            raise OSError(f"{target} is a directory")
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gdn-verify-write-test-"):
+            pass
+        if not directory and target.exists() and not os.access(target, os.W_OK):
+            raise PermissionError(f"{target} is read-only")
+    except OSError as exc:
+        raise ConfigurationError(field, f"{path}: cannot write there ({exc.strerror or exc})") from None
+    return target
+
+
+def write_json(path: str | Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` atomically (a reader never sees half a file)."""
+    path = Path(path)
+    text = json.dumps(jsonable(document), indent=2, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 @dataclass
 class CheckResult:
     """Every property's verdict for one implementation and dtype."""
@@ -96,15 +207,22 @@ class CheckResult:
     seed: int
     results: list[PropertyResult] = field(default_factory=list)
     convention: str = "native"
+    timeout: float | None = DEFAULT_TIMEOUT
 
     @property
     def passed(self) -> bool:
-        """No property failed (unsupported ones do not count against it)."""
+        """No property failed, timed out, raised or misused (unsupported ones do not count against it)."""
         return not self.failures
 
     @property
     def failures(self) -> list[PropertyResult]:
-        return [r for r in self.results if r.status == "failed"]
+        """Properties with a verdict against the implementation: failed, timeout, error, misuse."""
+        return [r for r in self.results if r.status in NOT_PASSED]
+
+    @property
+    def misuse(self) -> PropertyResult | None:
+        """The property on which the kernel could not take the arguments (the run stopped there)."""
+        return next((r for r in self.results if r.status == "misuse"), None)
 
     def __getitem__(self, name: str) -> PropertyResult:
         for r in self.results:
@@ -113,7 +231,8 @@ class CheckResult:
         raise KeyError(name)
 
     def counts(self) -> dict[str, int]:
-        return {s: sum(r.status == s for r in self.results) for s in ("passed", "failed", "unsupported")}
+        """Properties per status: passed, failed, unsupported, timeout, error, misuse."""
+        return totals(self.results)
 
     def replay_command(self, result: PropertyResult) -> str | None:
         """The shell command that reruns a failed property's minimal example."""
@@ -124,11 +243,7 @@ class CheckResult:
     def report(self) -> str:
         """Every failure with its minimal example and replay command, then the counts."""
         lines = [console.format_failure(r, self.replay_command(r)) for r in self.failures]
-        c = self.counts()
-        lines.append(
-            f"{self.impl.name}, {self.dtype}: {c['passed']} passed, {c['failed']} failed, "
-            f"{c['unsupported']} unsupported"
-        )
+        lines.append(f"{self.impl.name}, {self.dtype}: {console.format_counts(self.counts())}")
         return "\n".join(lines)
 
     def assert_passed(self) -> None:
@@ -136,20 +251,20 @@ class CheckResult:
         if not self.passed:
             raise AssertionError(self.report())
 
-    def as_dict(self) -> dict[str, Any]:
-        rows = []
-        for r in self.results:
-            row = r.as_dict()
-            if row.get("failure"):
-                row["failure"]["replay"] = self.replay_command(r)
-            rows.append(row)
+    def as_dict(self, status: str | None = None, command: Sequence[str] | None = None) -> dict[str, Any]:
+        """The JSON document (schema ``kind: check``); ``status`` defaults to complete (misuse when
+        the kernel could not take the arguments); ``command``: the command line, recorded."""
+        status = status or ("misuse" if self.misuse is not None else "complete")
         return dict(
+            _header("check", status, command, self.impl.array),
             impl=self.impl.name,
             array=self.impl.array,
             dtype=self.dtype,
             seed=self.seed,
+            convention=self.convention,
+            timeout=self.timeout,
             totals=self.counts(),
-            results=rows,
+            results=_rows(self.results, self.impl, self.convention),
         )
 
 
@@ -166,6 +281,7 @@ def check(
     database: str | Path | None = None,
     cases_dir: str | Path = CASES_DIR,
     convention: str = "native",
+    timeout: float | None = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
 ) -> CheckResult:
@@ -178,9 +294,14 @@ def check(
     ``dims``: draw head sizes K and V only from these (kernels compiled per size);
     ``max_tokens``: longest T of ``error_growth``; ``database``: Hypothesis example database
     directory (it takes precedence over ``seed``); ``cases_dir``: where minimal cases are saved;
-    ``convention="spec"``: a callable in the speculative-decoding convention.
+    ``convention="spec"``: a callable in the speculative-decoding convention; ``timeout``: seconds
+    a compiled kernel call may take (the first call of a new shape gets ten times that for
+    compilation; None or 0: no limit; see ``gdn_verify.runners.guard``).
+    A callable whose signature cannot take the arguments raises :class:`ConfigurationError`
+    before anything runs.
     """
     impl = implementation(impl, array, convention)
+    impl.check_signatures()
     dtype = _dtype(dtype, impl)
     limits = _limits(impl, dtype, dims, max_tokens)
     props = select(catalogue(limits), properties, impl)
@@ -190,8 +311,9 @@ def check(
         seed=seed,
         database=None if database is None else str(database),
         cases_dir=Path(cases_dir),
+        timeout=_timeout(timeout),
     )
-    result = CheckResult(impl, dtype, seed, convention=convention)
+    result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout)
     result.results = run_check(impl, props, run, progress, on_result)
     return result
 
@@ -246,16 +368,21 @@ def fuzz(
     database: str | Path = fuzz_runner.DATABASE_DIR,
     cases_dir: str | Path = CASES_DIR,
     convention: str = "native",
+    timeout: float | None = DEFAULT_TIMEOUT,
     progress: Callable[[fuzz_runner.FuzzReport, str], None] | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
+    on_round: Callable[[fuzz_runner.FuzzReport], None] | None = None,
 ) -> fuzz_runner.FuzzReport:
     """A time-budgeted campaign (``budget``: seconds or ``"90s"``, ``"30m"``, ``"1h"``).
 
     On GPU arrays ``matches_reference`` and ``gate_extremes`` draw large problems checked against
-    the float64 GPU oracle when it can run here.
+    the float64 GPU oracle when it can run here. ``timeout`` as in :func:`check`; ``on_round``
+    sees the report after each property run (to save partial results).
     """
     seconds = fuzz_runner.parse_budget(budget)
+    timeout = _timeout(timeout)
     impl = implementation(impl, array, convention)
+    impl.check_signatures()
     dtype = _dtype(dtype, impl)
     limits = _limits(impl, dtype, dims, max_tokens)
     oracle_name, oracle = implementations.choose_oracle(impl.array)
@@ -271,6 +398,84 @@ def fuzz(
         cases_dir=Path(cases_dir),
         progress=progress,
         on_result=on_result,
+        on_round=on_round,
+        timeout=timeout,
+    )
+
+
+def fuzz_document(
+    report: fuzz_runner.FuzzReport,
+    impl: Implementation,
+    dtype: str,
+    *,
+    seed: int | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    convention: str = "native",
+    status: str | None = None,
+    command: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A campaign as a JSON document (schema ``kind: fuzz``)."""
+    results = list(report.properties.values())
+    status = status or ("misuse" if any(r.status == "misuse" for r in results) else "complete")
+    w = report.worst
+    worst = None if w is None else dict(property=w[0], error=w[1].error, bound=w[1].bound, ratio=w[1].ratio)
+    return dict(
+        _header("fuzz", status, command, impl.array),
+        impl=impl.name,
+        array=impl.array,
+        dtype=dtype,
+        seed=seed,
+        convention=convention,
+        timeout=timeout,
+        totals=totals(results),
+        results=_rows(results, impl, convention),
+        campaign=dict(
+            budget=report.budget,
+            elapsed=round(report.elapsed, 2),
+            cases=report.cases,
+            rounds=report.rounds,
+            first_failure_case=report.first_failure_case,
+            worst=worst,
+        ),
+    )
+
+
+def selftest_document(
+    rows: Sequence[Planted],
+    dtype: str,
+    *,
+    seed: int | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    status: str = "complete",
+    command: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A selftest as a JSON document (schema ``kind: selftest``): one row per planted bug."""
+    bugs = []
+    for row in rows:
+        caught = None
+        if row.caught_by is not None:
+            impl = implementations.resolve(f"planted:{row.bug}")
+            (caught,) = _rows([row.caught_by], impl, "native")
+        bugs.append(
+            dict(
+                bug=row.bug,
+                description=row.description,
+                caught=row.caught_by is not None,
+                caught_by=caught,
+                margin=row.margin,
+                seconds=round(row.seconds, 2),
+            )
+        )
+    caught_count = sum(row.caught_by is not None for row in rows)
+    return dict(
+        _header("selftest", status, command, "numpy"),
+        impl="planted",
+        array="numpy",
+        dtype=dtype,
+        seed=seed,
+        timeout=timeout,
+        totals=dict(bugs=len(bugs), caught=caught_count, missed=len(bugs) - caught_count),
+        bugs=bugs,
     )
 
 
@@ -279,11 +484,12 @@ def selftest(
     dtype: str = "float32",
     seed: int | None = None,
     max_examples: int | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
     on_bug: Callable[[Planted], None] | None = None,
 ) -> list[Planted]:
     """Run the suite against every planted bug; each row says which property caught it (None: missed)."""
     if dtype not in DTYPES:
         raise ConfigurationError("dtype", f"{dtype!r}: choose from {', '.join(DTYPES)}")
     props = list(catalogue(Limits(dtype=dtype)).values())
-    run = RunSettings(max_examples=_max_examples(max_examples), seed=seed)
+    run = RunSettings(max_examples=_max_examples(max_examples), seed=seed, timeout=_timeout(timeout))
     return run_selftest(props, run, on_bug)

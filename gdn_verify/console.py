@@ -81,27 +81,40 @@ def replay_command(case: str | Path, impl: Implementation, convention: str = "na
     return " ".join(shlex.quote(w) for w in words)
 
 
+def format_counts(counts: dict[str, int]) -> str:
+    """``3 passed, 1 failed, 0 unsupported`` and any timeout, error or misuse that occurred."""
+    shown = [s for s in counts if s in ("passed", "failed", "unsupported") or counts[s]]
+    return ", ".join(f"{counts[s]} {s}" for s in shown)
+
+
 def format_result(r: PropertyResult) -> str:
-    """One line per property: status, examples, worst error against its bound, seconds, note."""
+    """One line per property: status, examples, worst error against its bound, seconds, note, and
+    the warnings raised meanwhile as one count (never one line each)."""
     worst = ""
-    if r.worst is not None and r.status != "unsupported":
+    if r.worst is not None and r.status in ("passed", "failed"):
         if r.worst.bound:
             worst = f"worst {r.worst.error:.2e} (bound {r.worst.bound:.2e}, {r.worst.detail.split(';')[0]})"
         elif r.status == "failed":
             worst = f"max difference {r.worst.error:.2e} (exact contract)"
         else:
             worst = f"exact ({r.worst.detail})"
-    note = f"  [{r.note}]" if r.note else ""
+    notes = [n for n in (r.note, r.warning) if n]
+    note = f"  [{'; '.join(notes)}]" if notes else ""
     return f"  {r.name:<24} {r.status:<11} {r.examples:4d} examples  {worst}  {r.seconds:.1f}s{note}"
 
 
 def format_failure(r: PropertyResult, replay: str | None) -> str:
-    """A failed property: the message, the minimal example, its parameters and the replay command."""
+    """A property that did not pass (failed, timeout, error, misuse): the message, the minimal
+    example (for a timeout: the example that hung), its parameters, the kernel's own traceback
+    (error) and the replay command."""
     f = r.failure
     assert f is not None
-    lines = [f"FAILED {r.name}: {f.message}", f"  minimal example: {f.problem.describe()}"]
+    example = "example that hung" if f.status == "timeout" else "minimal example"
+    lines = [f"{f.status.upper()} {r.name}: {f.message}", f"  {example}: {f.problem.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
+    if f.traceback:
+        lines += ["    " + line for line in f.traceback.splitlines()]
     if replay:
         lines.append(f"  replay: {replay}")
     return "\n".join(lines)

@@ -2,9 +2,11 @@
 
 ``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
 [--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
-[--gdn-convention native|spec]`` adds one test item per property (``gdn-verify::NAME``), in any
-folder; a failing item shows the minimal example and the replay command, an unsupported one is
-skipped with the reason. For tests of one's own, the ``gdn_check`` fixture calls
+[--gdn-convention native|spec] [--gdn-timeout SECONDS]`` adds one test item per property
+(``gdn-verify::NAME``), in any folder; an item that fails, times out or on which the kernel
+raised shows the minimal example (the kernel's traceback too) and the replay command, an
+unsupported one is skipped with the reason. A kernel that cannot take the arguments is a usage
+error before any item runs. For tests of one's own, the ``gdn_check`` fixture calls
 :func:`gdn_verify.check` with those options as defaults::
 
     def test_my_kernel(gdn_check):
@@ -32,6 +34,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gdn-max-examples", type=int, help="examples per property (default: each property's own)")
     group.addoption("--gdn-dims", help="head sizes K and V to draw, e.g. 64,128")
     group.addoption("--gdn-convention", default="native", help="native (FLA) or spec (speculative decoding)")
+    group.addoption(
+        "--gdn-timeout",
+        type=float,
+        help="seconds a kernel call may take (default 60; the first call of a new shape gets 10x; 0: no limit)",
+    )
 
 
 def _options(config: pytest.Config) -> dict[str, Any]:
@@ -43,6 +50,7 @@ def _options(config: pytest.Config) -> dict[str, Any]:
         seed=opt("gdn_seed"),
         max_examples=opt("gdn_max_examples"),
         convention=opt("gdn_convention"),
+        timeout=opt("gdn_timeout"),
     )
     if opt("gdn_dims"):
         kw["dims"] = tuple(int(d) for d in opt("gdn_dims").split(","))
@@ -66,7 +74,7 @@ class PropertyItem(pytest.Item):
         (r,) = result.results
         if r.status == "unsupported":
             pytest.skip(r.note)
-        if r.status == "failed":
+        if r.failure is not None:  # failed, timeout, error, misuse
             raise PropertyFailed(console.format_failure(r, result.replay_command(r)))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
@@ -103,6 +111,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = _options(config)
     try:
         impl = api.implementation(name, options.get("array"), options.get("convention", "native"))
+        impl.check_signatures()
     except ConfigurationError as exc:
         raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
     import random

@@ -1,0 +1,53 @@
+"""What a result was computed with: Python and package versions and, for GPU arrays, the device.
+
+Cheap by design (it goes into every JSON result): versions come from the installed
+distributions' metadata, and the device name only from a GPU library the run already imported.
+The report's fuller record (git commit, nvidia-smi, CPU) is ``gdn_verify.report.environment``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+from typing import Any
+
+PACKAGES = ("gdn-verify", "numpy", "hypothesis", "ml_dtypes", "scipy", "torch", "cupy-cuda13x", "cupy-cuda12x", "cupy")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages a verdict depends on (missing ones left out)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def device_name(array: str) -> str | None:
+    """The GPU's name when the arrays live on one (``torch``/``cupy``) and its library is loaded."""
+    if array == "numpy":
+        return None
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+            return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - no usable device is an answer, not an error
+        return None
+    return None
+
+
+def describe(array: str = "numpy") -> dict[str, Any]:
+    """``{"python", "platform", "packages": {name: version}, "device"}`` (device None on CPU)."""
+    return dict(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        packages=package_versions(),
+        device=device_name(array),
+    )
