@@ -1,0 +1,304 @@
+"""Outcomes a broken plug-in meets: timeout, error with its traceback, misuse, warnings, output paths, Ctrl-C.
+
+Each test reproduces an item of issue 13's Why list that used to go wrong: a hung kernel was
+never timed out, a wrong signature gave three property failures, "raised X" hid the kernel's
+traceback, numpy warnings flooded the console, a read-only --json path crashed after the whole
+run, Ctrl-C left nothing, and --database silently overrode --seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from gdn_verify import api
+from gdn_verify.core.implementation import ConfigurationError
+from gdn_verify.runners.guard import Guard, KernelTimeout
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "gdn_verify" / "schema" / "result.schema.json").read_text())
+
+KERNELS = textwrap.dedent("""
+    import inspect
+    import time
+    import warnings
+
+    import numpy as np
+
+    from gdn_verify.implementations import numpy_impl
+
+
+    def good(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+             use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+        return numpy_impl.recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                     use_qk_l2norm_in_kernel, cu_seqlens)
+
+
+    def hangs(q, k, v, g, beta, **kw):
+        if q.shape[1] > 3:
+            while True:
+                time.sleep(0.02)
+        return good(q, k, v, g, beta, **kw)
+
+
+    def wrong_signature(q, k, v, g):
+        return None
+
+
+    class NoSignature:
+        # like a C extension: no inspectable signature, so misuse shows at the first call
+        @property
+        def __signature__(self):
+            raise ValueError("no signature")
+
+        def __call__(self, q, k, v, g):
+            return None
+
+
+    no_signature = NoSignature()
+
+
+    def _inner(x):
+        raise RuntimeError("kernel exploded inside _inner")
+
+
+    def crashes(q, k, v, g, beta, **kw):
+        if q.shape[1] > 2:
+            _inner(q)
+        return good(q, k, v, g, beta, **kw)
+
+
+    def noisy(q, k, v, g, beta, **kw):
+        for _ in range(20):
+            np.exp(np.float32(1e4) * np.ones(3, np.float32))  # RuntimeWarning: overflow
+        return good(q, k, v, g, beta, **kw)
+""")
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    return tmp_path
+
+
+def cli(*args, cwd, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+
+
+def validate(doc: dict) -> dict:
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    return doc
+
+
+# --- the guard itself ------------------------------------------------------------------------
+
+
+def test_the_first_call_of_a_shape_class_may_compile_a_later_one_may_not_hang():
+    guard = Guard(timeout=0.1)
+
+    def slow(x):
+        time.sleep(0.3)
+        return x
+
+    import numpy as np
+
+    a = np.zeros((1, 5, 2, 4))
+    assert guard.call(slow, (a,), {}) is a  # 0.3 s > 0.1 s, but the first call of the shape class compiles
+    with pytest.raises(KernelTimeout, match="did not return within 0.1s"):
+        guard.call(slow, (np.zeros((1, 9, 2, 4)),), {})  # other T, same shape class: compiled already
+    guard.close()
+
+
+def test_a_kernel_slow_everywhere_is_not_a_hang():
+    guard = Guard(timeout=0.05)
+    guard.slowest = 0.03  # compiled calls have taken 30 ms: the limit is 10x that, not 50 ms
+    guard.seen.add(("x",))
+    assert guard.limit(("x",)) == pytest.approx(0.3)
+    assert Guard(timeout=None).limit(("x",)) is None
+
+
+# --- statuses on the command line -------------------------------------------------------------
+
+
+def test_a_hanging_plugin_is_a_timeout_and_the_run_goes_on(folder):
+    out = folder / "r.json"
+    start = time.monotonic()
+    done = cli(
+        "check", "--impl", "kernels:hangs", "--properties", "matches_reference,determinism", "--max-examples", "10",
+        "--seed", "1", "--timeout", "0.3", "--json", str(out), cwd=folder, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - start < 60
+    assert "TIMEOUT matches_reference: the kernel call did not return within" in done.stdout
+    assert "example that hung: B=" in done.stdout and "replay: gdn-verify replay /" in done.stdout
+    assert "determinism" in done.stdout  # the run went on to the next property
+    assert "2 timeout" in done.stdout and "Traceback" not in done.stderr
+    doc = validate(json.loads(out.read_text()))
+    assert doc["status"] == "complete" and doc["totals"]["timeout"] == 2
+    assert [r["status"] for r in doc["results"]] == ["timeout", "timeout"]
+    assert doc["results"][0]["failure"]["case"].startswith("/")
+
+
+@pytest.mark.parametrize("fn", ["wrong_signature", "no_signature"])
+def test_a_wrong_signature_is_one_misuse_line(fn, folder):
+    out = folder / "r.json"
+    done = cli(
+        "check", "--impl", f"kernels:{fn}", "--properties", "matches_reference,determinism,linearity",
+        "--max-examples", "5", "--json", str(out), cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: --impl: ") and len(done.stderr.strip().splitlines()) == 1
+    assert "argument" in done.stderr and "Traceback" not in done.stderr
+    assert "FAILED" not in done.stdout and "MISUSE" not in done.stdout
+    if fn == "no_signature":  # found at the first call: one property, status misuse, the run stopped
+        doc = validate(json.loads(out.read_text()))
+        assert doc["status"] == "misuse" and [r["status"] for r in doc["results"]] == ["misuse"]
+
+
+def test_a_wrong_signature_is_a_configuration_error_in_python(folder, monkeypatch):
+    monkeypatch.syspath_prepend(str(folder))
+    import kernels
+
+    with pytest.raises(ConfigurationError, match="^impl: .*cannot take the native"):
+        api.check(kernels.wrong_signature, properties=["matches_reference"])
+    # **kwargs and callables without a signature are given the benefit of the doubt
+    api.implementation(lambda *a, **kw: None).check_signatures()
+    api.implementation(kernels.no_signature).check_signatures()
+
+
+def test_a_raising_kernel_is_an_error_with_its_own_traceback(folder):
+    out = folder / "r.json"
+    done = cli(
+        "check", "--impl", "kernels:crashes", "--properties", "matches_reference", "--max-examples", "10",
+        "--seed", "1", "--json", str(out), cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "ERROR matches_reference: raised RuntimeError: kernel exploded inside _inner" in done.stdout
+    tb = done.stdout.split("Traceback (the kernel's frames):", 1)[1].split("replay:", 1)[0]
+    assert "in crashes" in tb and "in _inner" in tb
+    assert "gdn_verify" not in tb and "hypothesis" not in tb  # trimmed to the user's frames
+    row = validate(json.loads(out.read_text()))["results"][0]
+    assert row["status"] == "error" and "_inner" in row["failure"]["traceback"]
+    assert row["examples_by_status"]["error"] >= 1
+
+
+def test_warnings_from_the_kernel_are_counted_not_streamed(folder):
+    done = cli(
+        "check", "--impl", "kernels:noisy", "--properties", "matches_reference,determinism", "--max-examples", "10",
+        "--seed", "1", cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    output = done.stdout + done.stderr
+    assert len(output.splitlines()) < 10  # 20 warnings per call used to print a line each
+    lines = [line for line in done.stdout.splitlines() if "RuntimeWarning: overflow encountered" in line]
+    assert len(lines) == 2  # one summary per property, on its line
+    assert "x RuntimeWarning: overflow encountered in exp (kernels.py:" in lines[0]
+    count = int(lines[0].split("[")[-1].split(" warnings")[0].split("; ")[-1])
+    assert count >= 200
+
+
+def test_warnings_in_a_fuzz_campaign_make_one_line(folder):
+    done = cli("fuzz", "--impl", "kernels:noisy", "--budget", "4s", "--properties", "determinism", cwd=folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "overflow" not in done.stderr
+    assert len([line for line in done.stdout.splitlines() if "RuntimeWarning" in line]) == 1
+
+
+# --- output paths, Ctrl-C, --database -----------------------------------------------------------
+
+
+def _not_writable(tmp_path: Path) -> Path:
+    """A folder nobody can create files in, even root: its parent is a regular file."""
+    (tmp_path / "a_file").write_text("")
+    return tmp_path / "a_file" / "sub"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["check", "--impl", "numpy", "--properties", "matches_reference", "--json"],
+        ["fuzz", "--impl", "numpy", "--budget", "5s", "--json"],
+        ["selftest", "--json"],
+        ["report", "--impl", "numpy", "--quick", "--out"],
+    ],
+)
+def test_an_unwritable_output_path_exits_2_before_running(command, tmp_path):
+    start = time.monotonic()
+    done = cli(*command, str(_not_writable(tmp_path) / ("r.json" if command[-1] == "--json" else "")), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"error: {command[-1]}: ") and "cannot write there" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "passed" not in done.stdout and "caught" not in done.stdout  # nothing ran
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write into read-only folders")
+def test_json_in_a_read_only_folder_exits_2(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    done = cli("check", "--impl", "numpy", "--properties", "determinism", "--json", str(ro / "r.json"), cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: --json: ")
+
+
+def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "cli.py"), "check", "--impl", "numpy", "--seed", "1", "--max-examples",
+         "400", "--properties", "determinism,matches_reference,varlen_equals_separate", "--json", str(out)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("  determinism") and "passed" in line:  # the first property's verdict
+                break
+        else:
+            pytest.fail("no property line before the end")
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, rest + err
+    assert "interrupted" in err and "Traceback" not in err
+    doc = validate(json.loads(out.read_text()))
+    assert doc["status"] == "interrupted" and doc["kind"] == "check"
+    assert [r["name"] for r in doc["results"]][:1] == ["determinism"] and doc["totals"]["passed"] >= 1
+
+
+def test_database_overriding_seed_is_said(tmp_path):
+    done = cli(
+        "check", "--impl", "numpy", "--properties", "determinism", "--max-examples", "2", "--seed", "7",
+        "--database", str(tmp_path / "db"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--database" in done.stderr and "ignores --seed 7" in done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 2  # the warning (and at most the progress line)
+
+
+def test_the_plugin_reports_a_timeout(folder):
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gdn-impl", "kernels:hangs",
+         "--gdn-properties", "matches_reference", "--gdn-max-examples", "5", "--gdn-seed", "1", "--gdn-timeout",
+         "0.3"],
+        cwd=folder, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "TIMEOUT matches_reference" in done.stdout
+    usage = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gdn-impl", "kernels:wrong_signature"],
+        cwd=folder, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert usage.returncode == 4 and "cannot take the native" in usage.stderr
