@@ -231,7 +231,7 @@ def test_forgotten_state_transpose_is_caught(which, tmp_path):
     result = check(
         impl, dtype="float32", properties=["matches_reference"], max_examples=40, seed=1, cases_dir=tmp_path
     )["matches_reference"]
-    assert result.status == "failed"
+    assert result.status in ("failed", "error"), result.note  # K != V: the kernel raises on the transposed state
 
 
 def test_missing_flashinfer_is_a_configuration_error():
