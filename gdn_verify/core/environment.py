@@ -12,7 +12,22 @@ import platform
 import sys
 from typing import Any
 
-PACKAGES = ("gdn-verify", "numpy", "hypothesis", "ml_dtypes", "scipy", "torch", "cupy-cuda13x", "cupy-cuda12x", "cupy")
+PACKAGES = (
+    "gdn-verify",
+    "numpy",
+    "scipy",
+    "ml_dtypes",
+    "matplotlib",
+    "hypothesis",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "cupy",
+    "torch",
+    "triton",
+    "fla-core",
+    "flash-linear-attention",
+    "flashinfer-python",
+)
 
 
 def package_versions() -> dict[str, str]:

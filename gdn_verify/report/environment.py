@@ -7,7 +7,6 @@ are imported only when installed.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import importlib.util
 import platform
 import shlex
@@ -16,23 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGES = (
-    "gdn-verify",
-    "numpy",
-    "scipy",
-    "ml_dtypes",
-    "matplotlib",
-    "hypothesis",
-    "cupy-cuda13x",
-    "cupy-cuda12x",
-    "cupy",
-    "torch",
-    "triton",
-    "fla-core",
-    "flash-linear-attention",
-    "flashinfer-python",
-)
-ROOT = Path(__file__).resolve().parent.parent
+from gdn_verify.core.environment import package_versions
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository, for git
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -43,17 +28,6 @@ def _run(cmd: list[str]) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-def package_versions() -> dict[str, str]:
-    """Installed versions of the packages that matter to a report (missing ones left out)."""
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
 
 
 def _cpu_name() -> str:
