@@ -126,9 +126,11 @@ def fake(monkeypatch):
     monkeypatch.setattr(recurrent_kernel, "_PLANS", {})
     recurrent_kernel.compiled.cache_clear()
     recurrent_kernel._num_sms.cache_clear()
+    recurrent_kernel.resident_ctas.cache_clear()
     yield cp, launches
     recurrent_kernel.compiled.cache_clear()
     recurrent_kernel._num_sms.cache_clear()
+    recurrent_kernel.resident_ctas.cache_clear()  # the stand-in's occupancy must not reach GPU tests
 
 
 def arrays(B=1, T=10, H=1, HV=2, K=16, V=8):
