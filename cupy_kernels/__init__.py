@@ -2,8 +2,9 @@
 
 Modules: ``recurrent.cu`` / ``recurrent.py`` (token by token: prefill, decode, and a float64
 instantiation used as a GPU oracle), ``decode.py`` (the decode family on the same kernel: state
-pools, speculative decoding, FlashInfer's raw-gate step, ``DecodeStep``), ``recurrent_kernel.py``
-(their shared plan and launch), ``chunk.cu`` / ``chunk.py`` (the chunked WY/UT form for prefill),
+pools, speculative decoding, FlashInfer's raw-gate step, ``DecodeStep``, ``DecodeGraph``),
+``recurrent_kernel.py`` (their shared plan and launch), ``chunk.cu`` / ``chunk.py`` (the chunked
+WY/UT form for prefill),
 ``tensors.py`` (the policy below, in code). Importing the package imports only NumPy and the
 standard library; CuPy (and torch, when the caller uses it) are imported on first use.
 
@@ -34,7 +35,11 @@ Tensor policy (every launcher)
   Negative slot indices are padding (vLLM's PAD_SLOT_ID), not errors.
 - ``DecodeStep`` is the documented unchecked fast path: per call it checks only what guards
   memory writes (shapes of the state, the slot table and ``out``; pointer alignment); slot
-  indices are still bounds-checked in the kernel.
+  indices are still bounds-checked in the kernel. ``DecodeStep.capture(...)`` returns a
+  ``DecodeGraph``: the same step over fixed buffers (the caller writes each step's inputs into
+  them) captured once as a CUDA graph, one ``cudaGraphLaunch`` per call; it keeps every buffer
+  alive, re-reads the written buffers' pointers per call (torch), and the kernel still
+  bounds-checks the slots.
 """
 
 from cupy_kernels.tensors import check_errors

@@ -5,6 +5,8 @@
 - :func:`fused_decode_raw_gates`: FlashInfer / FlashInfer-Bench decode (raw gates, k-last state
   ``[B, HV, V, K]`` updated in place).
 - :class:`DecodeStep`: one decode step validated once, then launched by patching pointers.
+- :class:`DecodeGraph` (``DecodeStep.capture``): the step over fixed buffers captured once as a
+  CUDA graph; each serving-loop step is one graph launch.
 - ``DECODE_VARIANTS``: the decode tilings (``recurrent_kernel.DecodeVariant``) by name.
 
 Every function updates the state in place and never synchronizes unless ``checked=True``. Slot
@@ -280,6 +282,17 @@ class DecodeStep:
         words = self._words
         if words.pair[0] | words.pair[1]:
             words.raise_pending(deferred=True)
+        out = self._pack(q, k, v, g, beta, state, slot_indices, out)
+        if self._blocks:
+            stream = self._stream
+            if stream is None:
+                stream = ts.torch_stream(self._device) if self._torch else self._current_stream().ptr
+            self._launch_kernel(self._fn, self._blocks, 1, 1, self._threads, 1, 1, 0, stream, self._argv_ptr, 0)
+        return out
+
+    def _pack(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any, out: Any) -> Any:
+        """The per-call guards (what protects memory writes) and the pointer patch; returns ``out``."""
+        words = self._words
         if state.shape != self._state_shape:
             raise ValueError(f"state: expected shape {self._state_shape} as prepared, got {tuple(state.shape)}")
         px = 0
@@ -304,15 +317,24 @@ class DecodeStep:
         po = out.data_ptr() if self._torch else out.data.ptr
         if (pq | pk) & self._qk_mask or pv & self._v_mask or po & self._o_mask or ps & self._state_mask:
             raise ValueError("DecodeStep: a tensor is less aligned than the prepared one; use .checked()")
-        if self._blocks:
-            _STEP_POINTERS.pack_into(
-                self._buf, 0, pq, pk, pv, pg, pb, self._pa, self._pd, ps, ps, po, 0, px, 0, words.ptr
-            )
-            stream = self._stream
-            if stream is None:
-                stream = ts.torch_stream(self._device) if self._torch else self._current_stream().ptr
-            self._launch_kernel(self._fn, self._blocks, 1, 1, self._threads, 1, 1, 0, stream, self._argv_ptr, 0)
+        _STEP_POINTERS.pack_into(self._buf, 0, pq, pk, pv, pg, pb, self._pa, self._pd, ps, ps, po, 0, px, 0, words.ptr)
         return out
+
+    def capture(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        g: Any,
+        beta: Any,
+        state: Any,
+        slot_indices: Any = None,
+        *,
+        out: Any = None,
+        stream: Any = None,
+    ) -> DecodeGraph:
+        """This step over these fixed buffers, captured as a CUDA graph: see :class:`DecodeGraph`."""
+        return DecodeGraph(self, q, k, v, g, beta, state, slot_indices, out=out, stream=stream)
 
     def checked(
         self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slot_indices: Any = None, *, out: Any = None
@@ -328,3 +350,137 @@ class DecodeStep:
             out[...] = o
             return out
         return o
+
+
+class DecodeGraph:
+    """A :class:`DecodeStep` over FIXED buffers, captured once as a CUDA graph; ``graph()`` replays it.
+
+    The serving pattern (vLLM's and SGLang's CUDA-graph decode): the caller owns one set of input
+    buffers (``q, k, v, g, beta``, the slot table), the state (or pool) and the output, writes each
+    step's inputs INTO those buffers (``q_buf.copy_(...)``, or lets the projection kernels write
+    there), then calls ``graph()``; the result is in ``graph.out`` (also returned). One call is one
+    ``cudaGraphLaunch``: no pointer packing, no ``cuLaunchKernel``, no allocation.
+
+    Built by ``step.capture(q, k, v, g, beta, state, slot_indices=None, out=None, stream=None)``:
+    the buffers pass the step's per-call guards (shapes of state / slot table / out, alignment)
+    once, the launch is captured on a private stream (nothing runs at capture), and the graph is
+    uploaded. The graph holds the buffers' device pointers, so this object keeps a reference to
+    every buffer (and to the step, hence ``A_log`` / ``dt_bias``): they cannot be freed while it
+    lives. Buffers whose pointers change per step (a fresh tensor every call) need
+    ``DecodeStep.__call__`` instead, or one ``DecodeGraph`` per buffer set (double buffering: two
+    graphs; capture costs tens of microseconds, once).
+
+    The unchecked contract, and why it still cannot write out of bounds: the kernel writes only the
+    state rows named by the slot table (bounds-checked in the kernel against the captured pool
+    size: a bad index is skipped and raises a deferred ``ValueError`` naming ``slot_indices`` at
+    the next call) and ``out``; per call the graph re-reads the pointers of those two written
+    buffers (torch ``resize_`` / ``set_`` could move them) and refuses to launch if either moved.
+    Read-only inputs moved by ``resize_`` / ``set_`` are the caller's contract (:meth:`verify`
+    checks all of them). Pending deferred errors are raised before the launch, as in DecodeStep.
+
+    ``stream``: the stream to replay on (CuPy or torch stream, or a raw handle); None means the
+    caller's current stream at each call (torch's for torch tensors, CuPy's otherwise). The launch
+    is ordered on that stream like any kernel: writes into the input buffers made on the same
+    stream before the call are seen, and consumers of ``out`` on that stream see the result.
+    Replays of one graph on different streams must not overlap (they share the buffers).
+    """
+
+    def __init__(
+        self,
+        step: DecodeStep,
+        q: Any,
+        k: Any,
+        v: Any,
+        g: Any,
+        beta: Any,
+        state: Any,
+        slot_indices: Any = None,
+        *,
+        out: Any = None,
+        stream: Any = None,
+    ) -> None:
+        cp = ts.cupy()
+        if ts.current_device() != step._device:
+            raise ValueError(f"DecodeGraph: the current device is not the step's device {step._device}")
+        if out is None:
+            out = ts.empty(step._torch_like, step._o_shape, step._plan.o_code)
+        words = step._words
+        if words.pair[0] | words.pair[1]:
+            words.raise_pending(deferred=True)
+        out = step._pack(q, k, v, g, beta, state, slot_indices, out)
+        self.out = out
+        self._step = step
+        self._buffers = (q, k, v, g, beta, state, slot_indices, out)
+        self._ptrs = self._pointers()
+        self._torch = step._torch
+        self._pool = step._pool
+        self._words = words
+        self._device = step._device
+        self._fixed = None if stream is None else ts.stream_handle(stream)
+        self._current_stream = cp.cuda.get_current_stream
+        self._graph = None
+        if step._blocks:
+            capture = cp.cuda.Stream(non_blocking=True)
+            capture.begin_capture()
+            try:
+                step._launch_kernel(
+                    step._fn, step._blocks, 1, 1, step._threads, 1, 1, 0, capture.ptr, step._argv_ptr, 0
+                )
+            except BaseException:
+                try:
+                    capture.end_capture()
+                except Exception:  # noqa: BLE001 - the launch error is the one to report
+                    pass
+                raise
+            graph = capture.end_capture()
+            upload = getattr(graph, "upload", None)
+            if upload is not None:
+                upload(capture)  # instantiates and uploads now, not at the first step
+            capture.synchronize()
+            self._graph = graph
+            self._capture_stream = capture
+            exec_handle = int(getattr(graph, "graphExec", 0) or 0)
+            launch = getattr(cp.cuda.runtime, "graphLaunch", None)
+            if exec_handle and launch is not None:
+                # one Cython call into cudaGraphLaunch with a raw stream handle
+                self._launch = lambda handle, _launch=launch, _exec=exec_handle: _launch(_exec, handle)
+            else:
+                streams: dict = {}
+
+                def _launch_via_graph(handle: int) -> None:
+                    wrapper = streams.get(handle)
+                    if wrapper is None:
+                        wrapper = streams[handle] = cp.cuda.ExternalStream(handle)
+                    graph.launch(wrapper)
+
+                self._launch = _launch_via_graph
+        # the written buffers' pointers, re-read per call
+        ps, po = self._ptrs[5], self._ptrs[7]
+        self._state_obj, self._out_obj, self._ps, self._po = state, out, ps, po
+
+    def _pointers(self) -> tuple:
+        return tuple(0 if x is None else ts.pointer(x) for x in self._buffers)
+
+    def __call__(self) -> Any:
+        """Replay the step (one graph launch); returns ``self.out``. Never synchronizes."""
+        words = self._words
+        if words.pair[0] | words.pair[1]:
+            words.raise_pending(deferred=True)
+        if self._torch:
+            if self._state_obj.data_ptr() != self._ps or self._out_obj.data_ptr() != self._po:
+                raise ValueError("DecodeGraph: state or out was reallocated (resize_/set_) after capture")
+        if self._pool:
+            words.source = "DecodeGraph"  # the launch a deferred slot error will be attributed to
+        if self._graph is not None:
+            stream = self._fixed
+            if stream is None:
+                stream = ts.torch_stream(self._device) if self._torch else self._current_stream().ptr
+            self._launch(stream)
+        return self.out
+
+    def verify(self) -> None:
+        """Raise ``ValueError`` if any captured buffer no longer has its captured pointer."""
+        names = ("q", "k", "v", "g", "beta", "state", "slot_indices", "out")
+        for name, then, now in zip(names, self._ptrs, self._pointers()):
+            if then != now:
+                raise ValueError(f"{name}: the buffer moved after capture (resize_/set_); capture again")

@@ -37,7 +37,9 @@ PARAMS_SIZE = POINTERS.size + SCALARS.size
 
 @dataclass(frozen=True)
 class KernelMode:
-    """One instantiation of ``gdn::recurrent_kernel<DT, AccT, VFIRST, LC, AC, BR, MODE, CS, MINB>``."""
+    """One instantiation of ``gdn::recurrent_kernel<DT, AccT, VFIRST, LC, AC, BR, MODE, CS, MINB>``, or
+    with ``persistent`` of ``gdn::decode_persistent_kernel<DT, AccT, VFIRST, LC, AC, BR, CS, MINB>``
+    (decode only: a grid of resident warps looping over the items, next state tile prefetched)."""
 
     dtype: int  # DT: q/k/v element type code (tensors.F32 / F16 / BF16 / F64)
     double: bool  # AccT: double (the GPU oracle) or float
@@ -48,11 +50,17 @@ class KernelMode:
     mode: int  # MODE_DECODE / MODE_PREFILL / MODE_SPEC
     streaming: bool = False  # CS: evict-first state loads and stores
     min_blocks: int = 0  # MINB: __launch_bounds__ min blocks (0: ptxas decides)
+    persistent: bool = False  # decode_persistent_kernel (MODE_DECODE only) instead of recurrent_kernel
 
     def name_expression(self) -> str:
         """The C++ name of the instantiation (for ``cupy.RawModule(name_expressions=...)``)."""
         b = {True: "true", False: "false"}
         acc = "double" if self.double else "float"
+        if self.persistent:
+            return (
+                f"gdn::decode_persistent_kernel<{self.dtype}, {acc}, {b[self.v_first]}, {self.lc}, {self.ac}, "
+                f"{self.br}, {b[self.streaming]}, {self.min_blocks}>"
+            )
         return (
             f"gdn::recurrent_kernel<{self.dtype}, {acc}, {b[self.v_first]}, {self.lc}, {self.ac}, {self.br}, "
             f"{self.mode}, {b[self.streaming]}, {self.min_blocks}>"
@@ -61,12 +69,13 @@ class KernelMode:
 
 @dataclass(frozen=True)
 class DecodeVariant:
-    """A decode (T = 1) tiling: ``narrow`` halves the state per lane; ``streaming`` and
-    ``min_blocks`` are :class:`KernelMode`'s CS and MINB. See RECURRENT_NOTES.md."""
+    """A decode (T = 1) tiling: ``narrow`` halves the state per lane; ``streaming``, ``min_blocks``
+    and ``persistent`` are :class:`KernelMode`'s CS, MINB and kernel choice. See RECURRENT_NOTES.md."""
 
     narrow: bool
     streaming: bool
     min_blocks: int
+    persistent: bool = False
 
 
 # Decode kernel variants, timed side by side by gdn_verify/bench.py. "wide" is the original kernel.
@@ -75,6 +84,10 @@ VARIANTS = {
     "wide-cs": DecodeVariant(False, True, 0),
     "narrow": DecodeVariant(True, False, 4),
     "narrow-cs": DecodeVariant(True, True, 4),
+    # persistent grid, next item's state tile prefetched into a second register tile (issue 17b):
+    # narrow 32 + 32 floats per lane, 168 registers (MINB 3: 12 warps/SM); wide 64 + 64, 255 (MINB 2: 8)
+    "narrow-cs-pf": DecodeVariant(True, True, 3, True),
+    "wide-cs-pf": DecodeVariant(False, True, 2, True),
 }
 # wide-cs: fastest at B >= 64 on an H100 (2026-11-22; reports/bench-h100-2026-11-22.md), within 1 us below.
 DEFAULT_VARIANT = "wide-cs"
@@ -177,6 +190,24 @@ def compiled(mode: KernelMode, device: int) -> tuple[Any, int]:
 @functools.cache
 def _num_sms(device: int) -> int:
     return ts.cupy().cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+@functools.cache
+def resident_ctas(mode: KernelMode, threads: int, device: int) -> int:
+    """CTAs of ``threads`` threads of one instantiation that fit on one SM at once (the occupancy
+    calculator, else the register count: the state tiles make registers the only limit)."""
+    kernel, fn = compiled(mode, device)
+    cp = ts.cupy()
+    occupancy = getattr(cp.cuda.driver, "occupancyMaxActiveBlocksPerMultiprocessor", None)
+    if occupancy is not None:
+        try:
+            with cp.cuda.Device(device):
+                return max(1, int(occupancy(fn, threads, 0)))
+        except Exception:  # noqa: BLE001 - fall back to the register arithmetic below
+            pass
+    regs = int(getattr(kernel, "num_regs", 0) or 255)
+    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp in units of 256
+    return max(1, min(32, (65536 // per_warp) // (threads // 32)))
 
 
 def _warps_per_cta(total_warps: int, device: int) -> int:
@@ -290,7 +321,8 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
     mode = MODE_SPEC if req.state == "spec" else (MODE_PREFILL if T > 1 else MODE_DECODE)
     var = variant(req.variant) if mode == MODE_DECODE else DecodeVariant(False, False, 0)
     lc, ac, br, wv = tiling(K, V, req.v_first, req.double, var.narrow)
-    kernel = KernelMode(dt, req.double, req.v_first, lc, ac, br, mode, var.streaming, var.min_blocks)
+    persistent = var.persistent and mode == MODE_DECODE
+    kernel = KernelMode(dt, req.double, req.v_first, lc, ac, br, mode, var.streaming, var.min_blocks, persistent)
     vtiles = -(-V // wv)
     total_warps = N * HV * vtiles
     in_item = ts.ITEM[dt]
@@ -311,6 +343,9 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
     p.fn = compiled(kernel, device)[1]
     w = _warps_per_cta(total_warps, device)
     p.blocks, p.threads = -(-total_warps // w), 32 * w
+    if persistent and p.blocks:
+        # one warp per resident slot at most; each loops over items w, w + stride, ...
+        p.blocks = min(p.blocks, _num_sms(device) * resident_ctas(kernel, p.threads, device))
     p.static = SCALARS.pack(
         qs[0],
         qs[1],

@@ -73,7 +73,30 @@ def _fake_cupy(launches):
             )
         )
 
+    class Graph:
+        graphExec = 4321
+
+        def upload(self, stream):
+            launches.append(dict(upload=stream.ptr))
+
+    class Stream:
+        def __init__(self, non_blocking=False):
+            self.ptr, self.capturing = 777, False
+
+        def begin_capture(self):
+            self.capturing = True
+
+        def end_capture(self):
+            assert self.capturing
+            self.capturing = False
+            return Graph()
+
+        def synchronize(self):
+            assert not self.capturing
+
     cuda.Device = Device
+    cuda.Stream = Stream
+    cuda.runtime.graphLaunch = lambda exec_handle, stream: launches.append(dict(graph=exec_handle, stream=stream))
     cuda.PinnedMemory = Pinned
     cuda.driver = types.SimpleNamespace(launchKernel=launch)
     cuda.get_current_stream = lambda: types.SimpleNamespace(ptr=1234)
@@ -103,9 +126,11 @@ def fake(monkeypatch):
     monkeypatch.setattr(recurrent_kernel, "_PLANS", {})
     recurrent_kernel.compiled.cache_clear()
     recurrent_kernel._num_sms.cache_clear()
+    recurrent_kernel.resident_ctas.cache_clear()
     yield cp, launches
     recurrent_kernel.compiled.cache_clear()
     recurrent_kernel._num_sms.cache_clear()
+    recurrent_kernel.resident_ctas.cache_clear()  # the stand-in's occupancy must not reach GPU tests
 
 
 def arrays(B=1, T=10, H=1, HV=2, K=16, V=8):
@@ -247,3 +272,53 @@ def test_kernel_mode_names_the_template():
 
     mode = KernelMode(2, False, False, 4, 1, 16, 0, True, 0)
     assert mode.name_expression() == "gdn::recurrent_kernel<2, float, false, 4, 1, 16, 0, true, 0>"
+
+
+def test_persistent_variant_caps_the_grid(fake):
+    """The "-pf" variants launch at most the resident CTAs (here from the register fallback: 255
+    registers -> 8 warps -> 2 CTAs of 4 warps per SM, 132 SMs); the others one warp per item."""
+    cp, launches = fake
+    from cupy_kernels import recurrent_kernel
+    from cupy_kernels.decode import pooled_decode
+
+    x = arrays(B=64, T=1, HV=32)
+    pool = FakeArray(np.zeros((64, 32, 16, 8), np.float32))
+    slots = FakeArray(np.arange(64, dtype=np.int32))
+    pooled_decode(**x, state_pool=pool, slot_indices=slots, decode_variant="narrow-cs")
+    pooled_decode(**x, state_pool=pool, slot_indices=slots, decode_variant="narrow-cs-pf")
+    items = 64 * 32  # one V tile of 8 columns per head
+    assert launches[0]["blocks"] == items // 4 and launches[1]["blocks"] == 132 * 2
+    assert launches[1]["scalars"][29] == items  # total_warps: the item count the warps loop over
+    modes = {p.kernel for p in recurrent_kernel._PLANS.values()}
+    assert {m.persistent for m in modes} == {False, True}
+    pf = next(m for m in modes if m.persistent)
+    assert pf.name_expression().startswith("gdn::decode_persistent_kernel<")
+
+
+def test_decode_graph_captures_once_and_replays(fake):
+    cp, launches = fake
+    from cupy_kernels import tensors
+    from cupy_kernels.decode import DecodeStep
+
+    x = arrays(B=2, T=1)
+    pool = FakeArray(np.zeros((3, 2, 16, 8), np.float32))
+    slots = FakeArray(np.array([0, 2], np.int32))
+    step = DecodeStep(**x, state=pool, slot_indices=slots)
+    graph = step.capture(**x, state=pool, slot_indices=slots)
+    captured, upload = launches
+    assert captured["stream"] == 777 and upload == dict(upload=777)  # private capture stream
+    want = [x[n].data.ptr for n in ("q", "k", "v", "g", "beta")] + [0, 0, pool.data.ptr, pool.data.ptr]
+    assert list(captured["ptrs"][:9]) == want
+    assert captured["ptrs"][9] == graph.out.data.ptr and captured["ptrs"][11] == slots.data.ptr
+    assert graph() is graph.out and graph() is graph.out
+    assert launches[2:] == [dict(graph=4321, stream=1234)] * 2  # one graph launch per step, current stream
+    graph.verify()
+    tensors.error_words(0).words[1] = 1
+    with pytest.raises(ValueError, match="^slot_indices: .*DecodeGraph"):
+        graph()
+    assert len(launches) == 4  # the reporting call did not launch
+    fixed = step.capture(**x, state=pool, slot_indices=slots, stream=55)
+    fixed()
+    assert launches[-1] == dict(graph=4321, stream=55)
+    with pytest.raises(ValueError, match="^state:"):
+        step.capture(**x, state=pool[:2], slot_indices=slots)

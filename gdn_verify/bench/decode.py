@@ -22,8 +22,10 @@ Effective state bandwidth = (state bytes read + written) / time. At batch 1 the 
 one Python call to result is measured too: the median over 300 calls (after 20 warm-up calls) of
 ``perf_counter`` around the call plus a stream synchronize, for the general function (allocates
 ``o`` and the final state each call), for ``DecodeStep`` (pointers patched, ``o`` reused, state in
-place), and for ``DecodeStep`` without the synchronize (the host-side cost of the call alone).
-Nothing GPU is imported at import.
+place), and for ``DecodeStep`` without the synchronize (the host-side cost of the call alone);
+then for ``DecodeGraph`` (the step over fixed buffers, replayed as one CUDA graph launch) per
+variant, with and without the synchronize, and both paths once more on a private non-blocking
+stream instead of the legacy default stream. Nothing GPU is imported at import.
 """
 
 from __future__ import annotations
@@ -159,9 +161,10 @@ def _ptr(x) -> int:
     return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
 
 
-def _host_latency_us(cupy, call: Callable, reps: int = 300, sync: bool = True) -> float:
-    """Median wall time of one Python call to result (call + synchronize), microseconds."""
-    stream = cupy.cuda.get_current_stream()
+def _host_latency_us(cupy, call: Callable, reps: int = 300, sync: bool = True, stream=None) -> float:
+    """Median wall time of one Python call to result (call + synchronize of ``stream``, default
+    CuPy's current stream), microseconds."""
+    stream = cupy.cuda.get_current_stream() if stream is None else stream
     for _ in range(20):
         call()
     stream.synchronize()
@@ -211,7 +214,7 @@ def decode_bench(
         def our_call(d):
             return ours(**d, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
-        def step_for(d, variant, reuse=True):
+        def step_for(d, variant, reuse=True, stream=None):
             args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
             step = DecodeStep(
                 **args,
@@ -219,8 +222,15 @@ def decode_bench(
                 use_qk_l2norm_in_kernel=True,
                 reuse_output=reuse,
                 decode_variant=variant,
+                stream=stream,
             )
             return lambda: step(**args, state=d["initial_state"])
+
+        def graph_for(d, variant, stream=None):
+            """DecodeGraph over d's tensors as the fixed buffers: the call is the replay alone."""
+            args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
+            step = DecodeStep(**args, state=d["initial_state"], use_qk_l2norm_in_kernel=True, decode_variant=variant)
+            return step.capture(**args, state=d["initial_state"], stream=stream)
 
         dst = [_empty_like(torch, cupy, d["initial_state"]) for d in data]
         if torch is not None:
@@ -293,6 +303,22 @@ def decode_bench(
             row["step_host_us"] = _host_latency_us(cupy, fast)
             row["step_call_us"] = _host_latency_us(cupy, fast, sync=False)
             row["step_alloc_host_us"] = _host_latency_us(cupy, step_for(first, None, reuse=False))
+            try:
+                for name in DECODE_VARIANTS:
+                    row[f"graph_host_us[{name}]"] = _host_latency_us(cupy, graph_for(first, name))
+                replay = graph_for(first, None)
+                row["graph_host_us"] = _host_latency_us(cupy, replay)
+                row["graph_call_us"] = _host_latency_us(cupy, replay, sync=False)
+                private = cupy.cuda.Stream(non_blocking=True)
+                row["step_host_us_private_stream"] = _host_latency_us(
+                    cupy, step_for(first, None, stream=private), stream=private
+                )
+                row["graph_host_us_private_stream"] = _host_latency_us(
+                    cupy, graph_for(first, None, stream=private), stream=private
+                )
+            except Exception as exc:  # noqa: BLE001 - report and keep the rest of the bench
+                say(f"DecodeGraph failed at batch {B}: {exc!r}")
+                row["graph_error"] = repr(exc)
             row["fla_host_us"] = None
             if fla is not None and fla_us is not None:
 
@@ -368,4 +394,14 @@ def format_table(rows: list[dict]) -> str:
             per = ", ".join(f"{n} {r[f'step_host_us[{n}]']:.1f}" for n in names if f"step_host_us[{n}]" in r)
             if per:
                 lines.append(f"DecodeStep call to result per variant (us): {per}.")
+            if "graph_host_us" in r:
+                per = ", ".join(f"{n} {r[f'graph_host_us[{n}]']:.1f}" for n in names if f"graph_host_us[{n}]" in r)
+                lines.append(
+                    f"DecodeGraph (fixed buffers, one graph launch) call to result {r['graph_host_us']:.1f} us "
+                    f"(the call alone: {r['graph_call_us']:.1f} us); per variant (us): {per}. On a private "
+                    f"non-blocking stream: DecodeStep {r['step_host_us_private_stream']:.1f} us, DecodeGraph "
+                    f"{r['graph_host_us_private_stream']:.1f} us."
+                )
+            elif "graph_error" in r:
+                lines.append(f"DecodeGraph failed: {r['graph_error']}")
     return "\n".join(lines) + "\n"
