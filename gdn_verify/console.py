@@ -102,6 +102,8 @@ def format_failure(r: PropertyResult, replay: str | None) -> str:
     lines = [f"FAILED {r.name}: {f.message}", f"  minimal example: {f.problem.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
+    if f.cause:
+        lines.append(f"  likely cause: {f.cause}")
     if replay:
         lines.append(f"  replay: {replay}")
     return "\n".join(lines)

@@ -415,18 +415,8 @@ def strategy_in_kernel_gate(draw, limits: Limits):
     return problem.replace(g=a), params
 
 
-def gate_options(params: dict) -> dict:
-    """Keyword arguments of the in-kernel option call from a case's JSON-ready ``params``."""
-    options = {
-        name: np.asarray(params[name], np.float32) for name in ("A_log", "dt_bias") if params.get(name) is not None
-    }
-    if "A_log" in options:
-        options["use_gate_in_kernel"] = True
-    if params.get("beta_logits"):
-        options["use_beta_sigmoid_in_kernel"] = True
-        if params.get("allow_neg_eigval"):
-            options["allow_neg_eigval"] = True
-    return options
+# The option keywords a case's params stand for (shared with the cause experiments of the runners).
+gate_options = gating.options_from_params
 
 
 def check_in_kernel_options(impl: Implementation, problem: Problem, params: dict) -> Measurement:

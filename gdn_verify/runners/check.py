@@ -23,6 +23,7 @@ from hypothesis.errors import Unsatisfiable
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Measurement, Property, Violation
+from gdn_verify.runners import causes
 
 CASES_DIR = Path(".gdn_verify") / "cases"
 
@@ -36,6 +37,7 @@ class Failure:
     params: dict
     measurement: Measurement | None
     case_path: Path | None = None
+    cause: str = ""  # likely cause named by gdn_verify.runners.causes ("" when none is identified)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class PropertyResult:
                 problem=self.failure.problem.describe(),
                 params=self.failure.params,
                 case=str(self.failure.case_path.resolve()) if self.failure.case_path else None,
+                cause=self.failure.cause,
             )
         return d
 
@@ -167,8 +170,10 @@ def run_property(
         result.status = "failed"
         # Hypothesis replays the minimal example last, so the last failure is the shrunk one.
         result.failure = failures[-1]
-        if result.failure.measurement is not None:  # the worst error is the failure's, not the passing examples'
-            result.worst = result.failure.measurement
+        # The worst error is the failure's (none for a non-numeric one), not the passing examples'.
+        result.worst = result.failure.measurement
+        f = result.failure  # named cause: short experiments on the minimal example
+        f.cause = causes.explain(impl, f.problem, f.params, prop.name, f.message, f.measurement, prop.form)
         result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     else:
         if result.examples and result.unsupported == result.examples:
