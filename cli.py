@@ -324,7 +324,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             f" ({console.number(times)}x the rounding floor), growth exponent {console.number(exponent)}; {checked}"
         )
     print(f"report written to {options.out / 'index.html'} ({doc['seconds']:.0f}s)")
-    return 0
+    # Issue 13: a report with a failed property is a failed run (exit 1), like check.
+    failed = [r for row in doc["properties"] for r in row["results"] if r["status"] not in ("passed", "unsupported")]
+    if failed:
+        print(f"{len(failed)} propert{'y' if len(failed) == 1 else 'ies'} failed (see the report's property tables)")
+    return 1 if failed else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

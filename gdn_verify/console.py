@@ -113,6 +113,8 @@ def format_failure(r: PropertyResult, replay: str | None) -> str:
     lines = [f"{f.status.upper()} {r.name}: {f.message}", f"  {example}: {f.problem.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
+    if f.cause:
+        lines.append(f"  likely cause: {f.cause}")
     if f.traceback:
         lines += ["    " + line for line in f.traceback.splitlines()]
     if replay:

@@ -80,7 +80,7 @@ def strategy_matches_reference(limits: Limits, large: bool, regimes=gs.GATE_REGI
 def check_varlen_equals_separate(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     _, tolerance = oracle_and_tolerance(problem)
     packed = run_checked(impl, problem)
-    worst = Measurement(0.0, tolerance.output_rms, "no sequence to compare")
+    worst: Measurement | None = None
     for n, length in enumerate(problem.lengths):
         if length == 0:
             continue
@@ -98,8 +98,9 @@ def check_varlen_equals_separate(impl: Implementation, problem: Problem, params:
             )
         except Violation as exc:
             raise Violation(f"sequence {n} of {problem.num_sequences}: {exc}", exc.measurement) from None
-        worst = max(worst, m, key=lambda x: x.ratio)
-    return worst
+        worst = m if worst is None or m.ratio > worst.ratio else worst
+    # Only when every sequence is empty is there nothing to compare.
+    return worst or Measurement(0.0, tolerance.output_rms, "no sequence to compare (every length is 0)")
 
 
 def strategy_varlen(limits: Limits) -> st.SearchStrategy:
@@ -198,7 +199,7 @@ def check_state_continuation(impl: Implementation, problem: Problem, params: dic
             (as64(whole.o), as64(whole.final_state)),
             tolerance,
             factor=2.0,
-            what=f"one call over all {T} tokens",
+            what=f"one call over all {T} tokens" if T else "one call with no tokens (T = 0: the state passes through)",
         )
     except Violation as exc:
         raise Violation(f"split at token {t}: {exc}", exc.measurement) from None
@@ -282,12 +283,13 @@ def check_error_growth(impl: Implementation, problem: Problem, params: dict) -> 
     floor = tol.unit_roundoff(problem.dtype)  # rounding the exact output alone costs up to this
     points = [(T, e) for T, e in zip(lengths, errors) if e > 0]
     if len(points) < 3 or max(errors) < 2 * floor:  # at the output rounding floor: nothing to fit
-        return Measurement(0.0, GROWTH_BOUND, f"errors at the rounding floor: {errors}")
+        floor_text = ", ".join(f"T={T}: {e:.3g}" for T, e in zip(lengths, errors))
+        return Measurement(0.0, GROWTH_BOUND, f"errors at the rounding floor: {floor_text}")
     slope = growth_exponent([p[0] for p in points], [p[1] for p in points])
-    table = ", ".join(f"T={T}: {e:.2e}" for T, e in zip(lengths, errors))
+    table = ", ".join(f"T={T}: {e:.3g}" for T, e in zip(lengths, errors))
     m = Measurement(slope, GROWTH_BOUND, f"growth exponent; {table}")
     if slope > GROWTH_BOUND:
-        raise Violation(f"error grows like T^{slope:.2f} (bound T^{GROWTH_BOUND}): {table}", m)
+        raise Violation(f"error grows like T^{slope:.3g} (bound T^{GROWTH_BOUND}): {table}", m)
     return m
 
 
@@ -415,18 +417,8 @@ def strategy_in_kernel_gate(draw, limits: Limits):
     return problem.replace(g=a), params
 
 
-def gate_options(params: dict) -> dict:
-    """Keyword arguments of the in-kernel option call from a case's JSON-ready ``params``."""
-    options = {
-        name: np.asarray(params[name], np.float32) for name in ("A_log", "dt_bias") if params.get(name) is not None
-    }
-    if "A_log" in options:
-        options["use_gate_in_kernel"] = True
-    if params.get("beta_logits"):
-        options["use_beta_sigmoid_in_kernel"] = True
-        if params.get("allow_neg_eigval"):
-            options["allow_neg_eigval"] = True
-    return options
+# The option keywords a case's params stand for (shared with the cause experiments of the runners).
+gate_options = gating.options_from_params
 
 
 def check_in_kernel_options(impl: Implementation, problem: Problem, params: dict) -> Measurement:

@@ -189,3 +189,73 @@ def test_an_option_the_implementation_does_not_take_is_unsupported():
     problem = long_problem(T=4)
     with pytest.raises(NotImplementedError, match="use_gate_in_kernel"):
         resolve("oracle").run(problem, options={"use_gate_in_kernel": True, "A_log": np.zeros(2, np.float32)})
+
+
+# Honest details (issue 13): no contradictory table cells, numbers to 3 significant digits ----------
+def test_varlen_detail_names_the_comparison_even_when_bitwise_equal():
+    from gdn_verify.properties.native import check_varlen_equals_separate
+
+    rng = np.random.default_rng(0)
+    T, cu = 30, np.array([0, 10, 10, 30])
+    p = Problem(
+        q=rng.standard_normal((1, T, 1, 4)).astype(np.float32),
+        k=rng.standard_normal((1, T, 1, 4)).astype(np.float32) / 2,
+        v=rng.standard_normal((1, T, 1, 4)).astype(np.float32),
+        g=np.full((1, T, 1), -0.1, np.float32),
+        beta=np.full((1, T, 1), 0.5, np.float32),
+        cu_seqlens=cu,
+    )
+    m = check_varlen_equals_separate(resolve("numpy-recurrent"), p, {})
+    assert "no sequence to compare" not in m.detail and "run alone" in m.detail
+    empty = p.replace(cu_seqlens=np.array([0, 0, 30]), **{n: getattr(p, n) for n in ("q", "k", "v", "g", "beta")})
+    assert "run alone" in check_varlen_equals_separate(resolve("numpy-recurrent"), empty, {}).detail
+
+
+def test_continuation_detail_for_an_empty_call():
+    from gdn_verify.properties.native import check_state_continuation
+
+    p = Problem(
+        q=np.zeros((1, 0, 1, 4), np.float32),
+        k=np.zeros((1, 0, 1, 4), np.float32),
+        v=np.zeros((1, 0, 1, 4), np.float32),
+        g=np.zeros((1, 0, 1), np.float32),
+        beta=np.zeros((1, 0, 1), np.float32),
+        initial_state=np.ones((1, 1, 4, 4), np.float32),
+    )
+    detail = check_state_continuation(resolve("numpy"), p, {"split": 0}).detail
+    assert "all 0 tokens" not in detail and "no tokens" in detail
+
+
+def raises_on_long(q, k, v, g, beta, **kw):
+    """Correct on short problems, raises on longer ones: a failure without a measurement."""
+    if np.shape(q)[1] > 3:
+        raise RuntimeError("kernel launch failed")
+    return resolve("numpy-recurrent").forms["recurrent"](q=q, k=k, v=v, g=g, beta=beta, **kw)
+
+
+def test_a_failed_property_does_not_show_a_passing_examples_worst(tmp_path):
+    r = check(raises_on_long, properties=["varlen_equals_separate"], max_examples=30, seed=1, cases_dir=tmp_path)
+    result = r["varlen_equals_separate"]
+    assert result.status == "failed" and result.failure.measurement is None
+    assert result.worst is None  # not "worst 0.00e+00 ... no sequence to compare" beside "failed"
+
+
+def test_error_growth_details_print_three_significant_digits():
+    import re
+
+    from gdn_verify.properties.native import check_error_growth
+
+    rng = np.random.default_rng(0)
+    T = 256
+    k = rng.standard_normal((1, T, 1, 4))
+    p = Problem(
+        q=rng.standard_normal((1, T, 1, 4)),
+        k=k / np.linalg.norm(k, axis=-1, keepdims=True),
+        v=rng.standard_normal((1, T, 2, 4)),
+        g=np.full((1, T, 2), -0.05),
+        beta=np.full((1, T, 2), 0.5),
+    ).astype(np.float32)
+    detail = check_error_growth(resolve("oracle"), p, {"lengths": [64, 128, 256]}).detail
+    assert detail.startswith("errors at the rounding floor")
+    digits = [len(re.sub(r"[^0-9]", "", m.split("e")[0]).lstrip("0")) for m in re.findall(r": ([-0-9.e+]+)", detail)]
+    assert digits and max(digits) <= 3, detail

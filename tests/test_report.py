@@ -155,8 +155,10 @@ def made(tmp_path_factory):
     ]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        assert cli.main(["report", *argv]) == 0
+        status = cli.main(["report", *argv])
     doc = json.loads((out / "results.json").read_text())
+    # boundary_bug fails matches_reference: a report with a failed property exits 1, like check.
+    assert status == 1
     return out, doc, stdout.getvalue() + stderr.getvalue()
 
 
@@ -236,11 +238,27 @@ def test_no_output_beats_the_rounding_floor(made):
             assert all(err >= f for err, f in zip(e["output_rms"], floors))
 
 
+def test_ulp_statistics_leave_out_near_zero_outputs_and_say_so():
+    # A correct float32 output with a harmless absolute error of 1e-12 where the exact value is
+    # 1e-20: billions of ULPs, which used to show as "max ULP 1.6e+09" for a correct kernel.
+    ref = np.array([1.0, -0.5, 2.0, 1e-20, 0.25])
+    o = ref.astype(np.float32)
+    o[3] = np.float32(1e-12)
+    assert error_stats.ulp_histogram(error_stats.ulp_distance(o, ref))["max"] > 1e8
+    stats = error_stats.ulp_statistics(o, ref)
+    assert stats["max"] == 0 and stats["below_floor"] == 1 and stats["total"] == 4
+    assert stats["magnitude_floor"] == pytest.approx(1e-3 * np.sqrt(np.mean(ref**2)))
+    from gdn_verify.report import render
+
+    assert "|exact| >=" in render.summary_rows(dict(summary=[]))[0][8]
+
+
 def test_histograms_account_for_every_element(made):
     _, doc, _ = made
     for d in doc["distributions"]:
         elements = 256 * 8 * 32
-        assert d["ulp"]["total"] == elements and sum(d["ulp"]["counts"]) + d["ulp"]["nan"] == elements
+        u = d["ulp"]  # ULPs counted where |exact| is above the magnitude floor, the rest counted apart
+        assert u["total"] + u["below_floor"] == elements and sum(u["counts"]) + u["nan"] == u["total"]
         rel = d["relative_error"]
         assert sum(rel["counts"]) + rel["exact"] + rel["undefined"] + rel["nonfinite"] == elements
         if d["impl"] == "numpy" and d["dtype"] == "bfloat16":
@@ -257,6 +275,52 @@ def test_error_map_shows_the_boundary_bug_as_stripes(made):
         assert profile[0] > 5 * max(profile[1:])
         fine = entries[("numpy", dtype)]
         assert fine["worst"]["error"] < bug["worst"]["error"] / 3
+
+
+def capture_figure(monkeypatch):
+    from gdn_verify.report import figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+    return figures, drawn
+
+
+def test_plots_mark_nan_and_inf_points_instead_of_dropping_them(monkeypatch, tmp_path):
+    figures, drawn = capture_figure(monkeypatch)
+    results = dict(
+        rounding_floor={"float32": dict(lengths=[64, 128, 256], output_rms=[1e-8, 1e-8, 1e-8])},
+        error_vs_length=[
+            dict(impl="broken", dtype="float32", lengths=[64, 128, 256], output_rms=[1e-7, None, 0.0], exponent=None)
+        ],
+    )
+    figures.error_vs_length(results, ["broken"], tmp_path / "x.png")
+    ax = drawn[0].axes[0]
+    marks = {line.get_label(): line for line in ax.get_lines()}
+    assert list(marks[figures.NONFINITE_LABEL].get_xdata()) == [128]
+    assert list(marks[figures.ZERO_LABEL].get_xdata()) == [256]
+    assert figures.NONFINITE_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_error_maps_share_one_colour_scale_and_show_nan_apart_from_zero(monkeypatch, tmp_path):
+    figures, drawn = capture_figure(monkeypatch)
+    good = np.full((100, 2), 1e-7)
+    good[10, 0] = 0.0
+    bad = np.full((100, 2), 0.9)
+    bad[20, 1] = np.nan
+    section = dict(lengths=[50, 50], chunk=64, entries=[])
+    maps = {}
+    for name, errors in (("good", good), ("bad", bad)):
+        w = dict(error=0.9, token=0, head=0, sequence=0, position=0)
+        section["entries"].append(dict(impl=name, dtype="float32", worst=w))
+        maps[(name, "float32")] = errors
+    figures.error_map(dict(error_map=section), maps, tmp_path / "m.png")
+    images = [ax.images[0] for ax in drawn[0].axes if ax.images]
+    assert len(images) == 2
+    assert {(im.norm.vmin, im.norm.vmax) for im in images} == {(images[0].norm.vmin, 0.9)}
+    assert images[0].norm.vmin <= 1e-7  # the correct map sits low on the same scale
+    cmap = images[0].get_cmap()
+    assert cmap.get_bad().tolist() != cmap.get_under().tolist()  # NaN is not drawn like 0
+    assert "1 non-finite" in drawn[0].axes[1].get_title(loc="left")
 
 
 def test_property_table_has_failures_with_replay_commands(made):

@@ -15,6 +15,8 @@ from gdn_verify.core import tolerance as tol
 
 # ULP histogram bins: 0, 1, 2, 3-4, 5-8, ... (upper edges are powers of two), then "more".
 ULP_BIN_EDGES = (0, 1, 2) + tuple(2**i for i in range(2, 21))
+# ULP counts are taken only where |ref| >= this times the RMS of ref (see ulp_statistics).
+ULP_MAGNITUDE_FLOOR = tol.FLOOR
 # Per-element relative error histogram: log10 bins shared by every implementation and dtype.
 REL_LOG10_EDGES = tuple(float(x) for x in np.arange(-12.0, 2.01, 0.25))
 
@@ -116,6 +118,24 @@ def ulp_histogram(distance: np.ndarray) -> dict:
         p99=float(np.quantile(finite, 0.99)) if n else None,
         max=float(finite.max()) if n else None,
     )
+
+
+def ulp_statistics(o: np.ndarray, ref: np.ndarray, floor: float = ULP_MAGNITUDE_FLOOR) -> dict:
+    """:func:`ulp_histogram` of ``ulp_distance(o, ref)`` over the elements where ``|ref|`` is at
+    least ``floor`` times the RMS of ``ref``, with ``magnitude_floor`` (that threshold, absolute)
+    and ``below_floor`` (how many elements it leaves out).
+
+    Near zero a ULP is tiny: an output of 1e-12 where the exact value is 1e-20 is a harmless
+    absolute error yet ~1e9 float32 ULPs away, so ULP counts there say nothing about accuracy
+    (a correct float32 kernel would show "max ULP 1.6e+09"). The floor is the tolerance model's
+    (``tolerance.FLOOR``), below which errors are judged in absolute terms too.
+    """
+    ref = np.asarray(ref, np.float64)
+    threshold = floor * float(np.sqrt(np.mean(ref**2))) if ref.size else 0.0
+    keep = np.abs(ref) >= threshold
+    stats = ulp_histogram(ulp_distance(o, ref)[keep])
+    stats.update(magnitude_floor=threshold, floor_relative_to_rms=floor, below_floor=int(keep.size - keep.sum()))
+    return stats
 
 
 def relative_error_histogram(rel: np.ndarray) -> dict:

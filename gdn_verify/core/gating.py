@@ -66,3 +66,18 @@ def in_kernel_gates(
     if use_beta_sigmoid_in_kernel:
         beta = sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
     return np.asarray(g, np.float64), np.asarray(beta, np.float64)
+
+
+def options_from_params(params: dict) -> dict:
+    """FLA's in-kernel option keywords from a case's JSON-ready ``params`` (``A_log``, ``dt_bias``
+    ``[HV]`` lists, ``beta_logits``, ``allow_neg_eigval``); arrays as float32. Empty without them."""
+    options: dict = {
+        name: np.asarray(params[name], np.float32) for name in ("A_log", "dt_bias") if params.get(name) is not None
+    }
+    if "A_log" in options:
+        options["use_gate_in_kernel"] = True
+    if params.get("beta_logits"):
+        options["use_beta_sigmoid_in_kernel"] = True
+        if params.get("allow_neg_eigval"):
+            options["allow_neg_eigval"] = True
+    return options

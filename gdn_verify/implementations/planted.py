@@ -8,6 +8,7 @@ bookkeeping around a kernel wrap the correct NumPy implementation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -41,14 +42,27 @@ def _finish(p, o, S, kw):
     return unpack_output(p, o).astype(np.asarray(kw["v"]).dtype), final_state
 
 
+# Token-loop switches that round the state after every token: to bfloat16, float16, or (None)
+# the input dtype. Only bf16_state is a planted bug; the others are error models of
+# gdn_verify.runners.causes.
+ROUNDED_STATE: dict[str, Any] = {"bf16_state": ml_dtypes.bfloat16, "fp16_state": np.float16, "input_dtype_state": None}
+
+
 def token_loop(bug: str, **kw):
-    """Float32 token loop with one arithmetic bug switched on."""
+    """Float32 token loop with one arithmetic bug switched on (also the error models' switches
+    ``alpha_as_g``, ``fp16_state``, ``input_dtype_state``)."""
     p = _packed(kw)
     S = p.initial_state.copy()
     N, L, HV, V = p.v.shape
     o = np.empty((N, L, HV, V), np.float32)
     for t in range(L):
-        decay = p.g[:, t] if bug == "gate_without_exp" else np.exp(p.g[:, t])
+        if bug == "gate_without_exp":
+            decay = p.g[:, t]
+        elif bug == "alpha_as_g":  # exp applied to a decay that is already linear: exp(exp(g))
+            with np.errstate(over="ignore"):
+                decay = np.exp(np.exp(p.g[:, t]))
+        else:
+            decay = np.exp(p.g[:, t])
         beta = p.beta[:, t, :, None] ** (2 if bug == "beta_twice" else 1)
         k_t = p.k[:, t, :, None, :]
         if bug == "output_before_update":
@@ -59,8 +73,8 @@ def token_loop(bug: str, **kw):
         S = S + k_t.swapaxes(-1, -2) * u[:, :, None, :]
         if bug == "decay_after_update":
             S = S * decay[..., None, None]
-        if bug == "bf16_state":
-            S = S.astype(ml_dtypes.bfloat16).astype(np.float32)
+        if bug in ROUNDED_STATE:
+            S = S.astype(ROUNDED_STATE[bug] or np.asarray(kw["v"]).dtype).astype(np.float32)
         if bug != "output_before_update":
             o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
     return _finish(p, o, S, kw)

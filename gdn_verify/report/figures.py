@@ -2,8 +2,10 @@
 of ``gdn_verify.report.measurements`` and its per-token error maps.
 
 Colour names the implementation, line style and marker the dtype, so a figure reads the same
-way in every report. Errors of exactly 0 or not finite cannot sit on a log axis and are left
-out of the lines (results.json keeps them, as 0 or null).
+way in every report. Errors of exactly 0 or not finite cannot sit on a log axis: they leave a
+gap in the line and are marked at the bottom edge (0, a triangle) or the top edge (NaN or Inf,
+a red cross) of the axes, so a broken kernel's missing points are not silently dropped
+(results.json keeps them, as 0 or null).
 """
 
 from __future__ import annotations
@@ -29,6 +31,54 @@ def _positive(values) -> np.ndarray:
     """Float array with None, 0, NaN and inf replaced by NaN (a gap on a log axis)."""
     x = np.array([np.nan if v is None else v for v in values], np.float64)
     return np.where(np.isfinite(x) & (x > 0), x, np.nan)
+
+
+NONFINITE_LABEL = "NaN/Inf (top edge)"
+ZERO_LABEL = "exactly 0 (bottom edge)"
+
+
+def mark_gaps(ax, x, values, color) -> tuple[int, int]:
+    """Mark the points of ``values`` a log axis cannot show: NaN, Inf or None (JSON's NaN) at the top
+    edge, exactly 0 at the bottom edge, at their ``x``. Returns ``(non-finite, zero)`` counts."""
+    v = np.array([np.nan if value is None else value for value in values], np.float64)
+    x = np.asarray(x, np.float64)[: v.size]
+    edge = ax.get_xaxis_transform()  # x in data, y in axes coordinates
+    bad, zero = ~np.isfinite(v), v == 0
+    if bad.any():
+        ax.plot(
+            x[bad],
+            np.full(bad.sum(), 0.97),
+            ls="none",
+            marker="X",
+            ms=10,
+            mfc=color,
+            mec="red",
+            mew=1.5,
+            transform=edge,
+            clip_on=False,
+            label=NONFINITE_LABEL,
+        )
+    if zero.any():
+        ax.plot(
+            x[zero],
+            np.full(zero.sum(), 0.03),
+            ls="none",
+            marker="v",
+            ms=8,
+            mfc=color,
+            mec="black",
+            transform=edge,
+            clip_on=False,
+            label=ZERO_LABEL,
+        )
+    return int(bad.sum()), int(zero.sum())
+
+
+def _dedupe_legend(ax, **kw) -> None:
+    """One legend entry per label (the gap markers repeat per line)."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), **kw)
 
 
 def percent(x: float) -> str:
@@ -70,7 +120,7 @@ def error_vs_length(results: dict, impls: list[str], path: Path) -> Path:
         if not e["lengths"]:
             continue
         ls, marker = _style(e["dtype"])
-        exponent = "n/a" if e.get("exponent") is None else f"{e['exponent']:.2f}"
+        exponent = "n/a" if e.get("exponent") is None else f"{e['exponent']:.3g}"
         ax.plot(
             e["lengths"],
             _positive(e["output_rms"]),
@@ -79,6 +129,7 @@ def error_vs_length(results: dict, impls: list[str], path: Path) -> Path:
             marker=marker,
             label=f"{e['impl']} / {e['dtype']}: T^{exponent}",
         )
+        mark_gaps(ax, e["lengths"], e["output_rms"], color[e["impl"]])
     ax.set_xscale("log", base=2)
     lengths = (
         results["rounding_floor"][next(iter(results["rounding_floor"]))]["lengths"] if results["rounding_floor"] else []
@@ -91,7 +142,7 @@ def error_vs_length(results: dict, impls: list[str], path: Path) -> Path:
     ax.set_title("Error against sequence length (fitted growth exponent in the legend)")
     ax.grid(True, which="both", alpha=0.3)
     # Beside the axes: with four or more implementations a legend inside hides the short-T points.
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    _dedupe_legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _save(fig, path)
 
 
@@ -113,7 +164,7 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
                 rel["log10_edges"],
                 color=color[d["impl"]],
                 lw=1.8,
-                label=f"{d['impl']} (median {rel['median']:.2g}, exact {exact})"
+                label=f"{d['impl']} (median {rel['median']:.3g}, exact {exact})"
                 if rel["median"] is not None
                 else d["impl"],
             )
@@ -130,6 +181,8 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
             fraction = np.array(u["counts"], float) / max(u["total"], 1)
             share = u["correctly_rounded"]
             rounded = "" if share is None else f" ({percent(share)} correctly rounded)"
+            if u.get("below_floor"):
+                rounded += f"; {u['below_floor']} near-zero elements not counted"
             bottom.bar(
                 x,
                 np.where(fraction > 0, fraction, np.nan),
@@ -142,7 +195,9 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
             bottom.set_xticks(np.arange(len(labels)), labels, rotation=60, fontsize=7)
         bottom.set_yscale("log")
         out_dtype = entries[0]["output_dtype"] if entries else dtype
-        bottom.set_xlabel(f"ULPs of {out_dtype} from the correctly rounded exact output")
+        floor = entries[0]["ulp"].get("floor_relative_to_rms") if entries else None
+        where = "" if floor is None else f"\n(elements with |exact| >= {floor:g} x RMS only)"
+        bottom.set_xlabel(f"ULPs of {out_dtype} from the correctly rounded exact output{where}")
         bottom.set_ylabel("fraction of elements")
         bottom.set_title(f"{dtype}: ULP distance")
         bottom.grid(True, axis="y", alpha=0.3)
@@ -150,14 +205,16 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _log_scale(errors: np.ndarray) -> tuple[float, float]:
-    """Colour limits of one map: its largest error down to its 1st percentile (at most 10^4 below)."""
-    values = errors[np.isfinite(errors) & (errors > 0)]
-    if not values.size:
+def shared_scale(maps: list[np.ndarray]) -> tuple[float, float]:
+    """Colour limits shared by every map: the largest error of any down to the lowest 1st percentile
+    (at most 10^10 below), so that errors near 1 and near 1e-7 look different."""
+    values = [m[np.isfinite(m) & (m > 0)] for m in maps]
+    values = [v for v in values if v.size]
+    if not values:
         return 1e-8, 1.0
-    top = float(values.max())
-    low = float(np.percentile(values, 1))
-    return max(min(low, top / 10), top * 1e-4), top
+    top = max(float(v.max()) for v in values)
+    low = min(float(np.percentile(v, 1)) for v in values)
+    return max(min(low, top / 10), top * 1e-10), top
 
 
 def error_map(results: dict, maps: dict, path: Path) -> Path:
@@ -166,8 +223,8 @@ def error_map(results: dict, maps: dict, path: Path) -> Path:
     Boundaries are drawn in margins above and below the map (blue, long: sequence starts;
     grey, short: every ``chunk`` tokens from a sequence start) rather than across it, so that
     a stripe of bad tokens right at a boundary is not hidden under the line that marks it.
-    Each panel has its own log colour scale: the map shows where one implementation's error
-    is; the summary table compares implementations.
+    All panels share one log colour scale (a broken kernel's map must not look like a correct
+    one's); exact zeros are black (under the scale), NaN or Inf outputs green.
     """
     section = results["error_map"]
     entries = [e for e in section["entries"] if (e["impl"], e["dtype"]) in maps]
@@ -175,21 +232,25 @@ def error_map(results: dict, maps: dict, path: Path) -> Path:
     chunk_lines = [
         s + j for s, e in zip(bounds[:-1], bounds[1:]) for j in range(section["chunk"], e - s, section["chunk"])
     ]
-    cmap = matplotlib.colormaps["magma"].with_extremes(bad="black", under="black")
+    cmap = matplotlib.colormaps["magma"].with_extremes(bad="lime", under="black")
     fig = Figure(figsize=(13, 0.6 + 2.1 * max(len(entries), 1)), layout="constrained")
     if not entries:
         fig.text(0.5, 0.5, "no implementation produced an error map", ha="center")
         return _save(fig, path)
     axes = fig.subplots(len(entries), 1, squeeze=False)[:, 0]
+    scale = shared_scale([maps[(e["impl"], e["dtype"])] for e in entries])
     for ax, e in zip(axes, entries):
         errors = maps[(e["impl"], e["dtype"])]
         heads = errors.shape[1]
+        finite = np.isfinite(errors)
+        # Zeros sit under the scale (black); NaN and Inf are "bad" (green), never confused with 0.
+        shown = np.where(finite, np.where(errors > 0, errors, scale[0] / 10), np.nan)
         image = ax.imshow(
-            np.where(errors > 0, errors, np.nan).T,
+            shown.T,
             aspect="auto",
             interpolation="nearest",
             cmap=cmap,
-            norm=LogNorm(*_log_scale(errors)),
+            norm=LogNorm(*scale),
             extent=(0, errors.shape[0], heads - 0.5, -0.5),
         )
         margin, top, bottom = 0.14 * heads, -0.5, heads - 0.5  # y grows downwards: head 0 on top
@@ -200,18 +261,20 @@ def error_map(results: dict, maps: dict, path: Path) -> Path:
         ax.set_ylim(heads - 0.5 + margin, -0.5 - margin)
         ax.set_xlim(0, errors.shape[0])
         w = e["worst"]
+        nonfinite = int((~finite).sum())
+        flagged = f"; {nonfinite} non-finite (token, head) errors in green" if nonfinite else ""
         ax.set_title(
             f"{e['impl']} / {e['dtype']}: worst {w['error']:.2g} at token {w['token']} "
-            f"(sequence {w['sequence']}, position {w['position']}), head {w['head']}"
+            f"(sequence {w['sequence']}, position {w['position']}), head {w['head']}" + flagged
             if w["error"] is not None
-            else f"{e['impl']} / {e['dtype']}: non-finite output at token {w['token']}, head {w['head']}",
+            else f"{e['impl']} / {e['dtype']}: non-finite output at token {w['token']}, head {w['head']}" + flagged,
             fontsize=9,
             loc="left",
         )
         ax.set_ylabel("value head")
         ax.set_yticks(range(heads))
         ax.tick_params(axis="y", labelsize=7)
-        fig.colorbar(image, ax=ax, pad=0.01, fraction=0.03, label="rel. error")
+    fig.colorbar(image, ax=list(axes), pad=0.01, fraction=0.03, label="rel. error (one scale for every map)")
     axes[-1].set_xlabel(
         f"token (flat index in the varlen pack of lengths {section['lengths']}); marks above and "
         f"below: blue = sequence boundary, grey = every {section['chunk']} tokens of a sequence"
@@ -241,6 +304,7 @@ def gate_beta(results: dict, impls: list[str], path: Path) -> Path:
             ls, marker = _style(e["dtype"])
             y = _positive(e["output_rms"])
             ax.plot(x[: len(y)], y, color=color[e["impl"]], ls=ls, marker=marker, label=f"{e['impl']} / {e['dtype']}")
+            mark_gaps(ax, x, e["output_rms"], color[e["impl"]])
         if key == "gate_sweep":
             ax.set_xticks(x, section["labels"], rotation=30, fontsize=8)
             ax.set_xlabel("log decay g on every token (last: mild decay with -1e4 spikes on 1/16 of the tokens)")
@@ -252,7 +316,10 @@ def gate_beta(results: dict, impls: list[str], path: Path) -> Path:
         ax.set_ylabel("relative RMS output error (worst head)")
         ax.grid(True, which="both", alpha=0.3)
     # One legend for both panels, outside them, so that no curve hides behind it.
-    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside right upper")
+    handles = {}
+    for ax in axes:
+        handles.update(zip(*ax.get_legend_handles_labels()[::-1]))
+    fig.legend(list(handles.values()), list(handles.keys()), fontsize=8, loc="outside right upper")
     return _save(fig, path)
 
 

@@ -206,7 +206,7 @@ class Runner:
             output_dtype=o.dtype.name,
             tokens=int(ref.shape[1]),
             relative_error=error_stats.relative_error_histogram(error_stats.elementwise_relative_error(o, ref)),
-            ulp=error_stats.ulp_histogram(error_stats.ulp_distance(o, ref)),
+            ulp=error_stats.ulp_statistics(o, ref),
         )
 
     # 3: where the error is ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from html import escape
 
+from gdn_verify.core.error_stats import ULP_MAGNITUDE_FLOOR
 from gdn_verify.report.figures import FIGURES, percent
 
 SECTIONS = (
@@ -25,7 +26,10 @@ SECTIONS = (
         "distributions.png",
         "2. Distribution of the error",
         "Per-element relative error and distance in ULPs (of the output dtype) from the exact output correctly "
-        "rounded, over every output element at the longest length. 0 ULP means the correctly rounded value.",
+        "rounded, over the output elements at the longest length. 0 ULP means the correctly rounded value. ULPs "
+        f"are counted only where |exact| >= {ULP_MAGNITUDE_FLOOR:g} x its RMS (the tolerance model's magnitude "
+        "floor): nearer zero a ULP is so small that a harmless absolute error counts millions of them; the "
+        "legend says how many elements that leaves out.",
     ),
     (
         "error_map.png",
@@ -33,7 +37,8 @@ SECTIONS = (
         "Per-token relative error over (token, value head) of a varlen pack with a random initial state per "
         "sequence. Marks above and below each map: blue, sequence boundaries; grey, chunk boundaries. A boundary "
         "bug shows as a vertical stripe in line with the marks. Value heads differ in decay (head 0 remembers "
-        "longest); each map has its own colour scale.",
+        "longest). All maps share one colour scale, so a broken kernel's map looks unlike a correct one's; "
+        "black is an error of exactly 0, green a NaN or Inf output.",
     ),
     (
         "gate_beta.png",
@@ -66,7 +71,7 @@ def summary_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
         "growth exp.",
         "state error",
         "correctly rounded",
-        "median / p99 / max ULP",
+        f"median / p99 / max ULP (where |exact| >= {ULP_MAGNITUDE_FLOOR:g} RMS)",
         "worst token error",
         "properties (pass/fail/unsup.)",
     ]
@@ -82,11 +87,11 @@ def summary_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
                 r["dtype"],
                 _fmt(r.get("tokens")),
                 _fmt(r.get("output_rms")),
-                _fmt(r.get("times_floor"), ".1f"),
-                _fmt(r.get("exponent"), ".2f"),
+                _fmt(r.get("times_floor"), ".3g"),
+                _fmt(r.get("exponent"), ".3g"),
                 _fmt(r.get("state")),
                 _pct(r.get("correctly_rounded")),
-                " / ".join(_fmt(r.get(k), "g") for k in ("median_ulp", "p99_ulp", "max_ulp")),
+                " / ".join(_fmt(r.get(k), ".3g") for k in ("median_ulp", "p99_ulp", "max_ulp")),
                 _fmt(r.get("worst_token_error")),
                 f"{p.get('passed', 0)} / {p.get('failed', 0)} / {p.get('unsupported', 0)}"
                 + (f" (+{p['error']} errored)" if p.get("error") else ""),
@@ -127,6 +132,7 @@ def failures(doc: dict) -> list[dict]:
                         dtype=row["dtype"],
                         name=r["name"],
                         message=f.get("message", r.get("note", "")),
+                        cause=f.get("cause") or "",
                         problem=f.get("problem"),
                         params=f.get("params"),
                         replay=f.get("replay"),
@@ -204,6 +210,8 @@ def markdown(doc: dict, figures: list[str]) -> str:
         parts += ["None: every property held on every example.", ""]
     for f in fails:
         parts += [f"- **{f['impl']} / {f['dtype']}: {f['name']}**: {f['message']}"]
+        if f["cause"]:
+            parts += [f"  - likely cause: {f['cause']}"]
         if f["problem"]:
             parts += [f"  - minimal example: {f['problem']}"]
         if f["params"]:
@@ -295,6 +303,8 @@ def html(doc: dict, figures: list[str]) -> str:
         items = []
         for f in fails:
             item = f"<li><b>{_e(f['impl'])} / {_e(f['dtype'])}: {_e(f['name'])}</b>: {_e(f['message'])}<ul>"
+            if f["cause"]:
+                item += f"<li>likely cause: {_e(f['cause'])}</li>"
             if f["problem"]:
                 item += f"<li>minimal example: {_e(f['problem'])}</li>"
             if f["params"]:

@@ -31,6 +31,7 @@ from hypothesis.errors import Unsatisfiable
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Measurement, Property, Violation
+from gdn_verify.runners import causes
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard, KernelTimeout, abandoned_calls
 
 CASES_DIR = Path(".gdn_verify") / "cases"
@@ -52,6 +53,7 @@ class Failure:
     case_path: Path | None = None
     status: str = "failed"
     traceback: str | None = None  # the kernel's own traceback (status error)
+    cause: str = ""  # likely cause named by gdn_verify.runners.causes ("" when none is identified)
 
 
 class _Stop(BaseException):
@@ -103,6 +105,7 @@ class PropertyResult:
                 params=self.failure.params,
                 case=str(self.failure.case_path.resolve()) if self.failure.case_path else None,
                 traceback=self.failure.traceback,
+                cause=self.failure.cause,
             )
         return d
 
@@ -260,8 +263,11 @@ def run_property(
         # Hypothesis replays the minimal example last, so the last failure is the shrunk one.
         result.failure = failures[-1]
         result.status = result.failure.status
-        if result.failure.measurement is not None:  # the worst error is the failure's, not the passing examples'
-            result.worst = result.failure.measurement
+        # The worst error is the failure's (none for a non-numeric one), not the passing examples'.
+        result.worst = result.failure.measurement
+        f = result.failure  # named cause: short experiments on the minimal example
+        if f.status == "failed":
+            f.cause = causes.explain(impl, f.problem, f.params, prop.name, f.message, f.measurement, prop.form)
         result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     else:
         if result.examples and result.unsupported == result.examples:

@@ -1,0 +1,543 @@
+"""Named causes: which known mistake or precision loss reproduces a failure.
+
+When a property fails against the oracle, :func:`explain` reruns the implementation on the
+minimal (shrunk) failing problem and compares its outputs with those of each *error model*
+in :data:`MODELS`: a NumPy implementation of one specific mistake (a planted bug of
+``gdn_verify.implementations.planted``, a gate or beta convention slip, a scale or
+initial-state default) or precision loss (TF32 products, a bfloat16, float16 or input-dtype
+state, a float32 chunk-local gate cumsum). A model *explains* the failure when it reproduces
+the implementation's outputs far better than the exact oracle does (see :func:`verdict`); the
+best one is named with its evidence, e.g. ``TF32 matrix products (the FLA-style chunked
+algorithm with the operands of every matrix product rounded to TF32 reproduces the outputs to
+3.1%: state error 2.1e-06 against it, 6.8e-05 against the exact oracle)``.
+
+Cheap by construction: one oracle and one implementation call per probe, one call per model,
+all on the minimal problem; exact (bitwise) contracts, non-numeric failures and the
+speculative-decoding form are not explained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gdn_verify.core import gating, reference
+from gdn_verify.core import tolerance as tol
+from gdn_verify.core.conventions import l2norm
+from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.oracle import numpy_oracle
+from gdn_verify.core.problem import Problem
+from gdn_verify.core.verdict import Measurement, as64
+from gdn_verify.implementations import numpy_impl, planted
+
+# A model explains a failure when the error left against it is at most REPRODUCES of the
+# error against the oracle (on every metric that failed), or at most WITHIN_REPRODUCES while
+# the implementation is within the tolerance of the model. An unrelated model leaves the error
+# as it is (about 1: a model that equals the oracle on this problem) or adds its own (about
+# sqrt(2) for an independent error of the same size), so these are far from chance.
+REPRODUCES = 0.25
+WITHIN_REPRODUCES = 0.5
+# Failing that, a model whose own error correlates with the implementation's (see pattern()).
+CORRELATION = 0.5
+SIZE = 2.0
+MAX_TOKENS = 1 << 14  # larger minimal problems (long fuzz campaigns on a GPU) are not explained
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """One known mistake or precision loss as a runnable model.
+
+    ``run(**kwargs)`` takes the native call's keyword arguments (NumPy, FLA's convention) and
+    returns ``(o [B, T, HV, V] in v's dtype, final_state float32 | None)``. ``cause`` is what a
+    failure line names, ``experiment`` what was run. ``options``: the model takes FLA's in-kernel
+    gate options (it models a mistake in them); the others run on the native gates.
+    """
+
+    name: str
+    cause: str
+    experiment: str
+    run: Callable[..., tuple]
+    options: bool = False
+
+
+def _loop(bug: str) -> Callable[..., tuple]:
+    return lambda **kw: planted.token_loop(bug, **kw)
+
+
+def _chunk_loop(bug: str, chunk_size: int) -> Callable[..., tuple]:
+    return lambda **kw: planted.chunk_loop(bug, chunk_size, **kw)
+
+
+def _float32(**changes) -> Callable[..., tuple]:
+    """The correct float32 chunked implementation with some arguments replaced (a value, or a
+    function of the call's keyword arguments)."""
+
+    def run(**kw):
+        new = {name: (value(kw) if callable(value) else value) for name, value in changes.items()}
+        return numpy_impl.chunk_gated_delta_rule(**{**kw, **new})
+
+    return run
+
+
+def _fla(chunk_size: int, tf32: bool = False, input_dtype_cumsum: bool = False) -> Callable[..., tuple]:
+    def run(**kw):
+        cumsum = np.asarray(kw["v"]).dtype if input_dtype_cumsum else np.float32
+        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=chunk_size, cumsum_dtype=cumsum, tf32=tf32)
+
+    return run
+
+
+def _tf32_inputs(**kw):
+    """The float64 oracle on q, k (l2-normalised first when asked) and v rounded to TF32."""
+    q, k = (np.asarray(kw[name], np.float32) for name in ("q", "k"))
+    if kw.get("use_qk_l2norm_in_kernel"):
+        q, k = l2norm(q), l2norm(k)
+    rounded = {
+        "q": numpy_impl.round_to_tf32(q),
+        "k": numpy_impl.round_to_tf32(k),
+        "v": numpy_impl.round_to_tf32(np.asarray(kw["v"], np.float32)),
+    }
+    o, state = reference.recurrent_gated_delta_rule(**{**kw, **rounded, "use_qk_l2norm_in_kernel": False})
+    final_state = None if state is None else np.asarray(state, np.float32)
+    return np.asarray(o).astype(np.asarray(kw["v"]).dtype), final_state
+
+
+def _normalize_like_torch(x):
+    # torch.nn.functional.normalize: x / max(||x||, 1e-12), no epsilon inside the square root.
+    x = np.asarray(x, np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), np.float32(1e-12))
+
+
+def _l2norm_without_eps(**kw):
+    if not kw.get("use_qk_l2norm_in_kernel"):
+        return numpy_impl.chunk_gated_delta_rule(**kw)
+    q, k = _normalize_like_torch(kw["q"]), _normalize_like_torch(kw["k"])
+    return numpy_impl.chunk_gated_delta_rule(**{**kw, "q": q, "k": k, "use_qk_l2norm_in_kernel": False})
+
+
+def _bug(name: str) -> Callable[..., tuple]:
+    return planted.BUGS[name][1]
+
+
+MODELS: tuple[ErrorModel, ...] = (
+    # Precision losses.
+    ErrorModel(
+        "tf32_products",
+        "TF32 matrix products",
+        "the FLA-style chunked algorithm with the operands of every matrix product rounded to TF32",
+        _fla(64, tf32=True),
+    ),
+    ErrorModel(
+        "tf32_inputs",
+        "TF32 matrix products",
+        "the oracle's algorithm with q, k and v rounded to TF32",
+        _tf32_inputs,
+    ),
+    ErrorModel(
+        "bf16_state",
+        "a bfloat16 state",
+        "a float32 token loop rounding its state to bfloat16 every token",
+        _loop("bf16_state"),
+    ),
+    ErrorModel(
+        "fp16_state",
+        "a float16 state",
+        "a float32 token loop rounding its state to float16 every token",
+        _loop("fp16_state"),
+    ),
+    ErrorModel(
+        "input_dtype_state",
+        "intermediates rounded to the input dtype",
+        "a float32 token loop rounding its state to the input dtype every token",
+        _loop("input_dtype_state"),
+    ),
+    ErrorModel(
+        "cumsum_float32",
+        "float32 chunk-local gate cumsum cancellation",
+        "the FLA-style chunked algorithm (C=64) with its gate cumsum in float32",
+        _fla(64),
+    ),
+    ErrorModel(
+        "cumsum_input_dtype",
+        "a gate cumsum in the input dtype",
+        "the FLA-style chunked algorithm (C=64) with its gate cumsum in the input dtype",
+        _fla(64, input_dtype_cumsum=True),
+    ),
+    # Gate and beta conventions.
+    ErrorModel(
+        "gate_without_exp",
+        "g used as a linear decay (missing exp)",
+        "decay g instead of exp(g)",
+        _bug("gate_without_exp"),
+    ),
+    ErrorModel(
+        "alpha_as_g", "exp applied to a linear decay (alpha used as g)", "decay exp(exp(g))", _loop("alpha_as_g")
+    ),
+    ErrorModel("beta_twice", "beta applied twice", "beta^2 in place of beta", _bug("beta_twice")),
+    ErrorModel(
+        "beta_ignored",
+        "beta not applied",
+        "beta = 1 on every token",
+        _float32(beta=lambda kw: np.ones_like(kw["beta"])),
+    ),
+    ErrorModel(
+        "decay_after_update",
+        "the decay applied after the update",
+        "S decayed after the delta update",
+        _bug("decay_after_update"),
+    ),
+    ErrorModel(
+        "output_before_update",
+        "o_t read before token t's update",
+        "o_t from the decayed state before the update",
+        _bug("output_before_update"),
+    ),
+    # Defaults and options.
+    ErrorModel(
+        "scale_ignored", "the scale argument ignored", "scale = K^-0.5 whatever is passed", _bug("scale_ignored")
+    ),
+    ErrorModel(
+        "scale_default_one",
+        "the scale default (None means K^-0.5) not applied",
+        "scale = 1 when None is passed",
+        _float32(scale=lambda kw: 1.0 if kw.get("scale") is None else kw["scale"]),
+    ),
+    ErrorModel(
+        "initial_state_ignored", "the initial state ignored", "initial_state = None", _float32(initial_state=None)
+    ),
+    ErrorModel(
+        "l2norm_without_eps",
+        "the l2norm epsilon missing (x / max(||x||, 1e-12) instead of x / sqrt(||x||^2 + 1e-6))",
+        "q and k normalised like torch's F.normalize",
+        _l2norm_without_eps,
+    ),
+    ErrorModel(
+        "nan_on_zero_rows",
+        "l2norm without epsilon on all-zero rows",
+        "x / ||x|| (NaN on zero rows)",
+        _bug("nan_on_zero_rows"),
+    ),
+    ErrorModel(
+        "state_layout_ignored",
+        "state_v_first ignored",
+        "the state read and written k-first",
+        _bug("state_layout_ignored"),
+    ),
+    ErrorModel(
+        "gate_bias_ignored",
+        "dt_bias dropped from the in-kernel gate",
+        "-exp(A_log) softplus(g)",
+        _bug("gate_bias_ignored"),
+        options=True,
+    ),
+    ErrorModel(
+        "neg_eigval_ignored",
+        "allow_neg_eigval ignored",
+        "beta = sigmoid(b) instead of 2 sigmoid(b)",
+        _bug("neg_eigval_ignored"),
+        options=True,
+    ),
+    # Varlen, final state and head mapping.
+    ErrorModel(
+        "state_across_sequences",
+        "varlen boundary: the state carried into the next sequence",
+        "each sequence starting from the previous one's final state",
+        _bug("state_across_sequences"),
+    ),
+    *(
+        ErrorModel(
+            f"ragged_chunk_reads_next_c{C}",
+            f"varlen boundary: a ragged last chunk (C={C}) reading the next sequence's tokens",
+            f"each sequence's state run on to the next multiple of {C} tokens",
+            lambda C=C, **kw: planted.ragged_chunk_reads_next(C, **kw),
+        )
+        for C in (16, 64)
+    ),
+    ErrorModel(
+        "off_by_one_final_state",
+        "the final state missing the last token",
+        "the state before each sequence's last token",
+        _bug("off_by_one_final_state"),
+    ),
+    ErrorModel(
+        "wrong_gva_mapping",
+        "head mapping: value head h reading q/k head h % H instead of h // (HV // H)",
+        "q/k head h % H",
+        _bug("wrong_gva_mapping"),
+    ),
+    # Chunked-form mistakes.
+    *(
+        model
+        for C in (16, 64)
+        for model in (
+            ErrorModel(
+                f"chunk_state_without_decay_c{C}",
+                f"state passing without the chunk's total decay (C={C})",
+                f"a chunked loop (C={C}) omitting exp(G_last) on the carried state",
+                _chunk_loop("chunk_state_without_decay", C),
+            ),
+            ErrorModel(
+                f"intra_chunk_excludes_diagonal_c{C}",
+                f"the intra-chunk causal mask dropping the current token (C={C})",
+                f"a chunked loop (C={C}) with a strictly lower intra-chunk mask",
+                _chunk_loop("intra_chunk_excludes_diagonal", C),
+            ),
+        )
+    ),
+    ErrorModel(
+        "gamma_ratio_of_exps",
+        "gate ratios as exp(G_i) / exp(G_j) (0/0 once exp(G) underflows)",
+        "a chunked loop (C=16) dividing exponentials",
+        _chunk_loop("gamma_ratio_of_exps", 16),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One call of the implementation: ``problem`` with ``options``, judged against the oracle on
+    ``native`` (the same problem with the gates the options define)."""
+
+    problem: Problem
+    options: dict
+    native: Problem
+
+
+def probes(problem: Problem, params: dict, prop: str) -> list[Probe]:
+    """The calls that can show a failure of ``prop`` on ``problem`` as a plain difference from the oracle.
+
+    The problem itself; for a split (``state_continuation``) the second part started from the
+    oracle's state at the split; for ``state_layout`` the v-first layout.
+    """
+    options = gating.options_from_params(params)
+    native = problem
+    if options:
+        g, beta = gating.in_kernel_gates(problem.g, problem.beta, **options)
+        native = problem.replace(g=g, beta=beta)
+    out = [Probe(problem, options, native)]
+    T = problem.q.shape[1]
+    if "split" in params and 0 < min(params["split"], T) < T:
+        t = min(params["split"], T)
+        state = np.asarray(numpy_oracle(problem.tokens(0, t))[1], np.float32)
+        second = problem.tokens(t, T, state)
+        out.append(Probe(second, {}, second))
+    if prop == "state_layout" and problem.initial_state is not None and not problem.state_v_first:
+        v_first = problem.replace(
+            state_v_first=True, initial_state=np.ascontiguousarray(problem.initial_state.swapaxes(-1, -2))
+        )
+        out.append(Probe(v_first, {}, v_first))
+    return out
+
+
+def _k_first(state, problem: Problem):
+    state = as64(state)
+    return None if state is None else (state.swapaxes(-1, -2) if problem.state_v_first else state)
+
+
+def _errors(o, state, ref: tuple, problem: Problem) -> tol.Errors:
+    ref_state = _k_first(ref[1], problem) if problem.output_final_state else None
+    return tol.measure(o, None if ref_state is None else _k_first(state, problem), ref[0], ref_state, problem)
+
+
+def _nonfinite(o, state) -> tuple[np.ndarray, np.ndarray]:
+    masks = []
+    for x in (o, state):
+        masks.append(np.zeros(0, bool) if x is None else ~np.isfinite(np.asarray(x, np.float64)).ravel())
+    return masks[0], masks[1]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A model that explains a failure, with the evidence on ``metric`` (the worst-failing one).
+
+    Pointwise (``correlation`` None): the implementation's error against the model and against
+    the oracle, and their worst ratio over the failing metrics (``reproduction``). By pattern:
+    the model's own error against the oracle (``against_model`` holds it), its ``correlation``
+    with the implementation's error and its size relative to it (``reproduction`` holds it).
+    Non-finite (``nonfinite`` > 0): the same elements are NaN or Inf.
+    """
+
+    model: ErrorModel
+    metric: str
+    against_model: float
+    against_oracle: float
+    reproduction: float
+    correlation: float | None = None
+    nonfinite: int = 0
+    alike: tuple[str, ...] = ()  # other causes that reproduce this example as well
+
+    def text(self) -> str:
+        m = self.model
+        what = self.metric.replace("_", " ")
+        if self.nonfinite:
+            return f"{m.cause} ({m.experiment} gives non-finite values at the same {self.nonfinite} elements)"
+        if self.correlation is not None:
+            return (
+                f"{m.cause} ({m.experiment} makes an error of the same size ({self.reproduction:.3g}x) and pattern "
+                f"(correlation {self.correlation:.3g}): {what} error {self.against_model:.3g} for it, "
+                f"{self.against_oracle:.3g} for the implementation, against the exact oracle)"
+            )
+        how = "exactly" if self.reproduction == 0 else f"to {100 * self.reproduction:.3g}%"
+        alike = f"; on this example indistinguishable from: {'; '.join(self.alike)}" if self.alike else ""
+        return (
+            f"{m.cause} ({m.experiment} reproduces the outputs {how}: {what} error "
+            f"{self.against_model:.3g} against it, {self.against_oracle:.3g} against the exact oracle){alike}"
+        )
+
+
+def verdict(against_model: tol.Errors, against_oracle: tol.Errors, bound: tol.Tolerance) -> float | None:
+    """The reproduction ratio when a model reproduces a failure pointwise, else None.
+
+    ``against_model``, ``against_oracle``: the implementation's errors against the model's and the
+    oracle's outputs; ``bound``: the tolerance of the problem. Explained: on every metric over
+    its bound against the oracle, the error against the model is at most ``REPRODUCES`` of it, or
+    at most ``WITHIN_REPRODUCES`` of it with every metric within the bound against the model.
+    """
+    failing = [name for name in tol.METRICS if getattr(against_oracle, name) > getattr(bound, name)]
+    values = [getattr(against_model, name) for name in tol.METRICS]
+    if not failing or not all(np.isfinite(values)):
+        return None
+    ratio = max(getattr(against_model, name) / getattr(against_oracle, name) for name in failing)
+    within = all(v <= getattr(bound, name) for v, name in zip(values, tol.METRICS))
+    return ratio if ratio <= REPRODUCES or (within and ratio <= WITHIN_REPRODUCES) else None
+
+
+def pattern(impl_error: np.ndarray, model_error: np.ndarray) -> tuple[float, float] | None:
+    """``(correlation, size ratio)`` when a model's error matches the implementation's in pattern, else None.
+
+    ``impl_error``, ``model_error``: float64 vectors, the implementation's and the model's outputs
+    minus the oracle's. A rounding model cannot reproduce another algorithm's roundings pointwise
+    (a different summation order), but the roundings they share (inputs, products of the same
+    operands) make the errors correlated: TF32 products at another chunk size correlate 0.6 to
+    0.9 with the model, unrelated errors about ``1/sqrt(n)``. Matched: correlation at least
+    ``CORRELATION`` and ``4/sqrt(n)`` (four standard deviations of chance), size within a factor
+    ``SIZE`` either way.
+    """
+    n = impl_error.size
+    a, b = float(np.linalg.norm(impl_error)), float(np.linalg.norm(model_error))
+    if n == 0 or a == 0 or b == 0:
+        return None
+    rho = float(impl_error @ model_error) / (a * b)
+    size = b / a
+    if rho >= max(CORRELATION, 4 / np.sqrt(n)) and 1 / SIZE <= size <= SIZE:
+        return rho, size
+    return None
+
+
+def _run_model(model: ErrorModel, probe: Probe) -> tuple | None:
+    if model.options != bool(probe.options) and model.options:
+        return None  # an option mistake only shows where the options are used
+    source = probe.problem if model.options else probe.native
+    kw = {**source.kwargs(), **(probe.options if model.options else {})}
+    try:
+        with np.errstate(all="ignore"):
+            return model.run(**kw)
+    except Exception:  # noqa: BLE001 - a model that cannot run this problem explains nothing
+        return None
+
+
+def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
+    """The best explaining model for ``impl`` on one probe (None: the probe passes, or nothing explains it)."""
+    ref, bound = _reference(probe.native)
+    try:
+        with np.errstate(all="ignore"):
+            result = impl.run(probe.problem, options=probe.options or None)
+    except Exception:  # noqa: BLE001 - the failure itself is already recorded
+        return None
+    bad_o, bad_s = _nonfinite(result.o, result.final_state if probe.problem.output_final_state else None)
+    if bad_o.any() or bad_s.any():
+        findings = []
+        for model in MODELS:
+            out = _run_model(model, probe)
+            if out is None:
+                continue
+            mo, ms = _nonfinite(out[0], out[1] if probe.problem.output_final_state else None)
+            if np.array_equal(mo, bad_o) and np.array_equal(ms, bad_s):
+                n = int(bad_o.sum() + bad_s.sum())
+                findings.append(Finding(model, "output_rms", float("nan"), float("nan"), 0.0, nonfinite=n))
+        return findings[0] if findings else None
+    against_oracle = _errors(result.o, result.final_state, ref, probe.native)
+    if not bound.violations(against_oracle):
+        return None
+    ratios = [getattr(against_oracle, n) / getattr(bound, n) if getattr(bound, n) else np.inf for n in tol.METRICS]
+    metric = tol.METRICS[int(np.argmax(ratios))]
+    # The error vector behind the worst-failing metric: the outputs, or the final state.
+    on_state = metric == "state"
+
+    def error_vector(o, state, problem: Problem) -> np.ndarray:
+        ours, theirs = (_k_first(state, problem), _k_first(ref[1], problem)) if on_state else (as64(o), ref[0])
+        return (np.asarray(ours, np.float64) - np.asarray(theirs, np.float64)).ravel()
+
+    impl_error = error_vector(result.o, result.final_state, probe.native)
+    pointwise: list[Finding] = []
+    by_pattern: list[Finding] = []
+    for model in MODELS:
+        out = _run_model(model, probe)
+        if out is None or not all(x is None or np.all(np.isfinite(np.asarray(x, np.float64))) for x in out):
+            continue
+        against_model = _errors(result.o, result.final_state, (as64(out[0]), out[1]), probe.native)
+        ratio = verdict(against_model, against_oracle, bound)
+        if ratio is not None:
+            pointwise.append(
+                Finding(model, metric, getattr(against_model, metric), getattr(against_oracle, metric), ratio)
+            )
+            continue
+        if on_state and out[1] is None:
+            continue
+        matched = pattern(impl_error, error_vector(out[0], out[1], probe.native))
+        if matched is not None:
+            own = getattr(_errors(out[0], out[1], ref, probe.native), metric)
+            by_pattern.append(
+                Finding(model, metric, own, getattr(against_oracle, metric), matched[1], correlation=matched[0])
+            )
+    if pointwise:
+        best = min(pointwise, key=lambda f: f.reproduction)
+        # Mistakes that coincide on this example (dropping the intra-chunk diagonal is reading
+        # the state before the update when T = 1) are named together, not picked by list order.
+        same = [f.model.cause for f in pointwise if f is not best and f.reproduction <= 1.01 * best.reproduction]
+        return dataclasses.replace(best, alike=tuple(dict.fromkeys(c for c in same if c != best.model.cause)))
+    return max(by_pattern, key=lambda f: f.correlation or 0.0) if by_pattern else None
+
+
+def _reference(problem: Problem) -> tuple[tuple, tol.Tolerance]:
+    ref = numpy_oracle(problem)
+    return ref, tol.tolerance(problem, tol.condition(problem, ref))
+
+
+def applies(message: str, measurement: Measurement | None, form: str = "native") -> bool:
+    """Whether a failure is one the models can explain: a numeric (or non-finite) difference from
+    the oracle in the native form, not an exact contract, a crash or a wrong output shape."""
+    if form != "native" or message.startswith(("raised ", "output contract")):
+        return False
+    if measurement is None:
+        return "non-finite" in message
+    return measurement.bound > 0
+
+
+def explain(
+    impl: Implementation,
+    problem: Problem,
+    params: dict,
+    prop: str,
+    message: str,
+    measurement: Measurement | None,
+    form: str = "native",
+) -> str:
+    """One line naming the likely cause of a failure of ``prop`` on the minimal ``problem``, or ``""``.
+
+    Never raises: finding a cause must not cost the verdict.
+    """
+    if not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS:
+        return ""
+    try:
+        with np.errstate(all="ignore"):  # models overflow by design (exp(exp(g)), a state without decay)
+            for probe in probes(problem, params, prop):
+                finding = explain_probe(impl, probe)
+                if finding is not None:
+                    return finding.text()
+    except Exception:  # noqa: BLE001 - see the docstring
+        return ""
+    return ""

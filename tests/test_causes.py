@@ -1,0 +1,229 @@
+"""Named causes (``gdn_verify.runners.causes``): each known mistake is named with its evidence, and a
+failure unlike every model gets no cause."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gdn_verify import console
+from gdn_verify.api import check
+from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.problem import Problem
+from gdn_verify.core.verdict import Measurement
+from gdn_verify.implementations import numpy_impl, resolve
+from gdn_verify.runners import causes
+
+FAILED = Measurement(1.0, 1e-5)  # a numeric failure against the oracle
+
+
+def problem(
+    seed: int = 0,
+    T: int = 40,
+    H: int = 1,
+    HV: int = 2,
+    K: int = 16,
+    V: int = 16,
+    cu: list[int] | None = None,
+    state: bool = True,
+    scale: float | None = 0.3,
+    l2norm: bool = False,
+) -> Problem:
+    """A float32 problem with mild gates, beta in [0.1, 1] and (by default) a random initial state."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((1, T, H, K))
+    N = 1 if cu is None else len(cu) - 1
+    return Problem(
+        q=rng.standard_normal((1, T, H, K)).astype(np.float32),
+        k=(k / np.linalg.norm(k, axis=-1, keepdims=True)).astype(np.float32),
+        v=rng.standard_normal((1, T, HV, V)).astype(np.float32),
+        g=(-0.1 * rng.uniform(0, 1, (1, T, HV))).astype(np.float32),
+        beta=rng.uniform(0.1, 1, (1, T, HV)).astype(np.float32),
+        scale=scale,
+        initial_state=rng.standard_normal((N, HV, K, V)).astype(np.float32) if state else None,
+        cu_seqlens=None if cu is None else np.array(cu),
+        use_qk_l2norm_in_kernel=l2norm,
+    )
+
+
+def plugin(fn) -> Implementation:
+    return Implementation("test", {"chunk": fn})
+
+
+def explain(impl: Implementation, p: Problem, params: dict | None = None, prop: str = "matches_reference") -> str:
+    return causes.explain(impl, p, params or {}, prop, "error > tolerance", FAILED)
+
+
+# The TF32 variant, end to end --------------------------------------------------------------------
+def test_tf32_float32_failure_names_tf32_in_console_and_json(tmp_path):
+    result = check(
+        "numpy-chunk-tf32",
+        dtype="float32",
+        properties=["matches_reference"],
+        max_examples=30,
+        seed=1,
+        cases_dir=tmp_path,
+    )
+    r = result["matches_reference"]
+    assert r.status == "failed"
+    assert r.failure.cause.startswith("TF32 matrix products (")
+    assert "against the exact oracle" in r.failure.cause
+    assert "likely cause: TF32 matrix products" in console.format_failure(r, None)
+    assert result.as_dict()["results"][0]["failure"]["cause"] == r.failure.cause
+
+
+def test_tf32_at_another_chunk_size_is_named_by_its_error_pattern():
+    # A kernel cannot be reproduced pointwise by a model that sums in another order; its error
+    # still has the model's size and pattern.
+    def tf32_chunk32(**kw):
+        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=32, tf32=True)
+
+    cause = explain(plugin(tf32_chunk32), problem(T=100, K=32, V=32))
+    assert cause.startswith("TF32 matrix products (") and "correlation" in cause
+
+
+# Planted bugs and the models added beside them ------------------------------------------------------
+def saturated(p: Problem) -> Problem:
+    g = p.g.copy()
+    g[0, 5:30] = -60.0  # exp(G) underflows within a 16-token chunk
+    return p.replace(g=g)
+
+
+def zero_row(p: Problem) -> Problem:
+    q = p.q.copy()
+    q[0, 3] = 0.0
+    return p.replace(q=q, use_qk_l2norm_in_kernel=True)
+
+
+@pytest.mark.parametrize(
+    "bug, make, expected",
+    [
+        ("bf16_state", problem, "a bfloat16 state"),
+        ("gate_without_exp", problem, "missing exp"),
+        ("beta_twice", problem, "beta applied twice"),
+        ("decay_after_update", problem, "the decay applied after the update"),
+        ("wrong_gva_mapping", lambda: problem(H=2, HV=4), "head mapping"),
+        ("state_across_sequences", lambda: problem(T=50, cu=[0, 20, 50]), "carried into the next sequence"),
+        ("off_by_one_final_state", lambda: problem(T=50, cu=[0, 20, 50]), "the final state missing the last token"),
+        ("ragged_chunk_reads_next", lambda: problem(T=50, cu=[0, 20, 50]), "ragged last chunk (C=16)"),
+        ("scale_ignored", problem, "the scale argument ignored"),
+        ("chunk_state_without_decay", problem, "without the chunk's total decay (C=16)"),
+        ("nan_on_zero_rows", lambda: zero_row(problem()), "l2norm without epsilon"),
+        ("gamma_ratio_of_exps", lambda: saturated(problem()), "exp(G_i) / exp(G_j)"),
+    ],
+)
+def test_planted_bugs_get_their_own_cause(bug, make, expected):
+    cause = explain(resolve(f"planted:{bug}"), make())
+    assert expected in cause, cause
+
+
+def beta_not_applied(**kw):  # written as a token loop: the model is the chunked form
+    return numpy_impl.recurrent_gated_delta_rule(**{**kw, "beta": np.ones_like(kw["beta"])})
+
+
+def fp16_state(**kw):
+    from gdn_verify.implementations import planted
+
+    return planted.token_loop("fp16_state", **kw)
+
+
+def scale_one(**kw):
+    return numpy_impl.recurrent_gated_delta_rule(**{**kw, "scale": 1.0 if kw["scale"] is None else kw["scale"]})
+
+
+def no_initial_state(**kw):
+    return numpy_impl.recurrent_gated_delta_rule(**{**kw, "initial_state": None})
+
+
+def alpha_as_g(**kw):
+    return numpy_impl.recurrent_gated_delta_rule(**{**kw, "g": np.exp(np.asarray(kw["g"], np.float64))})
+
+
+@pytest.mark.parametrize(
+    "fn, make, expected",
+    [
+        (beta_not_applied, problem, "beta not applied"),
+        (fp16_state, problem, "a float16 state"),
+        (scale_one, lambda: problem(scale=None), "the scale default (None means K^-0.5) not applied"),
+        (no_initial_state, problem, "the initial state ignored"),
+        (alpha_as_g, lambda: problem(T=8), "alpha used as g"),
+    ],
+)
+def test_added_models_name_their_mistake(fn, make, expected):
+    cause = explain(plugin(fn), make())
+    assert expected in cause, cause
+    assert "reproduces the outputs" in cause
+
+
+def test_initial_state_mistake_is_found_through_the_continuation_call():
+    # Without an initial state the plain call is right; the second part of the split is not.
+    p = problem(state=False, T=60)
+    assert explain(plugin(no_initial_state), p, {}, "matches_reference") == ""
+    assert "the initial state ignored" in explain(plugin(no_initial_state), p, {"split": 20}, "state_continuation")
+
+
+def test_in_kernel_option_mistakes_are_named():
+    p = problem(state=False)
+    rng = np.random.default_rng(4)
+    params = {"A_log": np.log(rng.uniform(1, 16, 2)).tolist(), "dt_bias": rng.normal(-3, 1, 2).tolist()}
+    raw = p.replace(g=rng.normal(0, 2, p.g.shape).astype(np.float32))
+    assert "dt_bias dropped" in explain(resolve("planted:gate_bias_ignored"), raw, params, "in_kernel_gate")
+
+
+# No false causes ------------------------------------------------------------------------------------
+def noisy(**kw):
+    """Correct float32 outputs with 3e-4 relative noise: a failure unlike any model."""
+    o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+    rng = np.random.default_rng(int(np.abs(np.asarray(kw["v"], np.float64)).sum() * 1000) % 2**32)
+    o = (o * (1 + 3e-4 * rng.standard_normal(o.shape))).astype(o.dtype)
+    if state is not None:
+        state = (state * (1 + 3e-4 * rng.standard_normal(state.shape))).astype(np.float32)
+    return o, state
+
+
+def bf16_operands(**kw):
+    """The chunked algorithm on q, k, v rounded to bfloat16: a real precision loss no model describes."""
+    rounded = {n: np.asarray(kw[n], np.float32).astype(ml_dtypes.bfloat16).astype(np.float32) for n in "qkv"}
+    return numpy_impl.chunk_fla_gated_delta_rule(**{**kw, **rounded})
+
+
+@pytest.mark.parametrize("fn", [noisy, bf16_operands])
+def test_a_failure_unlike_every_model_gets_no_cause(fn, tmp_path):
+    result = check(fn, dtype="float32", properties=["matches_reference"], max_examples=20, seed=5, cases_dir=tmp_path)
+    r = result["matches_reference"]
+    assert r.status == "failed"
+    assert r.failure.cause == ""
+    assert "likely cause" not in console.format_failure(r, None)
+    for seed in range(3):  # and on larger problems, where a chance match is even less likely
+        assert explain(plugin(fn), problem(seed=seed, T=100, K=32, V=32)) == ""
+
+
+def test_a_correct_implementation_has_nothing_to_explain():
+    assert explain(resolve("numpy"), problem()) == ""
+
+
+def test_exact_crashing_and_spec_failures_are_not_explained(tmp_path):
+    assert not causes.applies("two identical calls returned different o", Measurement(1e-7, 0.0))
+    assert not causes.applies("raised ValueError: boom", None)
+    assert not causes.applies("output contract: o has shape (1,)", None)
+    assert not causes.applies("outputs: output_rms error 1 > tolerance 1e-5", FAILED, form="spec")
+    assert causes.applies("non-finite output values (NaN/Inf) where the oracle is finite", None)
+    r = check("planted:nondeterministic", properties=["determinism"], max_examples=20, seed=0, cases_dir=tmp_path)
+    assert r["determinism"].status == "failed" and r["determinism"].failure.cause == ""
+
+
+def test_verdict_thresholds():
+    from gdn_verify.core.tolerance import Errors, Tolerance
+
+    bound = Tolerance(1e-5, 1e-4, 1e-5, 1.0, 1.0)
+    oracle = Errors(1e-3, 1e-3, 1e-6)  # output metrics fail, the state does not
+    assert causes.verdict(Errors(2e-4, 2e-4, 5e-4), oracle, bound) == pytest.approx(0.2)  # 80 % reproduced
+    assert causes.verdict(Errors(4e-4, 4e-4, 1e-6), oracle, bound) is None  # 60 %, not within the bound
+    assert causes.verdict(Errors(1e-3, 1e-3, 1e-6), oracle, bound) is None  # a model equal to the oracle
+    assert causes.verdict(Errors(1e-3, 1e-3, 1e-6), Errors(1e-6, 1e-6, 1e-6), bound) is None  # nothing failed
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(500)
+    assert causes.pattern(a, a + rng.standard_normal(500)) is not None  # correlation 0.7, size 1.4x
+    assert causes.pattern(a, rng.standard_normal(500)) is None
+    assert causes.pattern(a[:4], a[:4]) is None  # 4 elements: any correlation could be chance
