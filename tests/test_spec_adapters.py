@@ -205,7 +205,10 @@ def test_flashinfer_mtp_adapter_passes_every_slot_property(tmp_path):
         "standin-mtp", {SPEC_FORM: fi.mtp_adapter(standin_mtp)}, extra={"spec_rules": FLASHINFER_SPEC}
     )
     result = _check(impl, SPEC_PROPS, tmp_path)
-    assert all(r.status == "passed" for r in result.results), result.as_dict()
+    statuses = {r.name: r.status for r in result.results}
+    # the draft-less step has one token per request: outside MTP's T >= 2
+    assert statuses.pop("spec_draftless_step") == "unsupported"
+    assert set(statuses.values()) == {"passed"}, result.as_dict()
 
 
 def test_flashinfer_mtp_padding_rows_written_are_caught(tmp_path):

@@ -277,7 +277,8 @@ VLLM_SPEC = SpecRules(
     pool_v_first=True,
 )
 # FlashInfer's ``gated_delta_rule_mtp``: a negative read index is padding (output rows left as
-# allocated); per-token scatter indices are not checked, so padding rows get spare real slots.
+# allocated); per-token scatter indices are not checked, so padding rows get spare real slots;
+# ``T >= 2`` (its documented domain; T = 1 failed in CuTe DSL layout deduction on an H100, 2026-11-23).
 FLASHINFER_SPEC = SpecRules(
     "flashinfer",
     padding="negative",
@@ -285,6 +286,7 @@ FLASHINFER_SPEC = SpecRules(
     padding_entries="spare",
     pool_v_first=True,
     uniform_lengths=True,
+    min_tokens=2,
 )
 
 

@@ -28,8 +28,9 @@ the native k-first layout ``[B, HV, K, V]`` (no transpose).
 tokens, the read slot ``initial_state_indices[n] = ssm_state_indices[n, num_accepted[n] - 1]``
 (FlashInfer has no accepted counts: that gather is the caller's job, so a count outside ``1..C``
 raises ``ValueError`` here), per-token writes through ``ssm_state_indices [N, L]`` with
-``disable_state_update=False`` (``L >= 2``) or ``output_state_indices`` (``L == 1``), a float32
-k-last pool handed over as is, padding by a negative read index.
+``disable_state_update=False`` and ``L >= 2`` (MTP's documented domain is ``T > 1``; ``T = 1``
+raised a CuTe DSL layout error on an H100, 2026-11-23), a float32 k-last pool handed over as
+is, padding by a negative read index.
 
 The translations take an :class:`ArrayOps` so that the CPU tests can run them on NumPy arrays
 with the float64 oracle standing in for the kernel; only :func:`_flashinfer_kernels` imports
@@ -337,10 +338,8 @@ def mtp_adapter(kernel: Callable, ops=None) -> Callable:
             raise NotImplementedError("FlashInfer reads scale=0 as the default K**-0.5")
         lengths = np.diff(ops.to_host(cu_seqlens).astype(np.int64))
         N, L = len(lengths), int(lengths[0]) if len(lengths) else 0
-        if np.any(lengths != L) or L == 0:
-            raise NotImplementedError(
-                f"gated_delta_rule_mtp takes [B, T] tokens: one length per request, got {lengths}"
-            )
+        if np.any(lengths != L) or L < 2:  # MTP's documented domain: [B, T] tokens, T > 1
+            raise NotImplementedError(f"gated_delta_rule_mtp takes [B, T] tokens, T >= 2: got lengths {lengths}")
         accepted = ops.to_host(num_accepted_tokens).astype(np.int64)
         C = ssm_state_indices.shape[1]
         if np.any((accepted < 1) | (accepted > C)):  # the caller's gather; FlashInfer never sees counts
@@ -350,11 +349,8 @@ def mtp_adapter(kernel: Callable, ops=None) -> Callable:
         a, b = (ops.cast_like(x.reshape(N, L, HV), q) for x in raw_gates(ops, g, beta))
         zeros = ops.float32(ops.zeros((HV,), like=q))
         out = None if output is None else output.reshape(N, L, HV, V)
-        kw: dict[str, Any] = dict(disable_state_update=False)
-        if L >= 2:
-            kw["ssm_state_indices"] = ops.from_host(np.ascontiguousarray(indices[:, :L], np.int32), like=q)
-        else:  # per-token scatter needs T >= 2; one token writes its state to column 0
-            kw["output_state_indices"] = ops.from_host(indices[:, 0].astype(np.int32), like=q)
+        scatter = ops.from_host(np.ascontiguousarray(indices[:, :L], np.int32), like=q)
+        kw: dict[str, Any] = dict(disable_state_update=False, ssm_state_indices=scatter)
         o, _ = kernel(
             q=q.reshape(N, L, H, K),
             k=k.reshape(N, L, H, K),
