@@ -214,3 +214,83 @@ def start_slots(ssm_state_indices: np.ndarray, num_accepted_tokens: np.ndarray) 
     """Speculative decoding: ``[N]`` slot each request reads, ``ssm_state_indices[n, num_accepted_tokens[n] - 1]``."""
     rows = np.arange(len(num_accepted_tokens))
     return np.asarray(ssm_state_indices)[rows, np.asarray(num_accepted_tokens) - 1]
+
+
+@dataclass(frozen=True)
+class SpecRules:
+    """The padding and slot rules of one speculative-decoding convention (what a kernel documents).
+
+    ``padding``: how a padding request is marked: ``"negative"`` (start slot ``< 0``) or
+    ``"null"`` (start slot ``<= null_slot``, vLLM's ``NULL_BLOCK_ID = 0``).
+    ``null_slot``: a sacrificial slot that holds no live state (vLLM: 0), or None when every slot
+    may be live. A column entry ``<= null_slot`` (or negative) in a live request means "do not
+    store this token's state" when ``skip_entries``; otherwise live entries are all real slots.
+    ``padding_output``: what a padding request's output rows hold: ``"zeros"`` (written as zero),
+    ``"kept"`` (left as the caller's buffer had them; zeros when the kernel allocates it) or
+    ``"any"`` (undefined: not written, e.g. vLLM's ``new_empty``).
+    ``padding_entries``: what the generated column entries of a padding request are
+    (``"negative"``, ``"null"``, or ``"spare"``: real unused slots, for kernels that would write
+    through a negative entry).
+    ``pool_v_first``: the pool is ``[slots, HV, V, K]`` (k-last) instead of ``[slots, HV, K, V]``.
+    ``uniform_lengths``: every request has the same token count (a ``[B, T]`` kernel);
+    ``min_tokens``: fewest tokens per request the kernel takes.
+    """
+
+    name: str = "native"
+    padding: str = "negative"
+    null_slot: int | None = None
+    skip_entries: bool = False
+    padding_output: str = "zeros"
+    padding_entries: str = "negative"
+    pool_v_first: bool = False
+    uniform_lengths: bool = False
+    min_tokens: int = 1
+
+    def is_padding_slot(self, slot: int) -> bool:
+        """Whether ``slot`` as a start slot marks a padding request."""
+        if self.padding == "null" and self.null_slot is not None:
+            return slot <= self.null_slot
+        return slot < 0
+
+    def stores(self, slot: int) -> bool:
+        """Whether a live request's column entry ``slot`` is a slot its state is stored to."""
+        if slot < 0:
+            return False
+        return not (self.null_slot is not None and slot <= self.null_slot)
+
+    @property
+    def first_live_slot(self) -> int:
+        return 0 if self.null_slot is None else self.null_slot + 1
+
+
+# The toolkit's own convention (``gdn_verify.implementations.spec``, ``cupy_kernels.decode``).
+NATIVE_SPEC = SpecRules()
+# vLLM's ``fused_recurrent_gated_delta_rule`` with ``num_accepted_tokens``: slot 0 is the null
+# block, an entry <= 0 is never read or written, a padding request writes no output row.
+VLLM_SPEC = SpecRules(
+    "vllm",
+    padding="null",
+    null_slot=0,
+    skip_entries=True,
+    padding_output="any",
+    padding_entries="null",
+    pool_v_first=True,
+)
+# FlashInfer's ``gated_delta_rule_mtp``: a negative read index is padding (output rows left as
+# allocated); per-token scatter indices are not checked, so padding rows get spare real slots;
+# ``T >= 2`` (its documented domain; T = 1 failed in CuTe DSL layout deduction on an H100, 2026-11-23).
+FLASHINFER_SPEC = SpecRules(
+    "flashinfer",
+    padding="negative",
+    padding_output="kept",
+    padding_entries="spare",
+    pool_v_first=True,
+    uniform_lengths=True,
+    min_tokens=2,
+)
+
+
+def spec_rules_of(extra: dict) -> SpecRules:
+    """The rules an implementation declares in ``Implementation.extra["spec_rules"]`` (native by default)."""
+    rules = extra.get("spec_rules", NATIVE_SPEC)
+    return rules if isinstance(rules, SpecRules) else NATIVE_SPEC

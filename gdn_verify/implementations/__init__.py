@@ -4,8 +4,8 @@ Built-in: ``numpy`` (float32 NumPy, chunked and recurrent forms and the speculat
 form), ``numpy-chunk``, ``numpy-chunk16``, ``numpy-recurrent``, models of the production chunked
 algorithm (``numpy-chunk-fla`` and its C=32/16 variants with a float32 chunk-local gate cumsum,
 ``numpy-chunk-cumsum64``, and ``numpy-chunk-tf32`` with TF32 products), ``oracle``, ``planted:BUG``
-(``planted.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``) and
-FlashInfer (``flashinfer.py``). A plug-in's function is its native form, or with
+(``planted.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``),
+FlashInfer (``flashinfer.py``) and vLLM's kernel files (``vllm.py``). A plug-in's function is its native form, or with
 ``convention="spec"`` its speculative-decoding form. :func:`choose_oracle` is the one place that
 picks the float64 oracle for problems of a given array kind.
 """
@@ -97,6 +97,11 @@ LAZY: dict[str, str] = {
     "fla-recurrent": "gdn_verify.implementations.fla:fla_recurrent",
     "flashinfer-prefill": "gdn_verify.implementations.flashinfer:flashinfer_prefill",
     "flashinfer-decode": "gdn_verify.implementations.flashinfer:flashinfer_decode",
+    "flashinfer-decode-kmajor": "gdn_verify.implementations.flashinfer:flashinfer_decode_kmajor",
+    "flashinfer-mtp": "gdn_verify.implementations.flashinfer:flashinfer_mtp",
+    "vllm-chunk": "gdn_verify.implementations.vllm:vllm_chunk",
+    "vllm-recurrent": "gdn_verify.implementations.vllm:vllm_recurrent",
+    "vllm-spec": "gdn_verify.implementations.vllm:vllm_spec",
 }
 
 
@@ -136,6 +141,7 @@ def from_callable(
         raise ConfigurationError("array", f"{array!r}: choose from {', '.join(arrays.ARRAY_KINDS)}")
     name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     stages = getattr(fn, "stages", None)
+    rules = getattr(fn, "spec_rules", None)  # a spec plug-in's SpecRules (padding, null slot, pool layout)
     form = SPEC_FORM if convention == "spec" else "default"
     return Implementation(
         name,
@@ -143,7 +149,7 @@ def from_callable(
         array=array,
         description=f"plug-in {name}",
         default_dtype="float32" if array == "numpy" else "bfloat16",
-        extra={} if stages is None else {"stages": stages},
+        extra={k: x for k, x in (("stages", stages), ("spec_rules", rules)) if x is not None},
     )
 
 

@@ -20,6 +20,18 @@ cast to the input dtype (FlashInfer takes ``a, b`` in float16/bfloat16). Round t
   raw gates, so ``a`` and ``b`` are clamped to ``[-RAW_LIMIT, RAW_LIMIT]``
   (``sigmoid(-40) = 4.2e-18``; ``exp(-4.2e-18)`` rounds to 1 even in float64).
 
+``flashinfer-decode-kmajor``: ``gated_delta_rule_decode``, the same steps with the state in
+the native k-first layout ``[B, HV, K, V]`` (no transpose).
+
+``flashinfer-mtp``: ``gated_delta_rule_mtp``, the speculative-decoding form under
+:data:`FLASHINFER_SPEC` rules: requests of one token count ``L`` as ``[N, L]`` views of the packed
+tokens, the read slot ``initial_state_indices[n] = ssm_state_indices[n, num_accepted[n] - 1]``
+(FlashInfer has no accepted counts: that gather is the caller's job, so a count outside ``1..C``
+raises ``ValueError`` here), per-token writes through ``ssm_state_indices [N, L]`` with
+``disable_state_update=False`` and ``L >= 2`` (MTP's documented domain is ``T > 1``; ``T = 1``
+raised a CuTe DSL layout error on an H100, 2026-11-23), a float32 k-last pool handed over as
+is, padding by a negative read index.
+
 The translations take an :class:`ArrayOps` so that the CPU tests can run them on NumPy arrays
 with the float64 oracle standing in for the kernel; only :func:`_flashinfer_kernels` imports
 FlashInfer.
@@ -27,12 +39,14 @@ FlashInfer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.conventions import FLASHINFER_SPEC
+from gdn_verify.core.implementation import SPEC_FORM, Implementation
 from gdn_verify.implementations.fla import cuda_library
 
 RAW_LIMIT = 40.0
@@ -178,8 +192,11 @@ def raw_gates(ops, g, beta):
     return a, lib.clip(b, -RAW_LIMIT, RAW_LIMIT)
 
 
-def decode_adapter(kernel: Callable, ops=None) -> Callable:
-    """A native-convention callable running FlashInfer's decode ``kernel`` one token per step."""
+def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False) -> Callable:
+    """A native-convention callable running FlashInfer's decode ``kernel`` one token per step.
+
+    ``kmajor``: the kernel keeps the state k-first ``[B, HV, K, V]`` (``gated_delta_rule_decode``).
+    """
     ops = ops or NumpyOps()
 
     def call(
@@ -200,9 +217,11 @@ def decode_adapter(kernel: Callable, ops=None) -> Callable:
         lengths = np.diff(bounds)
         flat = [x.reshape((B * T,) + tuple(x.shape[2:])) for x in (q, k, v)]
         a, b = (ops.cast_like(x.reshape(B * T, HV), q) for x in raw_gates(ops, g, beta))
-        state = _state_in(ops, initial_state, state_v_first)
+        # the kernel's layout: k-last, or k-first for the k-major kernel
+        state = _state_in(ops, initial_state, state_v_first != kmajor)
         if state is None:
-            state = ops.zeros((len(lengths), HV, V, K), like=q, dtype=ops.state_dtype)
+            shape = (len(lengths), HV, K, V) if kmajor else (len(lengths), HV, V, K)
+            state = ops.zeros(shape, like=q, dtype=ops.state_dtype)
         else:
             state = ops.copy(state)  # the kernel updates its state in place; the caller's stays intact
         A_log = ops.float32(ops.zeros((HV,), like=q))  # FlashInfer takes A_log and dt_bias in float32
@@ -227,43 +246,147 @@ def decode_adapter(kernel: Callable, ops=None) -> Callable:
             )
             o[tok] = ops.cast_like(o_t[:, 0], o)
             state[seq] = step_state
-        final_state = _state_out(ops, state, state_v_first) if output_final_state else None
+        final_state = _state_out(ops, state, state_v_first != kmajor) if output_final_state else None
         return o.reshape(B, T, HV, V), final_state
 
     return call
 
 
-def _flashinfer_kernels() -> tuple[Callable, Callable]:
-    """FlashInfer's prefill and decode entry points; the only place that imports FlashInfer."""
+def _flashinfer_kernels() -> dict[str, Callable]:
+    """FlashInfer's GDN entry points by name; the only place that imports FlashInfer.
+
+    ``backend="flashinfer"`` names the CuTe DSL route (``auto`` tries Cake GDN first, SM100 only)
+    and the prefill runs with ``use_cp=False``: ``auto`` takes the context-parallel kernel for
+    small problems (``N * H < 66`` on 132-SM parts), a different kernel from the one large
+    prefills run.
+    """
 
     def load():
-        from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
+        import flashinfer.gdn_decode as decode
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
-        return chunk_gated_delta_rule, gated_delta_rule_decode_pretranspose
+        if not decode._PRETRANSPOSE_AVAILABLE:  # noqa: SLF001 - its try/except hides a missing cutlass
+            raise ImportError("flashinfer.gdn_decode loaded without its CuTe DSL kernels (is cutlass importable?)")
+        return dict(
+            prefill=functools.partial(chunk_gated_delta_rule, backend="flashinfer", use_cp=False),
+            decode=functools.partial(decode.gated_delta_rule_decode_pretranspose, backend="flashinfer"),
+            decode_kmajor=functools.partial(decode.gated_delta_rule_decode, backend="flashinfer"),
+            mtp=decode.gated_delta_rule_mtp,
+        )
 
     return cuda_library("FlashInfer", "pip install flashinfer-python", load)
 
 
-def _decode_limits(kernel: Callable) -> Callable:
+def _half_inputs(q) -> None:
+    if str(q.dtype) not in ("torch.float16", "torch.bfloat16", "float16", "bfloat16"):
+        raise NotImplementedError(f"FlashInfer's GDN kernels take float16/bfloat16 q, k, v; got {q.dtype}")
+
+
+def _decode_limits(kernel: Callable, v_multiple: int = 8) -> Callable:
     """Report FlashInfer decode's documented input limits as unsupported rather than as crashes."""
 
     def call(q, k, v, state, **kw) -> Any:
         K, V = q.shape[-1], v.shape[-1]
-        if str(q.dtype) not in ("torch.float16", "torch.bfloat16"):
-            raise NotImplementedError(f"FlashInfer decode takes float16/bfloat16 q, k, v; got {q.dtype}")
-        if K < 128 or V < 128 or V % 8:
-            raise NotImplementedError(f"FlashInfer's float32-state decode needs K, V >= 128, V % 8 == 0 (K={K}, V={V})")
+        _half_inputs(q)
+        if K < 128 or V < 128 or V % v_multiple:
+            raise NotImplementedError(
+                f"FlashInfer's float32-state decode needs K, V >= 128, V % {v_multiple} == 0 (K={K}, V={V})"
+            )
         return kernel(q=q, k=k, v=v, state=state, **kw)
 
     return call
 
 
+def _prefill_limits(kernel: Callable) -> Callable:
+    """SM90 prefill: one head size of 128, float16/bfloat16 inputs (``delta_rule_prefill_dsl_sm90``)."""
+
+    def call(q, k, v, **kw) -> Any:
+        _half_inputs(q)
+        if q.shape[-1] != 128:
+            raise NotImplementedError(f"FlashInfer's SM90 prefill supports head size 128 only (got {q.shape[-1]})")
+        return kernel(q=q, k=k, v=v, **kw)
+
+    return call
+
+
+def mtp_adapter(kernel: Callable, ops=None) -> Callable:
+    """The speculative-decoding form (``FLASHINFER_SPEC`` rules) running ``gated_delta_rule_mtp``.
+
+    ``state_pool`` ``[slots, HV, V, K]`` float32 is the kernel's pool (updated in place, no copy);
+    q, k ``[1, T, H, K]`` and v ``[1, T, HV, V]`` become ``[N, L, ...]`` views (every request has
+    ``L`` tokens); ``output`` ``[1, T, HV, V]``, when given, is the kernel's output buffer.
+    """
+    ops = ops or NumpyOps()
+
+    def spec(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state_pool,
+        cu_seqlens,
+        ssm_state_indices,
+        num_accepted_tokens,
+        scale=None,
+        use_qk_l2norm_in_kernel=False,
+        output=None,
+    ):
+        _, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        if scale is not None and scale == 0.0:
+            raise NotImplementedError("FlashInfer reads scale=0 as the default K**-0.5")
+        lengths = np.diff(ops.to_host(cu_seqlens).astype(np.int64))
+        N, L = len(lengths), int(lengths[0]) if len(lengths) else 0
+        if np.any(lengths != L) or L < 2:  # MTP's documented domain: [B, T] tokens, T > 1
+            raise NotImplementedError(f"gated_delta_rule_mtp takes [B, T] tokens, T >= 2: got lengths {lengths}")
+        accepted = ops.to_host(num_accepted_tokens).astype(np.int64)
+        C = ssm_state_indices.shape[1]
+        if np.any((accepted < 1) | (accepted > C)):  # the caller's gather; FlashInfer never sees counts
+            raise ValueError(f"num_accepted_tokens: must lie in 1..{C}, got {accepted.tolist()}")
+        indices = ops.to_host(ssm_state_indices).astype(np.int64)
+        read = ops.from_host(indices[np.arange(N), accepted - 1].astype(np.int32), like=q)
+        a, b = (ops.cast_like(x.reshape(N, L, HV), q) for x in raw_gates(ops, g, beta))
+        zeros = ops.float32(ops.zeros((HV,), like=q))
+        out = None if output is None else output.reshape(N, L, HV, V)
+        scatter = ops.from_host(np.ascontiguousarray(indices[:, :L], np.int32), like=q)
+        kw: dict[str, Any] = dict(disable_state_update=False, ssm_state_indices=scatter)
+        o, _ = kernel(
+            q=q.reshape(N, L, H, K),
+            k=k.reshape(N, L, H, K),
+            v=v.reshape(N, L, HV, V),
+            initial_state=state_pool,
+            initial_state_indices=read,
+            A_log=zeros,
+            a=a,
+            dt_bias=zeros,
+            b=b,
+            scale=scale,
+            output=out,
+            use_qk_l2norm=use_qk_l2norm_in_kernel,
+            **kw,
+        )
+        return o.reshape(1, T, HV, V) if output is None else output
+
+    return spec
+
+
+def _mtp_limits(kernel: Callable) -> Callable:
+    def call(q, v, initial_state, **kw) -> Any:
+        _half_inputs(q)
+        K, V = q.shape[-1], v.shape[-1]
+        if K < 128 or V < 128:
+            raise NotImplementedError(f"gated_delta_rule_mtp needs K, V >= 128 (K={K}, V={V})")
+        return kernel(q=q, v=v, initial_state=initial_state, **kw)
+
+    return call
+
+
 def flashinfer_prefill() -> Implementation:
-    prefill, _ = _flashinfer_kernels()
+    kernels = _flashinfer_kernels()
     return Implementation(
         "flashinfer-prefill",
-        {"chunk": prefill_adapter(prefill, TorchOps())},
+        {"chunk": prefill_adapter(_prefill_limits(kernels["prefill"]), TorchOps())},
         "torch",
         "FlashInfer chunk_gated_delta_rule (alpha gate, k-last state, packed tokens)",
         "bfloat16",
@@ -271,11 +394,34 @@ def flashinfer_prefill() -> Implementation:
 
 
 def flashinfer_decode() -> Implementation:
-    _, decode = _flashinfer_kernels()
+    kernels = _flashinfer_kernels()
     return Implementation(
         "flashinfer-decode",
-        {"recurrent": decode_adapter(_decode_limits(decode), TorchOps())},
+        {"recurrent": decode_adapter(_decode_limits(kernels["decode"]), TorchOps())},
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
+    )
+
+
+def flashinfer_decode_kmajor() -> Implementation:
+    kernels = _flashinfer_kernels()
+    return Implementation(
+        "flashinfer-decode-kmajor",
+        {"recurrent": decode_adapter(_decode_limits(kernels["decode_kmajor"], 32), TorchOps(), kmajor=True)},
+        "torch",
+        "FlashInfer gated_delta_rule_decode (k-major state), one token per step",
+        "bfloat16",
+    )
+
+
+def flashinfer_mtp() -> Implementation:
+    kernels = _flashinfer_kernels()
+    return Implementation(
+        "flashinfer-mtp",
+        {SPEC_FORM: mtp_adapter(_mtp_limits(kernels["mtp"]), TorchOps())},
+        "torch",
+        "FlashInfer gated_delta_rule_mtp (speculative verify, per-token pool scatter)",
+        "bfloat16",
+        extra={"spec_rules": FLASHINFER_SPEC},
     )

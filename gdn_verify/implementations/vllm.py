@@ -1,0 +1,373 @@
+"""Adapters to vLLM's GDN Triton kernels, loaded from a vLLM wheel's files without installing vLLM.
+
+vLLM keeps FLA-derived GDN kernels in ``vllm/third_party/flash_linear_attention/ops/`` (older
+wheels: ``vllm/model_executor/layers/fla/ops/``). The 12 files that ``chunk.py`` and
+``fused_recurrent.py`` import need from the rest of vLLM only ``vllm.triton_utils``,
+``vllm.platforms.current_platform``, ``vllm.utils.gpu_sync_debug.gpu_sync_allowed`` and
+``vllm.utils.torch_utils.async_tensor_h2d``; :func:`load_ops` imports them under a private
+package name with the small stand-ins below in ``sys.modules`` for the duration of the import
+(then restores what was there). No vLLM code lives in this repository: the folder comes from
+``GDN_VERIFY_VLLM_OPS`` (a folder holding ``ops/*.py``) or from an installed ``vllm``.
+
+Adapters (torch CUDA tensors):
+
+- ``vllm-chunk``: ``chunk_gated_delta_rule``; state ``[N, HV, V, K]`` (k-last), float32 inputs
+  rejected by vLLM (unsupported), ``K <= 256``.
+- ``vllm-recurrent``: ``fused_recurrent_gated_delta_rule`` as vLLM calls it: a pool with the
+  null slot 0 and sequence ``n`` in slot ``n + 1``, 2-D ``ssm_state_indices [N, max(L)]`` with
+  every column the sequence's slot (1-D indices are wrong for sequences longer than one token),
+  ``inplace_final_state=True``.
+- ``vllm-spec``: the speculative-decoding form under :data:`VLLM_SPEC` rules, handed straight to
+  ``fused_recurrent_gated_delta_rule(..., ssm_state_indices, num_accepted_tokens)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gdn_verify.core.conventions import VLLM_SPEC
+from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
+from gdn_verify.implementations.fla import cuda_library
+
+ENV = "GDN_VERIFY_VLLM_OPS"
+PRIVATE = "_gdn_verify_vllm_fla"
+FILES = (
+    "chunk",
+    "chunk_delta_h",
+    "chunk_o",
+    "chunk_scaled_dot_kkt",
+    "cumsum",
+    "fused_recurrent",
+    "index",
+    "l2norm",
+    "op",
+    "solve_tril",
+    "utils",
+    "wy_fast",
+)
+PACKAGE_DIRS = ("third_party/flash_linear_attention", "model_executor/layers/fla")
+
+
+def _standins() -> dict[str, types.ModuleType]:
+    """Modules named like the four vLLM modules the kernel files import, with what they use of them."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    try:
+        import triton.language.extra.libdevice as tldevice
+    except ImportError:  # only used with FLA_USE_FAST_OPS=1
+        tldevice = None
+
+    class Platform:
+        """``current_platform``: what the kernel files ask (CUDA or ROCm, device capability)."""
+
+        def is_cuda(self) -> bool:
+            return torch.cuda.is_available() and torch.version.hip is None
+
+        def is_rocm(self) -> bool:
+            return torch.cuda.is_available() and torch.version.hip is not None
+
+        def is_cuda_alike(self) -> bool:
+            return torch.cuda.is_available()
+
+        def is_xpu(self) -> bool:
+            return False
+
+        def is_device_capability_family(self, capability: int, device_id: int | None = 0) -> bool:
+            device = torch.cuda.current_device() if device_id is None else device_id
+            return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == capability // 10
+
+    def gpu_sync_allowed(first_only: bool = False):
+        return contextlib.nullcontext()  # vLLM's sync debugging is off by default
+
+    def async_tensor_h2d(data, device=None, dtype=None, out=None):
+        # a host list to the device (chunk indices), as vLLM does: pinned staging, non-blocking copy
+        dtype = dtype if dtype is not None or out is None else out.dtype
+        host = data if isinstance(data, torch.Tensor) else torch.as_tensor(data, dtype=dtype)
+        if torch.cuda.is_available() and not host.is_pinned():
+            host = torch.empty(host.shape, dtype=dtype or host.dtype, pin_memory=True).copy_(host)
+        if out is not None:
+            return out.copy_(host, non_blocking=True)
+        return host.to(device=device, dtype=dtype, non_blocking=True)
+
+    def module(name: str, package: bool = False, **attrs: Any) -> types.ModuleType:
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        if package:
+            m.__path__ = []
+        return m
+
+    vllm = module("vllm", True)
+    triton_utils = module("vllm.triton_utils", tl=tl, triton=triton, tldevice=tldevice, HAS_TRITON=True)
+    platforms = module("vllm.platforms", True, current_platform=Platform())
+    utils = module("vllm.utils", True)
+    sync = module("vllm.utils.gpu_sync_debug", gpu_sync_allowed=gpu_sync_allowed)
+    torch_utils = module("vllm.utils.torch_utils", async_tensor_h2d=async_tensor_h2d)
+    return {m.__name__: m for m in (vllm, triton_utils, platforms, utils, sync, torch_utils)}
+
+
+def find_ops_root() -> Path:
+    """The folder holding ``ops/*.py``: ``$GDN_VERIFY_VLLM_OPS``, else the installed vLLM's."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    spec = importlib.util.find_spec("vllm")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"set {ENV} to a folder holding vLLM's GDN ops/*.py, or install a vllm wheel")
+    base = Path(list(spec.submodule_search_locations)[0])
+    for sub in PACKAGE_DIRS:
+        if (base / sub / "ops" / "chunk.py").is_file():
+            return base / sub
+    raise ImportError(f"{base}: no GDN ops folder among {PACKAGE_DIRS}")
+
+
+def load_ops(root: str | Path | None = None) -> types.SimpleNamespace:
+    """Import ``<root>/ops/{chunk,fused_recurrent}.py`` under a private name; vLLM itself is never imported."""
+    root = Path(root) if root is not None else find_ops_root()
+    ops_dir = root / "ops"
+    missing = [f for f in FILES if not (ops_dir / f"{f}.py").is_file()]
+    if missing:
+        raise ImportError(f"{ops_dir}: missing {', '.join(missing)}")
+    if f"{PRIVATE}.ops.fused_recurrent" not in sys.modules:
+        package = types.ModuleType(PRIVATE)
+        package.__path__ = [str(root)]
+        ops = types.ModuleType(f"{PRIVATE}.ops")
+        ops.__path__ = [str(ops_dir)]  # its __init__ is never run: it imports much more of vLLM
+        standins = _standins()
+        saved = {name: sys.modules.get(name) for name in standins}
+        sys.modules.update({PRIVATE: package, f"{PRIVATE}.ops": ops, **standins})
+        try:
+            for name in ("chunk", "fused_recurrent"):
+                importlib.import_module(f"{PRIVATE}.ops.{name}")
+        except BaseException:
+            for name in [n for n in sys.modules if n == PRIVATE or n.startswith(PRIVATE + ".")]:
+                del sys.modules[name]
+            raise
+        finally:  # the loaded modules keep their references; a real vLLM (or nothing) comes back
+            for name, previous in saved.items():
+                if previous is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = previous
+    chunk = sys.modules[f"{PRIVATE}.ops.chunk"]
+    recurrent = sys.modules[f"{PRIVATE}.ops.fused_recurrent"]
+    return types.SimpleNamespace(
+        root=root,
+        chunk_gated_delta_rule=chunk.chunk_gated_delta_rule,
+        fused_recurrent_gated_delta_rule=recurrent.fused_recurrent_gated_delta_rule,
+    )
+
+
+def _is_float32(x) -> bool:
+    return str(x.dtype).removeprefix("torch.") in ("float32", "float64")
+
+
+def chunk_adapter(kernel: Callable) -> Callable:
+    """Native convention -> vLLM's ``chunk_gated_delta_rule`` (state transposed to k-last)."""
+
+    def call(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        state_v_first=False,
+    ):
+        if _is_float32(q):
+            raise NotImplementedError("vLLM's chunk_gated_delta_rule rejects float32 inputs (bfloat16/float16 only)")
+        if q.shape[-1] > 256:
+            raise NotImplementedError(f"vLLM's chunked kernel needs K <= 256 (K={q.shape[-1]})")
+        state = None
+        if initial_state is not None:  # a k-last view: vLLM's input_guard makes it contiguous
+            state = initial_state if state_v_first else initial_state.swapaxes(-1, -2)
+        o, final = kernel(
+            q=q,
+            k=k,
+            v=v,
+            g=g,
+            beta=beta,
+            scale=scale,
+            initial_state=state,
+            output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )
+        if not output_final_state:
+            return o, None
+        return o, final if state_v_first else final.swapaxes(-1, -2)
+
+    return call
+
+
+def _check_scale(scale) -> None:
+    if scale is not None and not scale > 0:
+        raise NotImplementedError(f"vLLM's fused_recurrent asserts scale > 0 (scale={scale})")
+
+
+def recurrent_adapter(kernel: Callable, xp: Any = None) -> Callable:
+    """Native convention -> vLLM's ``fused_recurrent_gated_delta_rule`` with a null-slot pool.
+
+    ``xp`` is the array module (torch by default; NumPy for the CPU tests).
+    """
+
+    def call(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        state_v_first=False,
+    ):
+        _check_scale(scale)
+        lib = xp if xp is not None else __import__("torch")
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        host = np.asarray(cu_seqlens.tolist() if cu_seqlens is not None else np.arange(B + 1) * T, np.int64)
+        N, width = len(host) - 1, max(int(np.diff(host).max(initial=0)), 1)
+        device = dict(device=q.device) if hasattr(q, "device") and not isinstance(q, np.ndarray) else {}
+        pool = lib.zeros((N + 1, HV, V, K), dtype=lib.float32, **device)  # slot 0: vLLM's null block
+        if initial_state is not None:
+            pool[1:] = initial_state if state_v_first else initial_state.swapaxes(-1, -2)
+        slots = np.repeat(np.arange(1, N + 1, dtype=np.int32)[:, None], width, axis=1)  # every token -> its slot
+        indices = lib.as_tensor(slots, **device) if device else slots
+        o, _ = kernel(
+            q=q,
+            k=k,
+            v=v,
+            g=g,
+            beta=beta,
+            scale=scale,
+            initial_state=pool,
+            inplace_final_state=True,
+            cu_seqlens=cu_seqlens,
+            ssm_state_indices=indices,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )
+        if not output_final_state:
+            return o, None
+        return o, pool[1:] if state_v_first else pool[1:].swapaxes(-1, -2)
+
+    return call
+
+
+def spec_adapter(kernel: Callable, poison: Callable[[Any, Any], None] | None = None) -> Callable:
+    """The speculative-decoding form (:data:`VLLM_SPEC` rules) -> ``fused_recurrent_gated_delta_rule``.
+
+    ``state_pool`` ``[slots, HV, V, K]`` (slot 0 null) and the indices go to the kernel as they
+    are. vLLM allocates ``o`` itself (``new_empty``), so an ``output=`` buffer is served by
+    ``poison(q, v)`` first filling the memory that allocation will most likely reuse with NaN
+    (the caching allocator hands back the block just freed), then copying ``o`` into it.
+    """
+
+    def spec(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state_pool,
+        cu_seqlens,
+        ssm_state_indices,
+        num_accepted_tokens,
+        scale=None,
+        use_qk_l2norm_in_kernel=False,
+        output=None,
+    ):
+        _check_scale(scale)
+        if output is not None and poison is not None:
+            poison(q, v)
+        o, _ = kernel(
+            q=q,
+            k=k,
+            v=v,
+            g=g,
+            beta=beta,
+            scale=scale,
+            initial_state=state_pool,
+            inplace_final_state=True,
+            cu_seqlens=cu_seqlens,
+            ssm_state_indices=ssm_state_indices,
+            num_accepted_tokens=num_accepted_tokens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )
+        if output is None:
+            return o
+        output[...] = o
+        return output
+
+    return spec
+
+
+def _poison_allocator(q, v) -> None:
+    """Leave a NaN-filled block of ``o``'s size (``[1, *v.shape]`` in q's dtype) in torch's cache."""
+    import torch
+
+    block = torch.full((1, *v.shape), float("nan"), dtype=q.dtype, device=q.device)
+    del block
+
+
+def _ops():
+    def load():
+        try:
+            return load_ops()
+        except (ImportError, OSError) as exc:
+            raise ImportError(f"vLLM's GDN ops not found: {exc}") from None
+
+    return cuda_library("vLLM", f"set {ENV} or pip install vllm", load)
+
+
+def vllm_chunk() -> Implementation:
+    ops = _ops()
+    return Implementation(
+        "vllm-chunk",
+        {"chunk": chunk_adapter(ops.chunk_gated_delta_rule)},
+        "torch",
+        f"vLLM chunk_gated_delta_rule ({ops.root})",
+        "bfloat16",
+    )
+
+
+def vllm_recurrent() -> Implementation:
+    ops = _ops()
+    return Implementation(
+        "vllm-recurrent",
+        {"recurrent": recurrent_adapter(ops.fused_recurrent_gated_delta_rule)},
+        "torch",
+        "vLLM fused_recurrent_gated_delta_rule (null slot 0, 2-D ssm_state_indices, in place)",
+        "bfloat16",
+    )
+
+
+def vllm_spec() -> Implementation:
+    ops = _ops()
+    return Implementation(
+        "vllm-spec",
+        {SPEC_FORM: spec_adapter(ops.fused_recurrent_gated_delta_rule, _poison_allocator)},
+        "torch",
+        "vLLM fused_recurrent_gated_delta_rule with num_accepted_tokens (speculative decoding)",
+        "bfloat16",
+        extra={"spec_rules": VLLM_SPEC},
+    )
+
+
+__all__ = ["ConfigurationError", "find_ops_root", "load_ops", "vllm_chunk", "vllm_recurrent", "vllm_spec"]
