@@ -25,7 +25,10 @@ def main(variants: list[str]) -> int:
         args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
         for variant in variants:
             step = DecodeStep(
-                **args, state=d["initial_state"], use_qk_l2norm_in_kernel=True, reuse_output=True,
+                **args,
+                state=d["initial_state"],
+                use_qk_l2norm_in_kernel=True,
+                reuse_output=True,
                 decode_variant=variant,
             )
             step(**args, state=d["initial_state"])
