@@ -37,8 +37,13 @@ def make_pool(params: dict, HV: int, K: int, V: int) -> np.ndarray:
 def spec_cases(draw, limits: Limits, max_columns: int = 4, max_requests: int = 4):
     """``(problem, params)`` for the speculative-decoding convention; distinct slots, spares included."""
     dtype = limits.dtype
-    H, HV = draw(gs.head_counts(limits.replace(max_heads=min(2, limits.max_heads))))
-    K, V = draw(gs.head_dims(limits, max_dim=32))
+    pool = gs.pool_classes(limits, smallest=True)
+    if pool:  # the pool's head counts, sizes, dtype and l2norm (the layout is always varlen with a state)
+        c = draw(st.sampled_from(pool))
+        H, HV, K, V, dtype = c.H, c.HV, c.K, c.V, c.dtype
+    else:
+        H, HV = draw(gs.head_counts(limits.replace(max_heads=min(2, limits.max_heads))))
+        K, V = draw(gs.head_dims(limits, max_dim=32))
     C = draw(st.integers(1, max_columns))
     N = draw(st.integers(1, max_requests))
     lengths = draw(st.lists(st.integers(1, C), min_size=N, max_size=N))
@@ -50,7 +55,7 @@ def spec_cases(draw, limits: Limits, max_columns: int = 4, max_requests: int = 4
     indices = np.array(order[: N * C], np.int64).reshape(N, C)
     indices[np.array(padding)] = -1
     regime = draw(st.sampled_from(("none", "mild", "moderate", "mixed")))
-    l2norm = draw(st.booleans())
+    l2norm = c.l2norm if pool else draw(st.booleans())
     scale = draw(st.one_of(st.none(), st.just(0.5)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     T = int(sum(lengths))
