@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from gdn_verify.core.implementation import Implementation
-from gdn_verify.implementations.fla import cuda_library
+from gdn_verify.implementations.fla import cuda_library, jit_compiled
 
 RAW_LIMIT = 40.0
 
@@ -267,6 +267,7 @@ def flashinfer_prefill() -> Implementation:
         "torch",
         "FlashInfer chunk_gated_delta_rule (alpha gate, k-last state, packed tokens)",
         "bfloat16",
+        extra=jit_compiled(),
     )
 
 
@@ -278,4 +279,5 @@ def flashinfer_decode() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
+        extra=jit_compiled(),
     )
