@@ -86,16 +86,29 @@ def cmd_check(args: argparse.Namespace) -> int:
         progress=progress,
         on_result=on_result,
         **({"cases_dir": args.cases} if args.cases else {}),
+        **_compile_options(args, display),
     )
     counts = result.counts()
     print(
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['unsupported']} unsupported "
         f"(impl={impl.name}, dtype={result.dtype}, seed={result.seed})"
     )
+    _print_compile(result.shapes, result.seconds)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result.as_dict(), indent=2))
     return 0 if result.passed else 1
+
+
+def _compile_options(args: argparse.Namespace, display: console.ProgressDisplay) -> dict:
+    """``compile_budget`` and the ``compiling N shape classes`` progress line (issue 14)."""
+    return dict(compile_budget=args.compile_budget, on_compile=console.compile_progress(display))
+
+
+def _print_compile(plan, seconds: float) -> None:
+    if plan is not None and plan.expensive:
+        took = f"compile {console.duration(plan.compile_seconds)} of {console.duration(seconds)}"
+        print(f"shapes: {plan.describe()}; {took}")
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
@@ -140,7 +153,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         else:
             display.print(f"  {r.name}: unsupported ({r.note})")
 
-    print(f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}")
+    workers = args.workers if args.workers == "auto" else int(args.workers)
+    print(
+        f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}"
+        + (f", {workers} workers" if workers != 1 else "")
+    )
     if args.seed is not None:
         print(f"fuzz: --seed {args.seed} makes the run reproducible but Hypothesis then ignores the example database")
     report = api.fuzz(
@@ -156,14 +173,36 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         progress=lambda rep, name: display.update(rep.status_line(name)),
         on_result=on_result,
         **({"cases_dir": args.cases} if args.cases else {}),
+        **_compile_options(args, display),
+        workers=workers,
     )
     display.clear()
     w = report.worst
     print(
         f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
         f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures"
+        + (f"; compile {console.duration(report.compile_seconds)} of {console.duration(report.seconds)}")
+        + (f"; {report.workers} workers" if report.workers > 1 else "")
     )
-    return 1 if report.failures else 0
+    for error in report.worker_errors:
+        print(f"  {error}", file=sys.stderr)
+    _write_fuzz_records(args, report, impl)
+    return 1 if report.failures or report.worker_errors else 0
+
+
+def _write_fuzz_records(args: argparse.Namespace, report, impl) -> None:
+    """``--json`` (the merged report) and ``--campaigns`` (one row appended to campaigns.json)."""
+    from gdn_verify.runners import campaigns, workers
+
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(dict(impl=impl.name, **report.as_dict()), indent=2))
+    if args.campaigns:
+        gpus = min(report.workers, len(workers.visible_gpus()) or 1) if impl.array != "numpy" else 1
+        dtype = args.dtype or impl.default_dtype
+        row = campaigns.campaign_row(report, impl.name, dtype, campaigns.device_name(impl.array, gpus))
+        campaigns.append_campaign(args.campaigns, row)
+        print(f"campaign recorded in {args.campaigns}: {json.dumps(row)}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -250,6 +289,14 @@ def _suite_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", help="directory for minimal failing cases (default .gdn_verify/cases)")
 
 
+def _compile_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile-budget",
+        help="time for compiling shape classes up front when a new class is expensive (JIT kernels such as "
+        "FLA's): 90s, 5m (default 5m); the pool of classes drawn from adapts to it",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-verify", description="Verify Gated DeltaNet (GDN) implementations.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -263,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
     check.add_argument("--json", help="write the results as JSON to this path")
+    _compile_option(check)
     check.set_defaults(func=cmd_check)
 
     selftest = sub.add_parser("selftest", help="check the planted-bug implementations; all must be caught")
@@ -289,6 +337,15 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--budget", default="30m", help="time to spend: 90s, 30m, 1h (default 30m)")
     fz.add_argument("--database", default=".gdn_verify/hypothesis", help="example database directory")
     fz.add_argument("--max-tokens", type=int, default=2048, help="longest T for error_growth (default 2048)")
+    _compile_option(fz)
+    fz.add_argument(
+        "--workers",
+        default="1",
+        help="worker processes over disjoint shards of the properties: one per GPU (round robin over the visible "
+        "ones) or per CPU core for NumPy implementations; 'auto' = as many as GPUs (or cores); default 1",
+    )
+    fz.add_argument("--json", help="write the merged campaign report as JSON to this path")
+    fz.add_argument("--campaigns", help="append this campaign's row (impl, dtype, cases, ...) to this JSON list")
     fz.set_defaults(func=cmd_fuzz)
 
     rep = sub.add_parser("report", help="error and precision report: index.html, report.md, results.json, figures")

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.core.verdict import Measurement, Property
@@ -63,6 +64,31 @@ class FuzzReport:
     failures: list[PropertyResult] = field(default_factory=list)
     unsupported: list[PropertyResult] = field(default_factory=list)
     first_failure_case: int | None = None  # campaign-wide case number of the first failing case
+    compile_seconds: float = 0.0  # shape classes compiled up front (before the campaign's own time)
+    shape_classes: int | None = None  # size of the shape pool (None: shapes drawn freely)
+    workers: int = 1
+    worker_errors: list[str] = field(default_factory=list)  # workers that ended without a report
+
+    @property
+    def seconds(self) -> float:
+        """Wall-clock time of the whole campaign, compilation included."""
+        return self.elapsed + self.compile_seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: counts, time, the worst ratio and each failure's minimal example."""
+        return dict(
+            cases=self.cases,
+            rounds=self.rounds,
+            seconds=round(self.seconds, 1),
+            compile_seconds=round(self.compile_seconds, 1),
+            budget=self.budget,
+            workers=self.workers,
+            shape_classes=self.shape_classes,
+            worst=None if self.worst is None else dict(property=self.worst[0], ratio=self.worst[1].ratio),
+            failures=[r.as_dict() for r in self.failures],
+            unsupported=[r.name for r in self.unsupported],
+            worker_errors=self.worker_errors,
+        )
 
     def status_line(self, now_running: str) -> str:
         w = self.worst
@@ -139,3 +165,22 @@ def run_fuzz(
         report.rounds += 1
     report.elapsed = time.monotonic() - start
     return report
+
+
+def merge_reports(reports: list[FuzzReport]) -> FuzzReport:
+    """One report for campaigns run side by side (workers): cases add up, times are the longest."""
+    merged = FuzzReport(workers=len(reports))
+    for r in reports:
+        merged.cases += r.cases
+        merged.rounds = max(merged.rounds, r.rounds)
+        merged.elapsed = max(merged.elapsed, r.elapsed)
+        merged.budget = max(merged.budget, r.budget)
+        merged.compile_seconds = max(merged.compile_seconds, r.compile_seconds)
+        if r.shape_classes is not None:
+            merged.shape_classes = max(merged.shape_classes or 0, r.shape_classes)
+        if r.worst is not None and (merged.worst is None or r.worst[1].ratio > merged.worst[1].ratio):
+            merged.worst = r.worst
+        merged.failures += r.failures
+        merged.unsupported += [u for u in r.unsupported if u.name not in {x.name for x in merged.unsupported}]
+        merged.worker_errors += r.worker_errors
+    return merged
