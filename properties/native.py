@@ -58,6 +58,12 @@ GROWTH_BOUND = 0.75
 GROWTH_LENGTHS = tuple(2**n for n in range(6, 17))  # 64 .. 65536, capped by --max-tokens
 
 
+# Kernel options (in-kernel gates, state_v_first, output_final_state=False) compile one more variant of
+# every shape class they meet (a Triton constexpr each): with a shape pool they meet only its first
+# classes (batched with a state; varlen with l2norm), not all of them.
+OPTION_CLASSES = 2
+
+
 def _no_params(problem_strategy: st.SearchStrategy) -> st.SearchStrategy:
     return problem_strategy.map(lambda p: (p, {}))
 
@@ -390,7 +396,9 @@ def check_output_contract(impl: Implementation, problem: Problem, params: dict) 
 
 @st.composite
 def strategy_contract(draw, limits: Limits):
-    problem = draw(gs.problems(limits, max_len=70, state_layouts=True))
+    problem = draw(
+        gs.problems(limits, max_len=70, state_layouts=True, classes=gs.pool_classes(limits, first=OPTION_CLASSES))
+    )
     return problem.replace(output_final_state=draw(st.booleans())), {}
 
 
@@ -420,7 +428,7 @@ def raw_gate_inputs(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
 
 @st.composite
 def strategy_in_kernel_gate(draw, limits: Limits):
-    problem = draw(gs.problems(limits, gate_regimes=("none",)))
+    problem = draw(gs.problems(limits, gate_regimes=("none",), classes=gs.pool_classes(limits, first=OPTION_CLASSES)))
     HV = problem.v.shape[2]
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     # Like Qwen3-Next's initialisation: A = exp(A_log) in [1, 16], dt_bias = softplus^-1(dt), dt in [1e-3, 0.1].
@@ -460,7 +468,7 @@ def check_in_kernel_options(impl: Implementation, problem: Problem, params: dict
 # 13. in_kernel_beta_sigmoid -------------------------------------------------------------------
 @st.composite
 def strategy_beta_sigmoid(draw, limits: Limits):
-    problem = draw(gs.problems(limits))
+    problem = draw(gs.problems(limits, classes=gs.pool_classes(limits, first=OPTION_CLASSES)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     logits = raw_gate_inputs(rng, problem.beta.shape).astype(problem.dtype)
     return problem.replace(beta=logits), {"beta_logits": True, "allow_neg_eigval": draw(st.booleans())}
@@ -491,7 +499,8 @@ def check_state_layout(impl: Implementation, problem: Problem, params: dict) -> 
 
 @st.composite
 def strategy_state_layout(draw, limits: Limits):
-    problem = draw(gs.problems(limits, state_layouts=False, classes=gs.pool_classes(limits, initial_state=True)))
+    classes = gs.pool_classes(limits, initial_state=True, first=2 * OPTION_CLASSES)
+    problem = draw(gs.problems(limits, state_layouts=False, classes=classes))
     s = problem.shape
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     state = rng.standard_normal((s["N"], s["HV"], s["K"], s["V"])).astype(np.float32)

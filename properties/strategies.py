@@ -140,17 +140,20 @@ def pool_classes(
     gva: bool = False,
     twins: Sequence[Callable[[ShapeClass], ShapeClass]] = (),
     smallest: bool = False,
+    first: int | None = None,
 ) -> tuple[ShapeClass, ...] | None:
     """The classes of ``limits.shape_classes`` a strategy may draw (None: no pool, draw freely).
 
     ``varlen``, ``initial_state``, ``gva`` (HV > H) must hold; classes whose ``twins`` (the derived
     calls the property makes) are in the pool are preferred, and with ``smallest`` those of the
-    smallest head sizes (cheap oracles for long problems). When no class of the pool qualifies,
+    smallest head sizes (cheap oracles for long problems). ``first``: only the pool's first classes
+    (for options that compile one more variant of every class they meet). When no class qualifies,
     the first is adapted: a class outside the pool, compiled when first met.
     """
     pool = limits.shape_classes
     if not pool:
         return None
+    pool = pool[:first] if first else pool
 
     def fits(c: ShapeClass) -> bool:
         return (

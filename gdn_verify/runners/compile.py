@@ -118,6 +118,9 @@ def plan_shapes(
     for c in candidates:
         if c in pool:
             continue
+        if key(c) in seen:  # compiled already under the implementation's own key: free
+            pool.append(c)
+            continue
         elapsed = time.perf_counter() - start
         estimate = sum(costs) / len(costs) if costs else 0.0
         if len(pool) >= MIN_CLASSES and elapsed + estimate > budget:
@@ -125,14 +128,13 @@ def plan_shapes(
         if progress is not None:
             more = int((budget - elapsed) // estimate) if estimate > 0 else len(candidates)
             progress(len(pool), min(len(candidates), len(pool) + max(more, MIN_CLASSES - len(pool), 1)), elapsed)
-        if key(c) not in seen:
-            try:
-                costs.append(_warm(impl, c))
-            except NotImplementedError:
-                continue
-            except Exception:  # noqa: BLE001 - kept in the pool: the properties report it
-                pass
-            seen.add(key(c))
+        try:
+            costs.append(_warm(impl, c))
+        except NotImplementedError:
+            continue
+        except Exception:  # noqa: BLE001 - kept in the pool: the properties report it
+            pass
+        seen.add(key(c))
         pool.append(c)
     plan.classes = tuple(pool)
     plan.compile_seconds = time.perf_counter() - start
