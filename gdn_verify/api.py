@@ -310,7 +310,7 @@ def fuzz(
         props,
         max(seconds - shapes.compile_seconds, 0.1 * seconds),  # compilation is part of the budget
         seed=seed,
-        database=Path(database),
+        database=database if str(database).startswith("redis://") else Path(database),
         cases_dir=Path(cases_dir),
         progress=progress,
         on_result=on_result,

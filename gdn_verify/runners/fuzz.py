@@ -114,13 +114,18 @@ def _counting(prop: Property, report: FuzzReport) -> Property:
     return Property(prop.name, prop.summary, prop.strategy, check, prop.max_examples, prop.unsupported_by, prop.form)
 
 
+def _database(database: Path | str, slug: str, prop: str) -> str:
+    """A directory per implementation and property; a Redis database keys its entries itself."""
+    return str(database) if str(database).startswith("redis://") else str(Path(database) / slug / prop)
+
+
 def run_fuzz(
     impl: Implementation,
     properties: list[Property],
     seconds: float,
     *,
     seed: int | None = None,
-    database: Path = DATABASE_DIR,
+    database: Path | str = DATABASE_DIR,
     cases_dir: Path = CASES_DIR,
     progress: Callable[[FuzzReport, str], None] | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
@@ -153,7 +158,7 @@ def run_fuzz(
             # by the test function's source, which run_property shares across properties.
             round_seed = None if seed is None else seed + 7919 * report.rounds + names.index(prop.name)
             run = RunSettings(
-                max_examples=n, seed=round_seed, database=str(database / slug / prop.name), cases_dir=cases_dir
+                max_examples=n, seed=round_seed, database=_database(database, slug, prop.name), cases_dir=cases_dir
             )
             result = run_property(prop, impl, run, progress=on_example)
             per_example[prop.name] = result.seconds / max(result.examples, 1)
