@@ -173,7 +173,7 @@ def caught_with_compile_cost(bug: str, seconds: float, cases_dir: Path, budget: 
     """The first property (selftest order) that fails the bug wrapped as a JIT library, or None."""
     impl = jit_like.compiled_implementation(planted.implementation(bug), seconds=seconds)
     limits, plan = api.plan_limits(impl, Limits(dtype="float32", max_tokens=2048), budget)
-    assert plan.expensive
+    assert plan.expensive or not impl.native_forms  # a speculative-decoding form alone is not probed
     for prop in api.select(catalogue(limits), None, impl):
         result = run_property(prop, impl, RunSettings(seed=1, cases_dir=cases_dir))
         if result.status == "failed":
@@ -190,7 +190,10 @@ def test_planted_bugs_are_caught_through_the_pool(bug, tmp_path):
 def test_every_planted_bug_is_caught_through_the_pool(tmp_path):
     start, missed = time.monotonic(), []
     for bug in planted.BUGS:
-        if caught_with_compile_cost(bug, jit_like.COMPILE_SECONDS, tmp_path) is None:
+        t = time.monotonic()
+        by = caught_with_compile_cost(bug, jit_like.COMPILE_SECONDS, tmp_path)
+        print(f"\n  {bug}: {'caught by ' + by if by else 'MISSED'} ({time.monotonic() - t:.0f}s)", flush=True)
+        if by is None:
             missed.append(bug)
     print(
         f"\n{len(planted.BUGS)} planted bugs at {jit_like.COMPILE_SECONDS} s per class: {time.monotonic() - start:.0f}s"
