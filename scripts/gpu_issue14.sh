@@ -28,7 +28,6 @@ t0=$(date +%s)
   python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)" 2>&1 | tail -n 1
 } > "$SUMMARY" 2>&1
 
-gdn() { python3 cli.py "$@"; }
 elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
 
 case "$PHASE" in
