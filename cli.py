@@ -11,6 +11,7 @@ written on Ctrl-C (status ``interrupted``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -121,6 +122,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             progress=progress,
             on_result=on_result,
             **({"cases_dir": args.cases} if args.cases else {}),
+            **_compile_options(args, display),
         )
     except KeyboardInterrupt:
         display.clear()
@@ -132,7 +134,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     if result.misuse is not None:
         return misuse_exit(result.misuse)
     print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
+    _print_compile(result.shapes, result.seconds)
     return 0 if result.passed else 1
+
+
+def _compile_options(args: argparse.Namespace, display: console.ProgressDisplay) -> dict:
+    """``compile_budget`` and the ``compiling N shape classes`` progress line (issue 14)."""
+    return dict(compile_budget=args.compile_budget, on_compile=console.compile_progress(display))
+
+
+def _print_compile(plan, seconds: float) -> None:
+    if plan is not None and plan.expensive:
+        took = f"compile {console.duration(plan.compile_seconds)} of {console.duration(seconds)}"
+        print(f"shapes: {plan.describe()}; {took}")
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
@@ -225,7 +239,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         else:
             display.print(f"  {r.name}: unsupported ({r.note})")
 
-    print(f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}")
+    workers = args.workers if args.workers == "auto" else int(args.workers)
+    print(
+        f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}"
+        + (f", {workers} workers" if workers != 1 else "")
+    )
     if args.seed is not None:
         print(f"fuzz: --seed {args.seed} makes the run reproducible but Hypothesis then ignores the example database")
     state["report"] = api.fuzz_runner.FuzzReport(budget=api.fuzz_runner.parse_budget(args.budget))
@@ -251,6 +269,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             on_result=on_result,
             on_round=on_round,
             **({"cases_dir": args.cases} if args.cases else {}),
+            **_compile_options(args, display),
+            workers=workers,
         )
     except KeyboardInterrupt:
         display.clear()
@@ -268,11 +288,28 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     print(
         f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
         f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures"
+        + (f"; compile {console.duration(report.compile_seconds)} of {console.duration(report.seconds)}")
+        + (f"; {report.workers} workers" if report.workers > 1 else "")
     )
     if top is not None:  # one line, however many warnings the kernel raised
         total = sum(r.warnings for r in warned)
         print(f"warnings: {total} in all; most in {top.name}: {top.warning}")
-    return 1 if report.failures else 0
+    for error in report.worker_errors:
+        print(f"  {error}", file=sys.stderr)
+    if args.campaigns:
+        _record_campaign(args, report, impl)
+    return 1 if report.failures or report.worker_errors else 0
+
+
+def _record_campaign(args: argparse.Namespace, report, impl) -> None:
+    """``--campaigns``: one row appended to campaigns.json."""
+    from gdn_verify.runners import campaigns, workers
+
+    gpus = min(report.workers, len(workers.visible_gpus()) or 1) if impl.array != "numpy" else 1
+    dtype = args.dtype or impl.default_dtype
+    row = campaigns.campaign_row(report, impl.name, dtype, campaigns.device_name(impl.array, gpus))
+    campaigns.append_campaign(args.campaigns, row)
+    print(f"campaign recorded in {args.campaigns}: {json.dumps(row)}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -376,6 +413,14 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write the results as JSON to this path (rewritten as results arrive)")
 
 
+def _compile_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile-budget",
+        help="time for compiling shape classes up front when a new class is expensive (JIT kernels such as "
+        "FLA's): 90s, 5m (default 5m); the pool of classes drawn from adapts to it",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-verify", description="Verify Gated DeltaNet (GDN) implementations.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -388,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-tokens", type=int, help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)"
     )
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
+    _compile_option(check)
     check.set_defaults(func=cmd_check)
 
     selftest = sub.add_parser("selftest", help="check the planted-bug implementations; all must be caught")
@@ -415,6 +461,14 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--budget", default="30m", help="time to spend: 90s, 30m, 1h (default 30m)")
     fz.add_argument("--database", default=".gdn_verify/hypothesis", help="example database directory")
     fz.add_argument("--max-tokens", type=int, default=2048, help="longest T for error_growth (default 2048)")
+    _compile_option(fz)
+    fz.add_argument(
+        "--workers",
+        default="1",
+        help="worker processes over disjoint shards of the properties: one per GPU (round robin over the visible "
+        "ones) or per CPU core for NumPy implementations; 'auto' = as many as GPUs (or cores); default 1",
+    )
+    fz.add_argument("--campaigns", help="append this campaign's row (impl, dtype, cases, ...) to this JSON list")
     fz.set_defaults(func=cmd_fuzz)
 
     rep = sub.add_parser("report", help="error and precision report: index.html, report.md, results.json, figures")

@@ -17,8 +17,11 @@ import datetime
 import json
 import math
 import os
+import pickle
 import random
 import tempfile
+import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +33,9 @@ from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.verdict import Property
 from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
+from gdn_verify.properties.strategies import pool_candidates
 from gdn_verify.runners import fuzz as fuzz_runner
+from gdn_verify.runners import workers as workers_runner
 from gdn_verify.runners.check import (
     CASES_DIR,
     NOT_PASSED,
@@ -42,7 +47,8 @@ from gdn_verify.runners.check import (
     run_check,
 )
 from gdn_verify.runners.check import replay as replay_case
-from gdn_verify.runners.guard import DEFAULT_TIMEOUT
+from gdn_verify.runners.compile import CompileProgress, ShapePlan, plan_shapes
+from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard
 from gdn_verify.runners.selftest import Planted, run_selftest
 
 SCHEMA_VERSION = "1.0"
@@ -208,6 +214,8 @@ class CheckResult:
     results: list[PropertyResult] = field(default_factory=list)
     convention: str = "native"
     timeout: float | None = DEFAULT_TIMEOUT
+    shapes: ShapePlan | None = None  # compile-aware shape planning (None: not planned)
+    seconds: float = 0.0  # the whole check, compilation included
 
     @property
     def passed(self) -> bool:
@@ -265,6 +273,7 @@ class CheckResult:
             timeout=self.timeout,
             totals=self.counts(),
             results=_rows(self.results, self.impl, self.convention),
+            **_plan_dict(self.shapes, self.seconds),
         )
 
 
@@ -284,6 +293,8 @@ def check(
     timeout: float | None = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
+    compile_budget: str | float | None = None,
+    on_compile: CompileProgress | None = None,
 ) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
 
@@ -299,11 +310,16 @@ def check(
     compilation; None or 0: no limit; see ``gdn_verify.runners.guard``).
     A callable whose signature cannot take the arguments raises :class:`ConfigurationError`
     before anything runs.
+    ``compile_budget``: seconds (or ``"5m"``) for compiling shape classes up front when a new
+    class is expensive (JIT-compiled kernels), ``on_compile(done, planned, seconds)`` its progress.
     """
+    start = time.perf_counter()
     impl = implementation(impl, array, convention)
     impl.check_signatures()
     dtype = _dtype(dtype, impl)
-    limits = _limits(impl, dtype, dims, max_tokens)
+    limits, shapes = plan_limits(
+        impl, _limits(impl, dtype, dims, max_tokens), compile_budget, on_compile, _timeout(timeout)
+    )
     props = select(catalogue(limits), properties, impl)
     seed = seed if seed is not None else random.randrange(2**31)
     run = RunSettings(
@@ -313,8 +329,9 @@ def check(
         cases_dir=Path(cases_dir),
         timeout=_timeout(timeout),
     )
-    result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout)
+    result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout, shapes=shapes)
     result.results = run_check(impl, props, run, progress, on_result)
+    result.seconds = time.perf_counter() - start
     return result
 
 
@@ -372,35 +389,69 @@ def fuzz(
     progress: Callable[[fuzz_runner.FuzzReport, str], None] | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
     on_round: Callable[[fuzz_runner.FuzzReport], None] | None = None,
+    compile_budget: str | float | None = None,
+    on_compile: CompileProgress | None = None,
+    workers: int | str = 1,
 ) -> fuzz_runner.FuzzReport:
     """A time-budgeted campaign (``budget``: seconds or ``"90s"``, ``"30m"``, ``"1h"``).
 
     On GPU arrays ``matches_reference`` and ``gate_extremes`` draw large problems checked against
     the float64 GPU oracle when it can run here. ``timeout`` as in :func:`check`; ``on_round``
-    sees the report after each property run (to save partial results).
+    sees the report after each property run (to save partial results). ``compile_budget`` as for
+    :func:`check` (its time counts against ``budget``). ``workers``: processes over disjoint shards
+    of the properties, one GPU each (round robin over the visible ones) or one per CPU core for
+    NumPy implementations (``"auto"``: as many as GPUs, or cores), sharing ``database``; their
+    reports are merged.
     """
     seconds = fuzz_runner.parse_budget(budget)
     timeout = _timeout(timeout)
-    impl = implementation(impl, array, convention)
-    impl.check_signatures()
-    dtype = _dtype(dtype, impl)
-    limits = _limits(impl, dtype, dims, max_tokens)
-    oracle_name, oracle = implementations.choose_oracle(impl.array)
-    large = LARGE_GPU if impl.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
+    impl_obj = implementation(impl, array, convention)
+    impl_obj.check_signatures()
+    dtype = _dtype(dtype, impl_obj)
+    limits = _limits(impl_obj, dtype, dims, max_tokens)
+    n = _workers(workers, impl_obj)
+    if n > 1:
+        names = [p.name for p in select(catalogue(limits), properties, impl_obj)]
+        common = dict(
+            impl=_portable(impl),
+            budget=seconds,
+            array=array,
+            dtype=dtype,
+            dims=dims,
+            max_tokens=max_tokens,
+            database=str(database),
+            cases_dir=str(cases_dir),
+            convention=convention,
+            compile_budget=compile_budget,
+            timeout=timeout,
+        )
+        shards = [
+            dict(common, properties=part, seed=None if seed is None else seed + 1_000_003 * i)
+            for i, part in enumerate(workers_runner.shard(names, n))
+        ]
+        envs = workers_runner.worker_environments(n, gpu=impl_obj.array != "numpy")
+        return workers_runner.run_sharded(fuzz, shards, envs, progress, on_result)
+    limits, shapes = plan_limits(impl_obj, limits, compile_budget, on_compile, timeout)
+    oracle_name, oracle = implementations.choose_oracle(impl_obj.array)
+    large = LARGE_GPU if impl_obj.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
     large = large.replace(dtype=dtype, head_dims=limits.head_dims if dims is not None else large.head_dims)
-    props = select(catalogue(limits, large, oracle), properties, impl)
-    return fuzz_runner.run_fuzz(
-        impl,
+    large = large.replace(shape_classes=limits.shape_classes)
+    props = select(catalogue(limits, large, oracle), properties, impl_obj)
+    report = fuzz_runner.run_fuzz(
+        impl_obj,
         props,
-        seconds,
+        max(seconds - shapes.compile_seconds, 0.1 * seconds),  # compilation is part of the budget
         seed=seed,
-        database=Path(database),
+        database=database if str(database).startswith("redis://") else Path(database),
         cases_dir=Path(cases_dir),
         progress=progress,
         on_result=on_result,
         on_round=on_round,
         timeout=timeout,
     )
+    report.compile_seconds = shapes.compile_seconds
+    report.shape_classes = None if shapes.classes is None else len(shapes.classes)
+    return report
 
 
 def fuzz_document(
@@ -436,6 +487,10 @@ def fuzz_document(
             rounds=report.rounds,
             first_failure_case=report.first_failure_case,
             worst=worst,
+            compile_seconds=round(report.compile_seconds, 2),
+            shape_classes=report.shape_classes,
+            workers=report.workers,
+            worker_errors=report.worker_errors,
         ),
     )
 
@@ -479,6 +534,31 @@ def selftest_document(
     )
 
 
+def _workers(workers: int | str, impl: Implementation) -> int:
+    if workers == "auto":
+        return workers_runner.default_workers(gpu=impl.array != "numpy")
+    try:
+        n = int(workers)
+    except (TypeError, ValueError):
+        raise ConfigurationError("workers", f"{workers!r}: expected a number of processes or 'auto'") from None
+    if n < 1:
+        raise ConfigurationError("workers", f"{workers!r}: must be at least 1")
+    return n
+
+
+def _portable(impl: ImplLike) -> ImplLike:
+    """``impl`` in a form a worker process can rebuild (a name, or a picklable callable)."""
+    if isinstance(impl, str):
+        return impl
+    try:
+        pickle.dumps(impl)
+    except Exception:  # noqa: BLE001 - any pickling failure means the same thing
+        raise ConfigurationError(
+            "workers", "worker processes need the implementation by name (built-in or MODULE:FUNCTION)"
+        ) from None
+    return impl
+
+
 def selftest(
     *,
     dtype: str = "float32",
@@ -493,3 +573,53 @@ def selftest(
     props = list(catalogue(Limits(dtype=dtype)).values())
     run = RunSettings(max_examples=_max_examples(max_examples), seed=seed, timeout=_timeout(timeout))
     return run_selftest(props, run, on_bug)
+
+
+# Compile-aware shape planning (issue 14) ----------------------------------------------------
+# FLA's chunked kernel costs 25-45 s per new shape class on an H100 with a cold Triton cache.
+# 5 minutes of compilation is 10-12 bfloat16 classes (25-30 s) or 6-7 float32 ones (45 s), and
+# leaves 5 of the 10 minutes a cold `check` may take for running the properties (warm: 3).
+DEFAULT_COMPILE_BUDGET = 300.0
+
+
+def plan_limits(
+    impl: Implementation,
+    limits: Limits,
+    compile_budget: str | float | None = None,
+    on_compile: CompileProgress | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> tuple[Limits, ShapePlan]:
+    """``limits`` with a shape pool when a new shape class of ``impl`` is expensive (see ``runners.compile``).
+
+    The probe's calls are guarded by ``timeout`` like the properties' (a hung kernel must not hang
+    the planning); a call that times out keeps its class in the pool, for the properties to report.
+    """
+    budget = DEFAULT_COMPILE_BUDGET if compile_budget is None else _compile_budget(compile_budget)
+    guard = Guard(timeout)
+    try:
+        with warnings.catch_warnings():  # the kernel's warnings are counted by the properties, not streamed here
+            warnings.simplefilter("ignore")
+            plan = plan_shapes(guard.guarded(impl), pool_candidates(limits), budget, on_compile)
+    finally:
+        guard.close()
+    return (limits if plan.classes is None else limits.replace(shape_classes=plan.classes)), plan
+
+
+def _compile_budget(value: str | float) -> float:
+    try:
+        return fuzz_runner.parse_budget(value)
+    except ConfigurationError as exc:
+        raise ConfigurationError("compile_budget", exc.message) from None
+
+
+def _plan_dict(plan: ShapePlan | None, seconds: float) -> dict[str, Any]:
+    if plan is None:
+        return {}
+    return dict(
+        seconds=round(seconds, 1),
+        compile=dict(
+            seconds=round(plan.compile_seconds, 1),
+            new_class_seconds=plan.new_class_seconds,
+            shape_classes=None if plan.classes is None else [c.describe() for c in plan.classes],
+        ),
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -120,3 +121,19 @@ def format_failure(r: PropertyResult, replay: str | None) -> str:
     if replay:
         lines.append(f"  replay: {replay}")
     return "\n".join(lines)
+
+
+def duration(seconds: float) -> str:
+    """``"7 min 2 s"``, ``"41 s"``: a wall-clock time as a person reads it."""
+    s = int(round(seconds))
+    return f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
+
+
+def compile_progress(display: ProgressDisplay) -> Callable[[int, int, float], None]:
+    """The ``on_compile`` callback showing ``compiling 12 shape classes: 5/12 (41 s)`` on ``display``."""
+
+    def show(done: int, planned: int, seconds: float) -> None:
+        text = f"compiling {planned} shape classes: {done}/{planned} ({duration(seconds)})"
+        display.update(text, force=done in (0, planned))  # the first and the last always show
+
+    return show

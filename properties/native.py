@@ -58,6 +58,12 @@ GROWTH_BOUND = 0.75
 GROWTH_LENGTHS = tuple(2**n for n in range(6, 17))  # 64 .. 65536, capped by --max-tokens
 
 
+# Kernel options (in-kernel gates, state_v_first, output_final_state=False) compile one more variant of
+# every shape class they meet (a Triton constexpr each): with a shape pool they meet only its first
+# classes (batched with a state; varlen with l2norm), not all of them.
+OPTION_CLASSES = 2
+
+
 def _no_params(problem_strategy: st.SearchStrategy) -> st.SearchStrategy:
     return problem_strategy.map(lambda p: (p, {}))
 
@@ -104,7 +110,8 @@ def check_varlen_equals_separate(impl: Implementation, problem: Problem, params:
 
 
 def strategy_varlen(limits: Limits) -> st.SearchStrategy:
-    return _no_params(gs.problems(limits, varlen=True))
+    classes = gs.pool_classes(limits, varlen=True, twins=(gs.batched_twin,))
+    return _no_params(gs.problems(limits, varlen=True, classes=classes))
 
 
 # 3. no_cross_sequence_leak --------------------------------------------------------------------
@@ -207,7 +214,10 @@ def check_state_continuation(impl: Implementation, problem: Problem, params: dic
 
 @st.composite
 def strategy_continuation(draw, limits: Limits):
-    problem = draw(gs.problems(limits, varlen=False, max_len=max(200, limits.max_len), state_layouts=True))
+    classes = gs.pool_classes(limits, varlen=False, twins=(gs.state_twin,))
+    problem = draw(
+        gs.problems(limits, varlen=False, max_len=max(200, limits.max_len), state_layouts=True, classes=classes)
+    )
     C = draw(st.sampled_from(gs.CHUNK_SIZES))
     T = problem.q.shape[1]
     split = draw(st.one_of(st.sampled_from([C, C - 1, C + 1, 2 * C]), st.integers(0, max(T, 0))))
@@ -246,6 +256,10 @@ def check_head_mapping(impl: Implementation, problem: Problem, params: dict) -> 
 
 
 def strategy_head_mapping(limits: Limits) -> st.SearchStrategy:
+    classes = gs.pool_classes(limits, gva=True, twins=(gs.expanded_twin,))
+    if classes is not None:  # several q/k heads, so that a wrong mapping is visible
+        classes = tuple(c for c in classes if c.H > 1) or classes
+        return _no_params(gs.problems(limits, max_len=80, classes=classes))
     ratios = tuple(r for r in limits.head_ratios if r > 1) or (2,)
     heads = st.tuples(st.integers(min(2, limits.max_heads), limits.max_heads), st.sampled_from(ratios)).map(
         lambda t: (t[0], t[0] * t[1])
@@ -297,19 +311,28 @@ def check_error_growth(impl: Implementation, problem: Problem, params: dict) -> 
 def strategy_growth(draw, limits: Limits):
     lengths = tuple(T for T in GROWTH_LENGTHS if T <= limits.max_tokens) or (limits.max_tokens,)
     problem = draw(
-        gs.problems(limits, varlen=False, max_len=1, max_dim=32, heads=st.just((1, 2)), gate_regimes=("none", "mild"))
+        gs.problems(
+            limits,
+            varlen=False,
+            max_len=1,
+            max_dim=32,
+            heads=st.just((1, 2)),
+            gate_regimes=("none", "mild"),
+            classes=gs.pool_classes(limits, varlen=False, smallest=True),
+        )
     )
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    T, (K, V) = lengths[-1], (problem.q.shape[-1], problem.v.shape[-1])
-    k = rng.standard_normal((1, T, 1, K))
+    s = problem.shape
+    T, H, HV, K, V = lengths[-1], s["H"], s["HV"], s["K"], s["V"]
+    k = rng.standard_normal((1, T, H, K))
     k = k if problem.use_qk_l2norm_in_kernel else k / np.linalg.norm(k, axis=-1, keepdims=True)
     regime = draw(st.sampled_from(("none", "mild")))
     long = problem.replace(
-        q=rng.standard_normal((1, T, 1, K)),
+        q=rng.standard_normal((1, T, H, K)),
         k=k,
-        v=rng.standard_normal((1, T, 2, V)),
-        g=gs.gate_values(rng, (1, T, 2), regime),
-        beta=rng.uniform(0, 1, (1, T, 2)),
+        v=rng.standard_normal((1, T, HV, V)),
+        g=gs.gate_values(rng, (1, T, HV), regime),
+        beta=rng.uniform(0, 1, (1, T, HV)),
         initial_state=None if problem.initial_state is None else problem.initial_state[:1],
         cu_seqlens=None,
         notes=dict(gate_regime=regime),
@@ -375,7 +398,9 @@ def check_output_contract(impl: Implementation, problem: Problem, params: dict) 
 
 @st.composite
 def strategy_contract(draw, limits: Limits):
-    problem = draw(gs.problems(limits, max_len=70, state_layouts=True))
+    problem = draw(
+        gs.problems(limits, max_len=70, state_layouts=True, classes=gs.pool_classes(limits, first=OPTION_CLASSES))
+    )
     return problem.replace(output_final_state=draw(st.booleans())), {}
 
 
@@ -405,7 +430,7 @@ def raw_gate_inputs(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
 
 @st.composite
 def strategy_in_kernel_gate(draw, limits: Limits):
-    problem = draw(gs.problems(limits, gate_regimes=("none",)))
+    problem = draw(gs.problems(limits, gate_regimes=("none",), classes=gs.pool_classes(limits, first=OPTION_CLASSES)))
     HV = problem.v.shape[2]
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     # Like Qwen3-Next's initialisation: A = exp(A_log) in [1, 16], dt_bias = softplus^-1(dt), dt in [1e-3, 0.1].
@@ -435,7 +460,7 @@ def check_in_kernel_options(impl: Implementation, problem: Problem, params: dict
 # 13. in_kernel_beta_sigmoid -------------------------------------------------------------------
 @st.composite
 def strategy_beta_sigmoid(draw, limits: Limits):
-    problem = draw(gs.problems(limits))
+    problem = draw(gs.problems(limits, classes=gs.pool_classes(limits, first=OPTION_CLASSES)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     logits = raw_gate_inputs(rng, problem.beta.shape).astype(problem.dtype)
     return problem.replace(beta=logits), {"beta_logits": True, "allow_neg_eigval": draw(st.booleans())}
@@ -466,7 +491,8 @@ def check_state_layout(impl: Implementation, problem: Problem, params: dict) -> 
 
 @st.composite
 def strategy_state_layout(draw, limits: Limits):
-    problem = draw(gs.problems(limits, state_layouts=False))
+    classes = gs.pool_classes(limits, initial_state=True, first=2 * OPTION_CLASSES)
+    problem = draw(gs.problems(limits, state_layouts=False, classes=classes))
     s = problem.shape
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     state = rng.standard_normal((s["N"], s["HV"], s["K"], s["V"])).astype(np.float32)

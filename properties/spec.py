@@ -59,8 +59,13 @@ def kfirst(pool: np.ndarray, rules: SpecRules) -> np.ndarray:
 def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str = "slots", max_columns: int = 4):
     """``(problem, params)`` in the convention of ``rules``; distinct slots (but for ``duplicate``), spares included."""
     dtype = limits.dtype
-    H, HV = draw(gs.head_counts(limits.replace(max_heads=min(2, limits.max_heads))))
-    K, V = draw(gs.head_dims(limits, max_dim=32))
+    pool = gs.pool_classes(limits, smallest=True)
+    if pool:  # the pool's head counts, sizes, dtype and l2norm (the layout is always varlen with a state)
+        c = draw(st.sampled_from(pool))
+        H, HV, K, V, dtype = c.H, c.HV, c.K, c.V, c.dtype
+    else:
+        H, HV = draw(gs.head_counts(limits.replace(max_heads=min(2, limits.max_heads))))
+        K, V = draw(gs.head_dims(limits, max_dim=32))
     low = max(1, rules.min_tokens)
     C = draw(st.integers(max(low, 2 if mode in ("duplicate", "chain") else 1), max(max_columns, low)))
     N = draw(st.integers(3 if mode == "bounds" else (2 if mode == "duplicate" else 1), 4))
@@ -112,7 +117,7 @@ def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str =
     if mode == "chain":
         params["accepted_after"] = [draw(st.integers(1, lengths[n])) for n in range(N)]
     regime = draw(st.sampled_from(("none", "mild", "moderate", "mixed")))
-    l2norm = draw(st.booleans())
+    l2norm = c.l2norm if pool else draw(st.booleans())
     scale = draw(st.one_of(st.none(), st.just(0.5)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     T = int(sum(lengths)) + tail

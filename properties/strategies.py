@@ -8,6 +8,7 @@ integer, which keeps large arrays cheap. Problems are well posed: keys are unit-
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.core.shapes import ShapeClass
 
 CHUNK_SIZES = (16, 32, 64)
 AWKWARD_DIMS = (1, 3, 60, 100, 128)
@@ -28,7 +30,10 @@ class Limits:
 
     ``dtype`` the input dtype (None: draw one of float64/32/16 and bfloat16); ``head_dims`` the
     sizes K and V are drawn from (restrict it for kernels built, or compiled, per size);
-    ``max_tokens`` the longest T of ``error_growth``.
+    ``max_tokens`` the longest T of ``error_growth``; ``shape_classes`` (None: any shape) the
+    pool of :class:`ShapeClass` every strategy draws head counts, head sizes, dtype and the
+    varlen / initial state / l2norm flags from, for kernels that compile per class (see
+    :func:`pool_candidates`); everything else still varies per example.
     """
 
     dtype: str | None = None
@@ -39,6 +44,7 @@ class Limits:
     head_ratios: tuple[int, ...] = (1, 2, 4)
     head_dims: tuple[int, ...] = SMALL_DIMS + AWKWARD_DIMS
     max_tokens: int = 2048
+    shape_classes: tuple[ShapeClass, ...] | None = None
 
     def replace(self, **changes: Any) -> Limits:
         return replace(self, **changes)
@@ -48,6 +54,125 @@ class Limits:
 # NumPy oracle computes in about a second, on a GPU what the float64 GPU recurrence can check.
 LARGE_CPU = Limits(max_len=512, max_sequences=8, head_dims=(1, 3, 16, 32, 60, 64))
 LARGE_GPU = Limits(max_len=65536, max_sequences=4, head_ratios=(1, 2, 4, 8), head_dims=(64, 100, 128))
+
+
+# Shape pools --------------------------------------------------------------------------------
+# Properties call the implementation on problems derived from the drawn one; these are the
+# derived classes, so that a property draws only classes whose derivatives are compiled too.
+def batched_twin(c: ShapeClass) -> ShapeClass:
+    """``varlen_equals_separate`` calls each sequence of a varlen pack alone (batched, B = 1)."""
+    return c.replace(varlen=False)
+
+
+def state_twin(c: ShapeClass) -> ShapeClass:
+    """``state_continuation`` starts its second call from the first call's final state."""
+    return c.replace(initial_state=True)
+
+
+def expanded_twin(c: ShapeClass) -> ShapeClass:
+    """``head_mapping`` compares a GVA call with q/k repeated to ``H == HV``."""
+    return c.replace(H=c.HV)
+
+
+# Flag combinations (varlen, initial_state, l2norm) in the order a pool takes them: the first two
+# already cover varlen and batched, with and without a state and l2norm; each varlen entry comes
+# after (or with) its batched twin, and each stateless batched one before its state twin.
+FLAG_ORDER = (
+    (False, True, False),
+    (True, False, True),
+    (False, False, True),
+    (True, True, False),
+    (False, True, True),
+    (True, False, False),
+    (False, False, False),
+    (True, True, True),
+)
+
+
+def _pick(dims: tuple[int, ...], preferred: Sequence[int], keep: Callable[[int], bool] = lambda d: True) -> int | None:
+    for d in preferred:
+        if d in dims and keep(d):
+            return d
+    rest = [d for d in dims if keep(d)]
+    return max(rest) if rest else None
+
+
+def pool_candidates(limits: Limits) -> tuple[ShapeClass, ...]:
+    """Shape classes for a kernel that compiles per class, most informative first, within ``head_dims``.
+
+    Three geometries: ``g1 = (H=2, HV=4, K=128, V=100)`` (GVA, K != V, a size that is not a
+    multiple of 16), its expansion ``e1 = (4, 4, 128, 100)`` (``head_mapping``'s second call, and
+    plain MHA), and ``g2 = (1, 2, 60, 32)`` (an awkward K, a small V, one q/k head), each with the
+    flag combinations of ``FLAG_ORDER`` (e1 with the first two only): 18 classes. Any prefix of 4
+    or more covers GVA, K != V, an awkward size, varlen and batched, with and without an initial
+    state and l2norm (as far as ``head_dims`` allows); 12 add every flag combination of g1 and two
+    of g2. Sizes come from ``head_dims``:
+    128 (else the largest), 100 or 60 (else the largest size not a multiple of 16).
+    """
+    dims = tuple(sorted(set(limits.head_dims)))
+    dtype = limits.dtype or "float32"
+    big = _pick(dims, (128,)) or max(dims)
+    awkward = _pick(dims, (100, 60), lambda d: d % 16 != 0)
+    v1 = awkward if awkward is not None and awkward != big else _pick(dims, (64, 100, 60, 32), lambda d: d != big)
+    v1 = v1 if v1 is not None else big
+    k2 = _pick(dims, (60, 100), lambda d: d % 16 != 0 and d != v1) or _pick(dims, (64, 32), lambda d: d != big) or big
+    v2 = _pick(dims, (32, 16, 64), lambda d: d != k2) or k2
+    ratio = 2 if 2 in limits.head_ratios else max(limits.head_ratios)
+    H1 = min(2, limits.max_heads)
+    g1, g2 = (H1, H1 * ratio, big, v1), (1, ratio, k2, v2)
+    e1 = (g1[1], g1[1], big, v1)
+
+    def cls(geometry: tuple[int, int, int, int], flags: tuple[bool, bool, bool]) -> ShapeClass:
+        return ShapeClass(*geometry, dtype, *flags)
+
+    order = [cls(g1, FLAG_ORDER[0]), cls(g1, FLAG_ORDER[1]), cls(g1, FLAG_ORDER[2]), cls(e1, FLAG_ORDER[0])]
+    order += [cls(g2, FLAG_ORDER[0]), cls(g2, FLAG_ORDER[1])]
+    order += [cls(g1, f) for f in FLAG_ORDER[3:]] + [cls(e1, FLAG_ORDER[1])]
+    order += [cls(g2, f) for f in FLAG_ORDER[2:]]  # e1 only as the twin of g1's first two: fewer large classes
+    return tuple(dict.fromkeys(order))  # geometries coincide when head_dims holds one or two sizes
+
+
+def pool_classes(
+    limits: Limits,
+    *,
+    varlen: bool | None = None,
+    initial_state: bool | None = None,
+    gva: bool = False,
+    twins: Sequence[Callable[[ShapeClass], ShapeClass]] = (),
+    smallest: bool = False,
+    first: int | None = None,
+) -> tuple[ShapeClass, ...] | None:
+    """The classes of ``limits.shape_classes`` a strategy may draw (None: no pool, draw freely).
+
+    ``varlen``, ``initial_state``, ``gva`` (HV > H) must hold; classes whose ``twins`` (the derived
+    calls the property makes) are in the pool are preferred, and with ``smallest`` those of the
+    smallest head sizes (cheap oracles for long problems). ``first``: only the pool's first classes
+    (for options that compile one more variant of every class they meet). When no class qualifies,
+    the first is adapted: a class outside the pool, compiled when first met.
+    """
+    pool = limits.shape_classes
+    if not pool:
+        return None
+    pool = pool[:first] if first else pool
+
+    def fits(c: ShapeClass) -> bool:
+        return (
+            (varlen is None or c.varlen == varlen)
+            and (initial_state is None or c.initial_state == initial_state)
+            and (not gva or c.HV > c.H)
+        )
+
+    eligible = [c for c in pool if fits(c)]
+    if not eligible:
+        c = pool[0]
+        c = c.replace(varlen=c.varlen if varlen is None else varlen)
+        c = c.replace(initial_state=c.initial_state if initial_state is None else initial_state)
+        eligible = [c.replace(HV=2 * c.H) if gva and c.HV <= c.H else c]
+    eligible = [c for c in eligible if all(t(c) in pool for t in twins)] or eligible
+    if smallest:
+        size = min(max(c.K, c.V) for c in eligible)
+        eligible = [c for c in eligible if max(c.K, c.V) == size]
+    return tuple(eligible)
 
 
 def head_counts(limits: Limits) -> st.SearchStrategy[tuple[int, int]]:
@@ -85,11 +210,20 @@ def varlen_lengths(max_sequences: int = 6, max_len: int = 130, min_sequences: in
 
 
 @st.composite
-def layouts(draw, max_batch: int = 3, max_sequences: int = 6, max_len: int = 130, varlen: bool | None = None):
-    """``(B, T, cu_seqlens | None)``: batched ``B > 1`` or a varlen pack with ``B == 1``."""
+def layouts(
+    draw,
+    max_batch: int = 3,
+    max_sequences: int = 6,
+    max_len: int = 130,
+    varlen: bool | None = None,
+    min_sequences: int | None = None,
+):
+    """``(B, T, cu_seqlens | None)``: batched ``B > 1`` or a varlen pack with ``B == 1``
+    (at least ``min_sequences`` sequences: by default 2 when ``varlen`` is asked for, else 1)."""
     use_varlen = draw(st.booleans()) if varlen is None else varlen
     if use_varlen:
-        lengths = draw(varlen_lengths(max_sequences, max_len, min_sequences=2 if varlen else 1))
+        least = min_sequences if min_sequences is not None else (2 if varlen else 1)
+        lengths = draw(varlen_lengths(max_sequences, max_len, min_sequences=least))
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         return 1, int(cu[-1]), cu
     return draw(st.integers(1, max_batch)), draw(sequence_length(draw(st.sampled_from(CHUNK_SIZES)), max_len)), None
@@ -144,25 +278,41 @@ def problems(
     heads: st.SearchStrategy | None = None,
     gate_regimes=GATE_REGIMES,
     state_layouts: bool = False,
+    classes: Sequence[ShapeClass] | None = None,
 ) -> Problem:
-    """A well-posed GDN problem within ``limits`` (``max_len`` and ``max_dim`` tighten them)."""
-    dtype = limits.dtype
-    H, HV = draw(heads if heads is not None else head_counts(limits))
-    K, V = draw(head_dims(limits, max_dim))
-    B, T, cu = draw(
-        layouts(
-            max_batch=limits.max_batch,
-            max_sequences=limits.max_sequences,
-            max_len=limits.max_len if max_len is None else max_len,
-            varlen=varlen,
-        )
+    """A well-posed GDN problem within ``limits`` (``max_len`` and ``max_dim`` tighten them).
+
+    With a shape pool (``limits.shape_classes``) the class comes from ``classes`` (default: the
+    pool's classes of the requested ``varlen``; ``heads`` and ``max_dim`` then do not apply):
+    it fixes the head counts and sizes, dtype, layout kind, whether there is an initial state and
+    l2norm, and everything else varies as without a pool.
+    """
+    if classes is None:
+        classes = pool_classes(limits, varlen=varlen)
+    layout_kw = dict(
+        max_batch=limits.max_batch,
+        max_sequences=limits.max_sequences,
+        max_len=limits.max_len if max_len is None else max_len,
     )
-    regime = draw(st.sampled_from(gate_regimes))
-    l2norm = draw(st.booleans())
-    zero_rows = l2norm and draw(st.booleans())
-    state_kind = draw(st.sampled_from(("absent", "zero", "random", "large")))
-    scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
-    dtype_name = dtype if dtype is not None else draw(st.sampled_from(tuple(DTYPES)))
+    if classes:
+        c = draw(st.sampled_from(tuple(classes)))
+        H, HV, K, V, dtype_name = c.H, c.HV, c.K, c.V, c.dtype
+        B, T, cu = draw(layouts(**layout_kw, varlen=c.varlen, min_sequences=2 if varlen else 1))
+        regime = draw(st.sampled_from(gate_regimes))
+        l2norm = c.l2norm
+        zero_rows = l2norm and draw(st.booleans())
+        state_kind = draw(st.sampled_from(("zero", "random", "large"))) if c.initial_state else "absent"
+        scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
+    else:
+        H, HV = draw(heads if heads is not None else head_counts(limits))
+        K, V = draw(head_dims(limits, max_dim))
+        B, T, cu = draw(layouts(**layout_kw, varlen=varlen))
+        regime = draw(st.sampled_from(gate_regimes))
+        l2norm = draw(st.booleans())
+        zero_rows = l2norm and draw(st.booleans())
+        state_kind = draw(st.sampled_from(("absent", "zero", "random", "large")))
+        scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
+        dtype_name = limits.dtype if limits.dtype is not None else draw(st.sampled_from(tuple(DTYPES)))
     v_first = state_layouts and draw(st.booleans())
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
 
@@ -203,6 +353,8 @@ def problems(
 def long_problems(limits: Limits, gate_regimes=GATE_REGIMES) -> st.SearchStrategy[Problem]:
     """:func:`problems` reaching ``limits.max_len`` (fuzz campaigns), lengths biased to powers of two."""
     lengths = st.sampled_from(tuple(2**i for i in range(17) if 2**i <= limits.max_len))
+    if limits.shape_classes:
+        return lengths.flatmap(lambda T: problems(limits, max_len=T, gate_regimes=gate_regimes, state_layouts=True))
     return st.tuples(head_counts(limits), head_dims(limits), lengths).flatmap(
         lambda t: problems(
             limits, max_len=t[2], max_dim=max(t[1]), heads=st.just(t[0]), gate_regimes=gate_regimes, state_layouts=True

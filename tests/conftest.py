@@ -16,3 +16,16 @@ def cp():
     if count < 1:
         pytest.skip("no CUDA device visible")
     return cupy
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow (minutes each)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow (minutes): run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

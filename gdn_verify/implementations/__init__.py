@@ -179,6 +179,8 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
         impl = load_plugin(name, array or "numpy", convention)
     else:
         raise ConfigurationError("impl", f"{name!r}: unknown; choose from {', '.join(names())} or MODULE:FUNCTION")
+    if name in BUILTIN or name.startswith("planted:"):
+        impl.extra.setdefault("compile_classes", False)  # NumPy: nothing compiles, no probe needed
     if not plugin and array is not None and array != impl.array:
         raise ConfigurationError("array", f"applies to MODULE:FUNCTION plug-ins; {name} takes {impl.array} arrays")
     if not plugin and convention != "native":

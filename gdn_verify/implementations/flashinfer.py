@@ -47,7 +47,7 @@ import numpy as np
 
 from gdn_verify.core.conventions import FLASHINFER_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, Implementation
-from gdn_verify.implementations.fla import cuda_library
+from gdn_verify.implementations.fla import cuda_library, jit_compiled
 
 RAW_LIMIT = 40.0
 
@@ -390,6 +390,7 @@ def flashinfer_prefill() -> Implementation:
         "torch",
         "FlashInfer chunk_gated_delta_rule (alpha gate, k-last state, packed tokens)",
         "bfloat16",
+        extra=jit_compiled(),
     )
 
 
@@ -401,6 +402,7 @@ def flashinfer_decode() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
+        extra=jit_compiled(),
     )
 
 

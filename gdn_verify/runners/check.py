@@ -116,9 +116,20 @@ class RunSettings:
 
     max_examples: int | None = None  # None: each property's default
     seed: int | None = None
-    database: str | None = None  # directory of Hypothesis's example database (None: no database)
+    database: str | None = None  # example database: a directory or redis://host:port/db (None: none)
     cases_dir: Path = field(default_factory=lambda: CASES_DIR)
     timeout: float | None = DEFAULT_TIMEOUT  # seconds per kernel call (see runners.guard); None: none
+
+
+def example_database(location: str) -> hypothesis.database.ExampleDatabase:
+    """Hypothesis's example database at ``location``: a directory, or ``redis://host:port/db`` (shared
+    by several hosts; Hypothesis's ``RedisExampleDatabase``, which needs the ``redis`` package)."""
+    if not location.startswith("redis://"):
+        return hypothesis.database.DirectoryBasedExampleDatabase(location)
+    import redis  # only for this: not a dependency of the toolkit
+    from hypothesis.extra.redis import RedisExampleDatabase
+
+    return RedisExampleDatabase(redis.Redis.from_url(location))
 
 
 def save_case(failure: Failure, prop: str, impl: Implementation, cases_dir: Path) -> Path:
@@ -229,7 +240,7 @@ def run_property(
     config = settings(
         max_examples=n,
         deadline=None,
-        database=None if run.database is None else hypothesis.database.DirectoryBasedExampleDatabase(run.database),
+        database=None if run.database is None else example_database(run.database),
         suppress_health_check=list(HealthCheck),
         verbosity=hypothesis.Verbosity.quiet,
         print_blob=False,

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.core.verdict import Measurement, Property
@@ -87,6 +88,32 @@ class FuzzReport:
             r.worst = old.worst
         self.properties[r.name] = r
 
+    compile_seconds: float = 0.0  # shape classes compiled up front (before the campaign's own time)
+    shape_classes: int | None = None  # size of the shape pool (None: shapes drawn freely)
+    workers: int = 1
+    worker_errors: list[str] = field(default_factory=list)  # workers that ended without a report
+
+    @property
+    def seconds(self) -> float:
+        """Wall-clock time of the whole campaign, compilation included."""
+        return self.elapsed + self.compile_seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: counts, time, the worst ratio and each failure's minimal example."""
+        return dict(
+            cases=self.cases,
+            rounds=self.rounds,
+            seconds=round(self.seconds, 1),
+            compile_seconds=round(self.compile_seconds, 1),
+            budget=self.budget,
+            workers=self.workers,
+            shape_classes=self.shape_classes,
+            worst=None if self.worst is None else dict(property=self.worst[0], ratio=self.worst[1].ratio),
+            failures=[r.as_dict() for r in self.failures],
+            unsupported=[r.name for r in self.unsupported],
+            worker_errors=self.worker_errors,
+        )
+
     def status_line(self, now_running: str) -> str:
         w = self.worst
         worst = f"worst {w[1].ratio:.2g} of bound ({w[0]})" if w is not None else "worst -"
@@ -111,13 +138,18 @@ def _counting(prop: Property, report: FuzzReport) -> Property:
     return Property(prop.name, prop.summary, prop.strategy, check, prop.max_examples, prop.unsupported_by, prop.form)
 
 
+def _database(database: Path | str, slug: str, prop: str) -> str:
+    """A directory per implementation and property; a Redis database keys its entries itself."""
+    return str(database) if str(database).startswith("redis://") else str(Path(database) / slug / prop)
+
+
 def run_fuzz(
     impl: Implementation,
     properties: list[Property],
     seconds: float,
     *,
     seed: int | None = None,
-    database: Path = DATABASE_DIR,
+    database: Path | str = DATABASE_DIR,
     cases_dir: Path = CASES_DIR,
     progress: Callable[[FuzzReport, str], None] | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
@@ -157,7 +189,7 @@ def run_fuzz(
                 run = RunSettings(
                     max_examples=n,
                     seed=round_seed,
-                    database=str(database / slug / prop.name),
+                    database=_database(database, slug, prop.name),
                     cases_dir=cases_dir,
                     timeout=guard.timeout,
                 )
@@ -179,3 +211,23 @@ def run_fuzz(
         guard.close()
     report.elapsed = time.monotonic() - start
     return report
+
+
+def merge_reports(reports: list[FuzzReport]) -> FuzzReport:
+    """One report for campaigns run side by side (workers): cases add up, times are the longest."""
+    merged = FuzzReport(workers=len(reports))
+    for r in reports:
+        merged.cases += r.cases
+        merged.rounds = max(merged.rounds, r.rounds)
+        merged.elapsed = max(merged.elapsed, r.elapsed)
+        merged.budget = max(merged.budget, r.budget)
+        merged.compile_seconds = max(merged.compile_seconds, r.compile_seconds)
+        if r.shape_classes is not None:
+            merged.shape_classes = max(merged.shape_classes or 0, r.shape_classes)
+        if r.worst is not None and (merged.worst is None or r.worst[1].ratio > merged.worst[1].ratio):
+            merged.worst = r.worst
+        merged.failures += r.failures
+        merged.unsupported += [u for u in r.unsupported if u.name not in {x.name for x in merged.unsupported}]
+        merged.worker_errors += r.worker_errors
+        merged.properties.update(r.properties)  # shards run disjoint properties
+    return merged

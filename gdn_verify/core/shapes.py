@@ -1,0 +1,81 @@
+"""Shape classes: what a JIT-compiled kernel specialises on, so a new one costs a compile.
+
+FLA's Triton kernels (and FlashInfer's CuTe DSL ones) compile one variant per head counts,
+head sizes, dtype and the flags that select code paths (varlen, initial state, l2norm); a new
+``T`` or batch size is free. A :class:`ShapeClass` names one such variant;
+:meth:`ShapeClass.of` tells which one a problem belongs to and :meth:`ShapeClass.example`
+builds a tiny problem of it (to compile it once, up front).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gdn_verify.core.problem import DTYPES, Problem, dtype_name
+
+
+@dataclass(frozen=True, order=True)
+class ShapeClass:
+    """``(H, HV, K, V, dtype, varlen, initial_state, l2norm)``: one compiled variant of a kernel."""
+
+    H: int
+    HV: int
+    K: int
+    V: int
+    dtype: str
+    varlen: bool = False
+    initial_state: bool = False
+    l2norm: bool = False
+
+    @classmethod
+    def of(cls, problem: Problem) -> ShapeClass:
+        """The class ``problem`` belongs to."""
+        s = problem.shape
+        return cls(
+            s["H"],
+            s["HV"],
+            s["K"],
+            s["V"],
+            dtype_name(problem.dtype),
+            problem.cu_seqlens is not None,
+            problem.initial_state is not None,
+            bool(problem.use_qk_l2norm_in_kernel),
+        )
+
+    def replace(self, **changes: Any) -> ShapeClass:
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        """``H=2 HV=4 K=128 V=100 bfloat16 varlen state l2norm`` (flags absent when off)."""
+        flags = [
+            "varlen" if self.varlen else "batched",
+            *(["state"] if self.initial_state else []),
+            *(["l2norm"] if self.l2norm else []),
+        ]
+        return f"H={self.H} HV={self.HV} K={self.K} V={self.V} {self.dtype} {' '.join(flags)}"
+
+    def example(self, seed: int = 0, tokens: int = 70) -> Problem:
+        """A tiny well-posed problem of this class (``tokens`` spans a 64-token chunk boundary)."""
+        rng = np.random.default_rng(seed)
+        if self.varlen:
+            cu = np.array([0, tokens // 2, tokens], np.int64)
+            B, T, N = 1, tokens, 2
+        else:
+            cu, B, T, N = None, 2, tokens // 2, 2
+        k = rng.standard_normal((B, T, self.H, self.K))
+        problem = Problem(
+            q=rng.standard_normal((B, T, self.H, self.K)),
+            k=k / np.linalg.norm(k, axis=-1, keepdims=True),
+            v=rng.standard_normal((B, T, self.HV, self.V)),
+            g=np.log(rng.uniform(0.9, 1.0, (B, T, self.HV))),
+            beta=rng.uniform(0.0, 1.0, (B, T, self.HV)),
+            initial_state=rng.standard_normal((N, self.HV, self.K, self.V)).astype(np.float32)
+            if self.initial_state
+            else None,
+            use_qk_l2norm_in_kernel=self.l2norm,
+            cu_seqlens=cu,
+        )
+        return problem.astype(DTYPES[self.dtype])
