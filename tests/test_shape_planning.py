@@ -254,7 +254,8 @@ def test_fuzz_with_two_workers_merges_one_report(tmp_path):
     assert report.cases > 2 and [f.name for f in report.failures] == ["matches_reference"]
     assert [r.name for r in seen if r.status == "failed"] == ["matches_reference"]
     assert (tmp_path / "db").is_dir()  # one shared example database
-    assert json.loads(json.dumps(report.as_dict()))["workers"] == 2
+    doc = api.fuzz_document(report, api.implementation("planted:off_by_one_final_state"), "float32")
+    assert json.loads(json.dumps(api.jsonable(doc)))["campaign"]["workers"] == 2
 
 
 def test_worker_misuse_is_a_configuration_error(tmp_path):

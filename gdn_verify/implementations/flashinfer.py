@@ -332,10 +332,7 @@ def mtp_adapter(kernel: Callable, ops=None) -> Callable:
         use_qk_l2norm_in_kernel=False,
         output=None,
     ):
-        _, T, H, K = q.shape
-        HV, V = v.shape[2], v.shape[3]
-        if scale is not None and scale == 0.0:
-            raise NotImplementedError("FlashInfer reads scale=0 as the default K**-0.5")
+        _, T, H, K, HV, V = _head_shapes(q, v, scale)
         lengths = np.diff(ops.to_host(cu_seqlens).astype(np.int64))
         N, L = len(lengths), int(lengths[0]) if len(lengths) else 0
         if np.any(lengths != L) or L < 2:  # MTP's documented domain: [B, T] tokens, T > 1

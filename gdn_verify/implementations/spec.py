@@ -78,44 +78,6 @@ def _spec_numpy(
     return o
 
 
-def spec_reference(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    state_pool,
-    cu_seqlens,
-    ssm_state_indices,
-    num_accepted_tokens,
-    scale=None,
-    use_qk_l2norm_in_kernel=False,
-    output=None,
-) -> np.ndarray:
-    """The convention in float32 NumPy, one token step at a time (``numpy_impl``'s recurrence).
-
-    ``num_accepted_tokens`` outside ``1..C`` raises ``ValueError`` (a count of 0 would read
-    column -1); ``output`` ``[1, T, HV, V]``, when given, is written and returned.
-    """
-    accepted, width = np.asarray(num_accepted_tokens), np.shape(ssm_state_indices)[1]
-    if np.any((accepted < 1) | (accepted > width)):
-        raise ValueError(f"num_accepted_tokens: must lie in 1..{width}, got {accepted.tolist()}")
-    return _spec_numpy(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        state_pool,
-        cu_seqlens,
-        ssm_state_indices,
-        num_accepted_tokens,
-        scale,
-        use_qk_l2norm_in_kernel,
-        output=output,
-    )
-
-
 def spec_reads_first_slot(
     q,
     k,
@@ -183,3 +145,8 @@ def rules_reference(rules: SpecRules) -> Callable:
         )
 
     return reference
+
+
+# The native rules (negative start slot = padding, zero outputs); ``output`` ``[1, T, HV, V]``,
+# when given, is written and returned. ``num_accepted_tokens`` outside ``1..C`` raises ValueError.
+spec_reference = rules_reference(NATIVE_SPEC)

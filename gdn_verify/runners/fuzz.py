@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.core.verdict import Measurement, Property
@@ -97,22 +96,6 @@ class FuzzReport:
     def seconds(self) -> float:
         """Wall-clock time of the whole campaign, compilation included."""
         return self.elapsed + self.compile_seconds
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready summary: counts, time, the worst ratio and each failure's minimal example."""
-        return dict(
-            cases=self.cases,
-            rounds=self.rounds,
-            seconds=round(self.seconds, 1),
-            compile_seconds=round(self.compile_seconds, 1),
-            budget=self.budget,
-            workers=self.workers,
-            shape_classes=self.shape_classes,
-            worst=None if self.worst is None else dict(property=self.worst[0], ratio=self.worst[1].ratio),
-            failures=[r.as_dict() for r in self.failures],
-            unsupported=[r.name for r in self.unsupported],
-            worker_errors=self.worker_errors,
-        )
 
     def status_line(self, now_running: str) -> str:
         w = self.worst
