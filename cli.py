@@ -130,6 +130,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if out is not None:
             print(f"partial results ({len(partial.results)} properties) written to {out}", file=sys.stderr)
         raise
+    partial = result  # the final document is the result's own: it also carries the compile plan and time
     save("misuse" if result.misuse is not None else "complete")
     if result.misuse is not None:
         return misuse_exit(result.misuse)

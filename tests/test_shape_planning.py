@@ -296,12 +296,16 @@ def test_cli_check_shows_compilation(tmp_path):
         "5",
         "--compile-budget",
         "4s",
+        "--json",
+        "r.json",
         cwd=tmp_path,
         env={"GDN_TEST_COMPILE_SECONDS": str(FAST)},
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "compiling" in out.stderr and "shape classes:" in out.stderr
     assert "; compile " in out.stdout and " of " in out.stdout.split("; compile ")[1]
+    doc = json.loads((tmp_path / "r.json").read_text())  # the final document carries the compile plan too
+    assert doc["status"] == "complete" and doc["compile"]["shape_classes"] and doc["seconds"] > 0
 
 
 def test_cli_fuzz_writes_its_json_and_a_campaign_row(tmp_path):
