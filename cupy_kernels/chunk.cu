@@ -248,8 +248,8 @@ __device__ __forceinline__ void unit_lower_inverse(const float* a, float* t, flo
 #ifndef GDN_CHUNK_HOST_EMULATION
 // d += a b (the CPU emulator used by the tests supplies its own definition).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    // Not volatile: a pure function of its registers, so the compiler may interleave independent MMAs.
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -744,6 +744,596 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fused path (bf16 inputs, C = 64, K a multiple of 16 up to 128, V a multiple of 16). Two kernels
+// instead of three, no fp32 W / U / per-chunk states in global memory, and every product an MMA
+// whose exact bf16 operands (k, q) are used as they are, so only fp32 operands pay for a split:
+//
+//   gdn_fused_prep    one CTA per (chunk, value head), fully parallel. With rk, rq the l2norm row
+//                     scales (1 without l2norm), G = cumsum(g), Gamma the segment-sum decays:
+//                     A = tril(beta_i rk_i rk_j (K K^T)_ij Gamma_ij, -1), T = (I + A)^-1,
+//                     T' = T diag(beta), P' = scale rq_i rk_j (Q K^T)_ij Gamma_ij (j <= i), written
+//                     as bf16 hi / lo pairs [4][C][C] (T'hi, T'lo, P'hi, P'lo), and the row vectors
+//                     a = exp(G) rk, c = exp(G_last - G) rk, d = scale exp(G) rq and G [4][C] fp32.
+//   gdn_fused_state   one CTA per (sequence, BV-column V tile, value head), sequential over the
+//                     sequence's chunks, state S [K, BV] in fp32 registers (bf16 hi / lo copy in
+//                     shared memory as the MMA operand):
+//                       X     = V - diag(a) (K S)              (K exact bf16, S split: 2 MMAs)
+//                       v_new = T' X                            (both split: 3 MMAs)
+//                       o     = diag(d) (Q S) + P' v_new        (2 + 3 MMAs)
+//                       S    <- exp(G_last) S + K^T diag(c) v_new (2 MMAs)
+//                     This is the algebra of the three-kernel path: W S = T diag(beta exp(G)) K S
+//                     and U = T diag(beta) V give v_new = T' (V - diag(exp(G)) K S), and l2norm is a
+//                     row scale of K and Q, folded into a, c, d, T' and P'.
+// The next chunk's k, q, v, T', P' and vectors are loaded with cp.async while the current chunk
+// computes (two stages). Operand rows are padded by 8 bf16 (16 bytes) so that the eight 16-byte
+// rows an ldmatrix reads fall in distinct banks. Masked rows of a ragged last chunk are zero-filled
+// by the copies (k, q, v) and by prep (beta = 0, g = 0), so they leave S unchanged.
+
+#ifndef GDN_CHUNK_HOST_EMULATION
+// Four 8 x 8 b16 matrices from shared memory; lane l gives the row address of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// The same, each matrix transposed.
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// 16-byte global -> shared copy; valid = false writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+#endif
+
+namespace gdn_fused {
+
+constexpr int C = 64;             // chunk size of the fused path
+constexpr int kPad = 8;           // bf16 row padding: 16 bytes, so ldmatrix rows hit distinct banks
+constexpr int CP = C + kPad;      // row stride of the C x C operands in shared memory
+constexpr int kMaxK = 128;        // state rows; bounds the registers that hold S
+constexpr int kMats = 4;          // T'hi, T'lo, P'hi, P'lo
+constexpr int kVecs = 4;          // a, c, d, G
+
+__device__ __forceinline__ unsigned pack_bf16(__nv_bfloat16 lo_index, __nv_bfloat16 hi_index) {
+    return static_cast<unsigned>(__bfloat16_as_ushort(lo_index)) |
+           (static_cast<unsigned>(__bfloat16_as_ushort(hi_index)) << 16);
+}
+
+// Store the pair (x0, x1) at hi[o], lo[o] (bf16 pairs, 4-byte aligned) as x = hi + lo.
+__device__ __forceinline__ void store_split(__nv_bfloat16* hi, __nv_bfloat16* lo, int o, float x0, float x1) {
+    unsigned h, l;
+    gdn_chunk::split_pair<true>(x0, x1, h, l);
+    *reinterpret_cast<unsigned*>(hi + o) = h;
+    *reinterpret_cast<unsigned*>(lo + o) = l;
+}
+
+// Lane address of an ldmatrix.x4 A fragment (16 x 16 at rows m0, columns k0) of a row-major
+// matrix with row stride ld: matrices (m0, k0), (m0 + 8, k0), (m0, k0 + 8), (m0 + 8, k0 + 8).
+__device__ __forceinline__ const __nv_bfloat16* a_frag(const __nv_bfloat16* m, int ld, int m0, int k0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3, r = lane & 7;
+    return m + (m0 + r + 8 * (q & 1)) * ld + k0 + 8 * (q >> 1);
+}
+// A fragment of A = M^T from row-major M (A[m][k] = M[k][m]); load with ldsm_x4_t.
+__device__ __forceinline__ const __nv_bfloat16* at_frag(const __nv_bfloat16* m, int ld, int m0, int k0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3, r = lane & 7;
+    return m + (k0 + r + 8 * (q >> 1)) * ld + m0 + 8 * (q & 1);
+}
+// B fragments of two n-tiles (n0, n0 + 8), depth k0..k0 + 15, of a row-major B[k][n]; load with
+// ldsm_x4_t: registers 0, 1 are n-tile n0, registers 2, 3 n-tile n0 + 8.
+__device__ __forceinline__ const __nv_bfloat16* b_frag(const __nv_bfloat16* m, int ld, int k0, int n0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3, r = lane & 7;
+    return m + (k0 + r + 8 * (q & 1)) * ld + n0 + 8 * (q >> 1);
+}
+// The same two n-tiles of B = M^T from row-major M (B[k][n] = M[n][k]); load with ldsm_x4.
+__device__ __forceinline__ const __nv_bfloat16* bt_frag(const __nv_bfloat16* m, int ld, int k0, int n0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3, r = lane & 7;
+    return m + (n0 + r + 8 * (q >> 1)) * ld + k0 + 8 * (q & 1);
+}
+
+// acc[0..1] += A B for one 16-row A fragment and two n-tiles of B, split operands:
+// a_hi b_hi + a_hi b_lo (+ a_lo b_hi when kSplitA). b holds the ldmatrix registers of both tiles.
+template <bool kSplitA>
+__device__ __forceinline__ void mma_pair(float (&acc0)[4], float (&acc1)[4], const unsigned (&ahi)[4],
+                                         const unsigned (&alo)[4], const unsigned (&bhi)[4], const unsigned (&blo)[4]) {
+    const unsigned bh0[2] = {bhi[0], bhi[1]}, bh1[2] = {bhi[2], bhi[3]};
+    const unsigned bl0[2] = {blo[0], blo[1]}, bl1[2] = {blo[2], blo[3]};
+    mma_bf16_16816(acc0, ahi, bh0);
+    mma_bf16_16816(acc1, ahi, bh1);
+    mma_bf16_16816(acc0, ahi, bl0);
+    mma_bf16_16816(acc1, ahi, bl1);
+    if (kSplitA) {
+        mma_bf16_16816(acc0, alo, bh0);
+        mma_bf16_16816(acc1, alo, bh1);
+    }
+}
+
+// Copy `rows` rows of `cols` bf16 (cols a multiple of 8) from global (row stride gs elements) to
+// shared memory (row stride ss); rows at or past `valid` are zero-filled. All threads take part.
+__device__ __forceinline__ void copy_rows(__nv_bfloat16* dst, int ss, const __nv_bfloat16* src, size_t gs, int rows,
+                                          int valid, int cols, int nthreads) {
+    const int per_row = cols / 8;
+    for (int e = threadIdx.x; e < rows * per_row; e += nthreads) {
+        const int r = e / per_row, c = (e - r * per_row) * 8;
+        const bool ok = r < valid;
+        cp_async16(dst + r * ss + c, ok ? src + r * gs + c : src, ok);
+    }
+}
+
+// Gamma[i][j] = exp(g[j+1] + ... + g[i]) for i >= j, as gdn_chunk::gate_sums (the same top-down
+// segment sums, never a ratio of exps), but the C * C / 2 exps are spread over the whole CTA:
+// thread j sums column j into gamma, then every thread exponentiates its share. Also G and D_last.
+template <int Cn>
+__device__ __forceinline__ void gate_sums_parallel(const float* g, float* gamma, int stride, float* G, float* d_last,
+                                                   int nthreads) {
+    const int j = threadIdx.x;
+    if (j < Cn) {
+        float s = 0.f;
+        for (int i = j + 1; i < Cn; ++i) {
+            s += g[i];
+            gamma[i * stride + j] = s;
+        }
+        d_last[j] = s;
+    } else if (j == Cn) {
+        float s = 0.f;
+        for (int i = 0; i < Cn; ++i) {
+            s += g[i];
+            G[i] = s;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < Cn * Cn; e += nthreads) {
+        const int i = e / Cn, jj = e % Cn;
+        if (i > jj) gamma[i * stride + jj] = expf(gamma[i * stride + jj]);
+        else if (i == jj) gamma[i * stride + jj] = 1.f;
+    }
+}
+
+// T = (I + A)^-1 for strictly lower-triangular A [C][C] (row stride C + 1) into t (same stride),
+// fp32 throughout like gdn_chunk::unit_lower_inverse, restructured for fewer shared-memory loads:
+// each 16 x 16 diagonal block by forward substitution with the column in registers (thread j of
+// a block: col = e_j, then col[i] = -sum_{m < i} A[i][m] col[m] for i > j), then the doubling
+// [[T11, 0], [A21, T22]] -> [[T11, 0], [-T22 A21 T11, T22]] with 2 x 2 outputs per thread.
+// tmp holds C * C / 4 floats; t need not be zero on entry. Ends with a barrier.
+template <int Cn>
+__device__ __forceinline__ void unit_lower_inverse_fast(const float* a, float* t, float* tmp, int nthreads) {
+    constexpr int S = Cn + 1;
+    for (int e = threadIdx.x; e < Cn * S; e += nthreads) t[e] = 0.f;
+    __syncthreads();
+    if (threadIdx.x < Cn) {
+        const int o = (threadIdx.x / 16) * 16, j = threadIdx.x % 16;
+        float col[16];
+#pragma unroll
+        for (int m = 0; m < 16; ++m) col[m] = m == j ? 1.f : 0.f;
+#pragma unroll
+        for (int i = 1; i < 16; ++i) {
+            float acc = 0.f;
+#pragma unroll
+            for (int m = 0; m < i; ++m) acc = fmaf(a[(o + i) * S + o + m], col[m], acc);
+            if (i > j) col[i] = -acc;
+        }
+#pragma unroll
+        for (int m = 0; m < 16; ++m) t[(o + m) * S + o + j] = col[m];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int s = 16; s < Cn; s *= 2) {
+        const int quads = (Cn / (2 * s)) * (s / 2) * (s / 2);  // 2 x 2 output blocks of all pairs
+        for (int e = threadIdx.x; e < quads; e += nthreads) {
+            const int p = e / ((s / 2) * (s / 2)), r = 2 * ((e / (s / 2)) % (s / 2)), c = 2 * (e % (s / 2));
+            const int c0 = 2 * p * s, r0 = c0 + s;
+            float x00 = 0.f, x01 = 0.f, x10 = 0.f, x11 = 0.f;
+            for (int m = 0; m < s; ++m) {
+                const float a0 = a[(r0 + r) * S + c0 + m], a1 = a[(r0 + r + 1) * S + c0 + m];
+                const float t0 = t[(c0 + m) * S + c0 + c], t1 = t[(c0 + m) * S + c0 + c + 1];
+                x00 = fmaf(a0, t0, x00), x01 = fmaf(a0, t1, x01), x10 = fmaf(a1, t0, x10), x11 = fmaf(a1, t1, x11);
+            }
+            float* y = tmp + p * s * s;  // (A21 T11)
+            y[r * s + c] = x00, y[r * s + c + 1] = x01, y[(r + 1) * s + c] = x10, y[(r + 1) * s + c + 1] = x11;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < quads; e += nthreads) {
+            const int p = e / ((s / 2) * (s / 2)), r = 2 * ((e / (s / 2)) % (s / 2)), c = 2 * (e % (s / 2));
+            const int c0 = 2 * p * s, r0 = c0 + s;
+            const float* y = tmp + p * s * s;
+            float x00 = 0.f, x01 = 0.f, x10 = 0.f, x11 = 0.f;
+            for (int m = 0; m < s; ++m) {
+                const float a0 = t[(r0 + r) * S + r0 + m], a1 = t[(r0 + r + 1) * S + r0 + m];
+                const float t0 = y[m * s + c], t1 = y[m * s + c + 1];
+                x00 = fmaf(a0, t0, x00), x01 = fmaf(a0, t1, x01), x10 = fmaf(a1, t0, x10), x11 = fmaf(a1, t1, x11);
+            }
+            t[(r0 + r) * S + c0 + c] = -x00, t[(r0 + r) * S + c0 + c + 1] = -x01;
+            t[(r0 + r + 1) * S + c0 + c] = -x10, t[(r0 + r + 1) * S + c0 + c + 1] = -x11;
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace gdn_fused
+
+// ---------------------------------------------------------------------------------------------
+// Fused kernel 1: prep. Grid (num_chunks, HV), 256 threads.
+// Shared memory: k and q rows [C][K + 8] bf16 each, then fp32: gamma, A, T [C][C + 1] each,
+// tmp C * C / 4, and vectors g, beta, G, D_last, rk, rq [C] each.
+// Output per (chunk, hv): mats [4][C][C] bf16 (T'hi, T'lo, P'hi, P'lo), vecs [4][C] fp32 (a, c, d, G).
+__global__ void __launch_bounds__(gdn_chunk::kThreads)
+    gdn_fused_prep(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                   const void* __restrict__ g, const void* __restrict__ beta, int gate_flags,
+                   const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                   const long long* __restrict__ chunk_start, const int* __restrict__ chunk_len, int H, int HV,
+                   int K, int l2norm, float scale, __nv_bfloat16* __restrict__ mats, float* __restrict__ vecs) {
+    using namespace gdn_fused;
+    using gdn_chunk::kThreads;
+    constexpr int S = C + 1;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int chunk = blockIdx.x, hv = blockIdx.y, hk = hv / (HV / H);
+    const long long t0 = chunk_start[chunk];
+    const int len = chunk_len[chunk];
+    const int KP = K + kPad;
+    __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+    __nv_bfloat16* qs = ks + C * KP;
+    float* gam = reinterpret_cast<float*>(qs + C * KP);
+    float* am = gam + C * S;
+    float* tm = am + C * S;
+    float* tmp = tm + C * S;
+    float* gs = tmp + C * C / 4;
+    float* bs = gs + C;
+    float* G = bs + C;
+    float* d_last = G + C;
+    float* rk = d_last + C;
+    float* rq = rk + C;
+    const size_t base = static_cast<size_t>(chunk) * HV + hv;
+
+    const size_t row0 = static_cast<size_t>(t0) * H * K + static_cast<size_t>(hk) * K;
+    copy_rows(ks, KP, k + row0, static_cast<size_t>(H) * K, C, len, K, kThreads);
+    copy_rows(qs, KP, q + row0, static_cast<size_t>(H) * K, C, len, K, kThreads);
+    cp_async_commit();
+    for (int i = threadIdx.x; i < C; i += kThreads) {
+        const size_t idx = static_cast<size_t>(t0 + i) * HV + hv;
+        gs[i] = i < len ? gdn_chunk::native_gate<__nv_bfloat16>(g, idx, gate_flags, A_log, dt_bias, hv) : 0.f;
+        bs[i] = i < len ? gdn_chunk::native_beta<__nv_bfloat16>(beta, idx, gate_flags) : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // l2norm row scales from the bf16 values (2 * C rows, one thread each); 1 without l2norm.
+    if (threadIdx.x < 2 * C) {
+        const int r = threadIdx.x % C;
+        const __nv_bfloat16* x = (threadIdx.x < C ? ks : qs) + r * KP;
+        float scale_r = 1.f;
+        if (l2norm) {
+            float ss = 0.f;
+            for (int d = 0; d < K; ++d) {
+                const float v = __bfloat162float(x[d]);
+                ss = fmaf(v, v, ss);
+            }
+            scale_r = 1.f / sqrtf(ss + gdn_chunk::kL2NormEps);
+        }
+        (threadIdx.x < C ? rk : rq)[r] = scale_r;
+    }
+    gate_sums_parallel<C>(gs, gam, S, G, d_last, kThreads);
+    __syncthreads();
+
+    // K K^T (for A) and Q K^T (for P'), both exact bf16 products: warp w takes rows 16 (w % 4)
+    // and columns 32 (w / 4) .. + 31 of each.
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+    const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
+    __nv_bfloat16* out = mats + base * kMats * C * C;
+    for (int which = 0; which < 2; ++which) {
+        const __nv_bfloat16* am_src = which == 0 ? ks : qs;
+        float acc[4][4] = {};
+        for (int k0 = 0; k0 < K; k0 += 16) {
+            unsigned a[4], b0[4], b1[4];
+            ldsm_x4(a, a_frag(am_src, KP, m0, k0));
+            ldsm_x4(b0, bt_frag(ks, KP, k0, n0));
+            ldsm_x4(b1, bt_frag(ks, KP, k0, n0 + 16));
+            const unsigned x0[2] = {b0[0], b0[1]}, x1[2] = {b0[2], b0[3]};
+            const unsigned x2[2] = {b1[0], b1[1]}, x3[2] = {b1[2], b1[3]};
+            mma_bf16_16816(acc[0], a, x0);
+            mma_bf16_16816(acc[1], a, x1);
+            mma_bf16_16816(acc[2], a, x2);
+            mma_bf16_16816(acc[3], a, x3);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = m0 + gr + 8 * h, j = n0 + 8 * nt + 2 * tq;
+                float x[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int jj = j + e;
+                    const float prod = acc[nt][2 * h + e];
+                    if (which == 0)
+                        x[e] = i > jj ? bs[i] * rk[i] * rk[jj] * prod * gam[i * S + jj] : 0.f;
+                    else
+                        x[e] = jj <= i ? scale * rq[i] * rk[jj] * prod * gam[i * S + jj] : 0.f;
+                }
+                if (which == 0) {
+                    am[i * S + j] = x[0];
+                    am[i * S + j + 1] = x[1];
+                } else {
+                    store_split(out + 2 * C * C, out + 3 * C * C, i * C + j, x[0], x[1]);
+                }
+            }
+    }
+    __syncthreads();
+
+    unit_lower_inverse_fast<C>(am, tm, tmp, kThreads);  // ends with a barrier
+
+    // T' = T diag(beta), split; the row vectors.
+    for (int e = threadIdx.x; e < C * C / 2; e += kThreads) {
+        const int i = e / (C / 2), j = 2 * (e % (C / 2));
+        store_split(out, out + C * C, i * C + j, tm[i * S + j] * bs[j], tm[i * S + j + 1] * bs[j + 1]);
+    }
+    float* vout = vecs + base * kVecs * C;
+    for (int i = threadIdx.x; i < C; i += kThreads) {
+        const float eg = expf(G[i]);
+        vout[i] = eg * rk[i];
+        vout[C + i] = expf(d_last[i]) * rk[i];
+        vout[2 * C + i] = scale * eg * rq[i];
+        vout[3 * C + i] = G[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused kernel 2: state and output. Grid (N * V / (16 W), HV), 32 W threads: W warps, and warp w
+// owns value columns v0 + 16 w .. + 15 of one (sequence, value head). Everything a warp computes is
+// in the transposed form, so that each product's C fragment is the next product's A fragment and
+// stays in registers (no shared S, one barrier per chunk for the shared input stage):
+//   S^T [16, K] fp32 in registers (C fragments of 8-column k tiles)
+//   Y_k = S^T K^T, Y_q = S^T Q^T                 [16, C]   A = S^T split, B = K, Q from shared memory
+//   X^T = V^T - Y_k diag(a)                        [16, C]
+//   v_new^T = X^T T'^T                             [16, C]   T' lower triangular: blocks j <= i only
+//   o^T = Y_q diag(d) + v_new^T P'^T               [16, C]   staged through shared memory for the store
+//   S^T <- exp(G_last) S^T + v_new^T diag(c) K     [16, K]
+// Shared memory (bf16 unless noted), two stages of: k, q [C][K + 8], v [C][16 W + 8],
+// mats [4][C][C + 8], vecs [4][C] fp32; then the output tile [C][16 W + 8].
+namespace gdn_fused {
+
+// A fragment (16 x 16, depth block kb) from two C-fragment tiles in registers: the fp32 pairs of
+// tiles 2 kb and 2 kb + 1, split into bf16 hi / lo (the register layouts of C and A agree).
+__device__ __forceinline__ void a_from_c(const float (&c0)[4], const float (&c1)[4], float scale0, float scale1,
+                                         float scale2, float scale3, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    gdn_chunk::split_pair<true>(c0[0] * scale0, c0[1] * scale1, hi[0], lo[0]);
+    gdn_chunk::split_pair<true>(c0[2] * scale0, c0[3] * scale1, hi[1], lo[1]);
+    gdn_chunk::split_pair<true>(c1[0] * scale2, c1[1] * scale3, hi[2], lo[2]);
+    gdn_chunk::split_pair<true>(c1[2] * scale2, c1[3] * scale3, hi[3], lo[3]);
+}
+
+// acc[t] += A B_t for NT n tiles with a split A (and, with kLoB, a split B): all a_hi b_hi first,
+// then a_lo b_hi, then a_hi b_lo, so that MMAs on one accumulator are NT instructions apart and
+// the tensor pipe is not left waiting for each result. b[t] = {hi0, hi1, lo0, lo1} of tile t.
+template <int NT, bool kLoB>
+__device__ __forceinline__ void mma_group(float* const (&acc)[NT], const unsigned (&ahi)[4], const unsigned (&alo)[4],
+                                          const unsigned (&b)[NT][4]) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const unsigned bh[2] = {b[t][0], b[t][1]};
+        mma_bf16_16816(*reinterpret_cast<float(*)[4]>(acc[t]), ahi, bh);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const unsigned bh[2] = {b[t][0], b[t][1]};
+        mma_bf16_16816(*reinterpret_cast<float(*)[4]>(acc[t]), alo, bh);
+    }
+    if (kLoB) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const unsigned bl[2] = {b[t][2], b[t][3]};
+            mma_bf16_16816(*reinterpret_cast<float(*)[4]>(acc[t]), ahi, bl);
+        }
+    }
+}
+
+}  // namespace gdn_fused
+
+template <int W>
+__global__ void __launch_bounds__(32 * W)
+    gdn_fused_state(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                    const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ mats,
+                    const float* __restrict__ vecs, const long long* __restrict__ chunk_start,
+                    const int* __restrict__ chunk_len, const int* __restrict__ seq_chunk_off,
+                    const float* __restrict__ initial_state, int has_initial, int state_v_first, int H, int HV,
+                    int K, int V, __nv_bfloat16* __restrict__ o, float* __restrict__ final_state, int has_final) {
+    using namespace gdn_fused;
+    static_assert(W == 1 || W == 2 || W == 4, "1, 2 or 4 warps per CTA");
+    constexpr int kThreadsW = 32 * W;
+    constexpr int BV = 16 * W;                // value columns per CTA
+    constexpr int VP = BV + kPad;             // row stride of the v and output tiles
+    constexpr int KT = kMaxK / 8;             // k tiles of S^T held per thread (at most)
+    constexpr int CT = C / 8;                 // token tiles of a [16, C] product
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+
+    const int tiles = V / BV;
+    const int n = blockIdx.x / tiles, hv = blockIdx.y, hk = hv / (HV / H);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+    const int v0 = (blockIdx.x % tiles) * BV;  // the CTA's first column; the warp's is v0 + 16 warp
+    const int KP = K + kPad;
+    const int kt = K / 8;
+
+    const int k_bytes = C * KP * 2, v_bytes = C * VP * 2, m_bytes = kMats * C * CP * 2, vec_bytes = kVecs * C * 4;
+    const int stage_bytes = 2 * k_bytes + v_bytes + m_bytes + vec_bytes;
+    auto stage = [&](int s, int off) { return smem_raw + s * stage_bytes + off; };
+    __nv_bfloat16* os = reinterpret_cast<__nv_bfloat16*>(smem_raw + 2 * stage_bytes);  // output tile [C][VP]
+
+    const int first = seq_chunk_off[n], last = seq_chunk_off[n + 1];
+    auto load = [&](int chunk, int s) {
+        if (chunk < last) {
+            const long long t0 = chunk_start[chunk];
+            const int len = chunk_len[chunk];
+            const size_t row0 = static_cast<size_t>(t0) * H * K + static_cast<size_t>(hk) * K;
+            auto* ks = reinterpret_cast<__nv_bfloat16*>(stage(s, 0));
+            auto* qs = reinterpret_cast<__nv_bfloat16*>(stage(s, k_bytes));
+            auto* vs = reinterpret_cast<__nv_bfloat16*>(stage(s, 2 * k_bytes));
+            auto* ms = reinterpret_cast<__nv_bfloat16*>(stage(s, 2 * k_bytes + v_bytes));
+            auto* vd = reinterpret_cast<float*>(stage(s, 2 * k_bytes + v_bytes + m_bytes));
+            copy_rows(ks, KP, k + row0, static_cast<size_t>(H) * K, C, len, K, kThreadsW);
+            copy_rows(qs, KP, q + row0, static_cast<size_t>(H) * K, C, len, K, kThreadsW);
+            copy_rows(vs, VP, v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
+                      static_cast<size_t>(HV) * V, C, len, BV, kThreadsW);
+            const size_t base = static_cast<size_t>(chunk) * HV + hv;
+            copy_rows(ms, CP, mats + base * kMats * C * C, C, kMats * C, kMats * C, C, kThreadsW);
+            const float* vsrc = vecs + base * kVecs * C;
+            for (int e = threadIdx.x; e < kVecs * C / 4; e += kThreadsW) cp_async16(vd + 4 * e, vsrc + 4 * e, true);
+        }
+        cp_async_commit();
+    };
+
+    // S^T: element (row gr + 8 (e >> 1), k = 8 j + 2 tq + (e & 1)) of the warp's 16 x K slab.
+    const int vw = v0 + 16 * warp;
+    const size_t state_base = (static_cast<size_t>(n) * HV + hv) * K * V;
+    auto state_index = [&](int j, int e) {
+        const int vv = vw + gr + 8 * (e >> 1), kk = 8 * j + 2 * tq + (e & 1);
+        return state_base + (state_v_first ? static_cast<size_t>(vv) * K + kk : static_cast<size_t>(kk) * V + vv);
+    };
+    float st[KT][4];
+#pragma unroll
+    for (int j = 0; j < KT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = (j < kt && has_initial) ? initial_state[state_index(j, e)] : 0.f;
+
+    load(first, 0);
+    for (int chunk = first; chunk < last; ++chunk) {
+        const int s = (chunk - first) & 1;
+        cp_async_wait<0>();
+        __syncthreads();  // stage s has landed; every warp is done with stage s ^ 1 and the output tile
+        load(chunk + 1, s ^ 1);
+        const auto* ks = reinterpret_cast<const __nv_bfloat16*>(stage(s, 0));
+        const auto* qs = reinterpret_cast<const __nv_bfloat16*>(stage(s, k_bytes));
+        const auto* vs = reinterpret_cast<const __nv_bfloat16*>(stage(s, 2 * k_bytes));
+        const auto* ms = reinterpret_cast<const __nv_bfloat16*>(stage(s, 2 * k_bytes + v_bytes));
+        const auto* vec = reinterpret_cast<const float*>(stage(s, 2 * k_bytes + v_bytes + m_bytes));
+        const long long t0 = chunk_start[chunk];
+        const int len = chunk_len[chunk];
+
+        // Y_k = S^T K^T and Y_q = S^T Q^T: depth K in blocks of 16, token tiles in pairs.
+        float yk[CT][4] = {}, yq[CT][4] = {};
+#pragma unroll
+        for (int kb = 0; kb < KT / 2; ++kb) {
+            if (2 * kb >= kt) break;
+            unsigned ahi[4], alo[4];
+            a_from_c(st[2 * kb], st[2 * kb + 1], 1.f, 1.f, 1.f, 1.f, ahi, alo);
+#pragma unroll
+            for (int tp = 0; tp < CT / 2; ++tp) {
+                unsigned bk[4], bq[4];
+                ldsm_x4(bk, bt_frag(ks, KP, 16 * kb, 16 * tp));
+                ldsm_x4(bq, bt_frag(qs, KP, 16 * kb, 16 * tp));
+                const unsigned b[4][4] = {{bk[0], bk[1]}, {bk[2], bk[3]}, {bq[0], bq[1]}, {bq[2], bq[3]}};
+                float* const acc[4] = {yk[2 * tp], yk[2 * tp + 1], yq[2 * tp], yq[2 * tp + 1]};
+                mma_group<4, false>(acc, ahi, alo, b);
+            }
+        }
+
+        // X^T = V^T - Y_k diag(a), in place of Y_k. V^T comes as A-layout pairs through ldmatrix.trans.
+        const int wc = 16 * warp;  // the warp's first column inside the CTA's v / output tiles
+#pragma unroll
+        for (int tp = 0; tp < CT / 2; ++tp) {
+            unsigned vt[4];
+            ldsm_x4_t(vt, at_frag(vs, VP, wc, 16 * tp));
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const unsigned pair = vt[2 * h + r];  // tile 2 tp + h, row gr + 8 r
+                    const int t = 16 * tp + 8 * h + 2 * tq;
+                    float* y = yk[2 * tp + h];
+                    y[2 * r] = __bfloat162float(__ushort_as_bfloat16(pair & 0xffffu)) - vec[t] * y[2 * r];
+                    y[2 * r + 1] = __bfloat162float(__ushort_as_bfloat16(pair >> 16)) - vec[t + 1] * y[2 * r + 1];
+                }
+        }
+
+        // v_new^T = X^T T'^T and o^T += v_new^T P'^T: T'[i][j] and P'[i][j] vanish for j > i, so the
+        // i tiles of depth block jb start at 2 jb.
+        float vn[CT][4] = {};
+#pragma unroll
+        for (int jb = 0; jb < CT / 2; ++jb) {
+            unsigned ahi[4], alo[4];
+            a_from_c(yk[2 * jb], yk[2 * jb + 1], 1.f, 1.f, 1.f, 1.f, ahi, alo);
+#pragma unroll
+            for (int ip = jb; ip < CT / 2; ++ip) {
+                unsigned bh[4], bl[4];
+                ldsm_x4(bh, bt_frag(ms, CP, 16 * jb, 16 * ip));
+                ldsm_x4(bl, bt_frag(ms + C * CP, CP, 16 * jb, 16 * ip));
+                const unsigned b[2][4] = {{bh[0], bh[1], bl[0], bl[1]}, {bh[2], bh[3], bl[2], bl[3]}};
+                float* const acc[2] = {vn[2 * ip], vn[2 * ip + 1]};
+                mma_group<2, true>(acc, ahi, alo, b);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < CT; ++i) {
+            const int t = 8 * i + 2 * tq;
+            const float d0 = vec[2 * C + t], d1 = vec[2 * C + t + 1];
+            yq[i][0] *= d0, yq[i][1] *= d1, yq[i][2] *= d0, yq[i][3] *= d1;
+        }
+#pragma unroll
+        for (int jb = 0; jb < CT / 2; ++jb) {
+            unsigned ahi[4], alo[4];
+            a_from_c(vn[2 * jb], vn[2 * jb + 1], 1.f, 1.f, 1.f, 1.f, ahi, alo);
+#pragma unroll
+            for (int ip = jb; ip < CT / 2; ++ip) {
+                unsigned bh[4], bl[4];
+                ldsm_x4(bh, bt_frag(ms + 2 * C * CP, CP, 16 * jb, 16 * ip));
+                ldsm_x4(bl, bt_frag(ms + 3 * C * CP, CP, 16 * jb, 16 * ip));
+                const unsigned b[2][4] = {{bh[0], bh[1], bl[0], bl[1]}, {bh[2], bh[3], bl[2], bl[3]}};
+                float* const acc[2] = {yq[2 * ip], yq[2 * ip + 1]};
+                mma_group<2, true>(acc, ahi, alo, b);
+            }
+        }
+
+        // o: o^T through the warp's columns of the output tile, then 16-byte rows to global memory.
+#pragma unroll
+        for (int i = 0; i < CT; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                os[(8 * i + 2 * tq + (e & 1)) * VP + wc + gr + 8 * (e >> 1)] = __float2bfloat16_rn(yq[i][e]);
+        __syncwarp();
+        for (int e = lane; e < C * 2; e += 32) {  // 64 rows x two 16-byte pieces of the warp's 16 columns
+            const int r = e >> 1, c = wc + 8 * (e & 1);
+            if (r < len)
+                *reinterpret_cast<uint4*>(o + (static_cast<size_t>(t0 + r) * HV + hv) * V + v0 + c) =
+                    *reinterpret_cast<const uint4*>(os + r * VP + c);
+        }
+
+        // S^T <- exp(G_last) S^T + (v_new^T diag(c)) K: depth C (token blocks), k tiles in pairs.
+        const float decay = expf(vec[3 * C + C - 1]);
+#pragma unroll
+        for (int j = 0; j < KT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] *= decay;
+#pragma unroll
+        for (int tb = 0; tb < CT / 2; ++tb) {
+            const int t = 16 * tb + 2 * tq;
+            unsigned ahi[4], alo[4];
+            a_from_c(vn[2 * tb], vn[2 * tb + 1], vec[C + t], vec[C + t + 1], vec[C + t + 8], vec[C + t + 9], ahi, alo);
+#pragma unroll
+            for (int kp = 0; kp < KT / 4; ++kp) {  // two 16-column k blocks at a time
+                if (4 * kp >= kt) break;
+                unsigned b0[4], b1[4] = {0u, 0u, 0u, 0u};
+                ldsm_x4_t(b0, b_frag(ks, KP, 16 * tb, 32 * kp));
+                if (4 * kp + 2 < kt) ldsm_x4_t(b1, b_frag(ks, KP, 16 * tb, 32 * kp + 16));
+                const unsigned b[4][4] = {{b0[0], b0[1]}, {b0[2], b0[3]}, {b1[0], b1[1]}, {b1[2], b1[3]}};
+                float* const acc[4] = {st[4 * kp], st[4 * kp + 1], st[4 * kp + 2], st[4 * kp + 3]};
+                mma_group<4, false>(acc, ahi, alo, b);  // k tiles past K multiply zeros and are never stored
+            }
+        }
+    }
+    cp_async_wait<0>();
+    if (!has_final) return;
+#pragma unroll
+    for (int j = 0; j < KT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (j < kt) final_state[state_index(j, e)] = st[j][e];
+}
+
 #ifndef __CUDACC_RTC__
 // Standalone nvcc build (CI): instantiate every variant so that each one is compiled and checked.
 #define GDN_CHUNK_INSTANTIATE(T, C, TC)                                                                    \
@@ -760,6 +1350,10 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     template __global__ void gdn_chunk_state<C, TC>(const float*, const float*, const float*, const float*, \
                                                     const int*, const float*, int, int, int, int, int,     \
                                                     float*, float*, float*, int);
+#define GDN_FUSED_STATE_ARGS                                                                        \
+    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const float*, \
+        const long long*, const int*, const int*, const float*, int, int, int, int, int, int,             \
+        __nv_bfloat16*, float*, int
 #define GDN_CHUNK_INSTANTIATE_ALL(C)           \
     GDN_CHUNK_INSTANTIATE(float, C, false)     \
     GDN_CHUNK_INSTANTIATE(__half, C, false)    \
@@ -772,7 +1366,11 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 GDN_CHUNK_INSTANTIATE_ALL(16)
 GDN_CHUNK_INSTANTIATE_ALL(32)
 GDN_CHUNK_INSTANTIATE_ALL(64)
+template __global__ void gdn_fused_state<1>(GDN_FUSED_STATE_ARGS);
+template __global__ void gdn_fused_state<2>(GDN_FUSED_STATE_ARGS);
+template __global__ void gdn_fused_state<4>(GDN_FUSED_STATE_ARGS);
 #undef GDN_CHUNK_INSTANTIATE_ALL
 #undef GDN_CHUNK_INSTANTIATE_STATE
 #undef GDN_CHUNK_INSTANTIATE
+#undef GDN_FUSED_STATE_ARGS
 #endif

@@ -10,11 +10,15 @@ view. Outputs come back in the kind of ``q`` (torch in, torch out). Tensor polic
 ``cu_seqlens`` are read on the host (one synchronization), since the chunk tables size the grid
 and the scratch.
 
-Two arithmetic paths (the ``TC`` template flag of the kernels): bf16 / fp16 inputs take the
-tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
+Three kernel paths. bf16 inputs with ``chunk_size = 64``, ``K`` a multiple of 16 up to 128 and
+``V`` a multiple of 16 take the fused path by default (``gdn_fused_prep`` + ``gdn_fused_state``: two
+launches, bf16 hi / lo scratch of 32 KiB per (chunk, value head), the state kept in registers and the
+output computed beside it; see chunk.cu); ``fused=False`` opts out and ``fused=True`` insists.
+Otherwise two arithmetic paths of the three-kernel layout (the ``TC`` template flag): bf16 / fp16
+inputs take the tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
 are split into two bf16 parts and multiplied with three MMAs, about 2^-16 relative error), fp32
 inputs the plain FP32 path (no TF32); ``use_tensor_cores`` overrides the choice. Both run in
-three launches on the caller's stream (torch's current stream for torch inputs, CuPy's for
+three launches (the fused path two) on the caller's stream (torch's current stream for torch inputs, CuPy's for
 CuPy arrays): intra-chunk (W, U), state passing, output. Scratch buffers come from CuPy's memory
 pool. CuPy is imported lazily, so importing this module needs no GPU.
 """
@@ -36,6 +40,9 @@ MAX_HEAD_DIM = 256  # bounded by shared memory: the output kernel needs about 16
 _THREADS = 256
 _STATE_TILE = 16  # kStateTile in chunk.cu
 _OUT_TILE = 64  # kOutTile in chunk.cu
+FUSED_CHUNK = 64  # gdn_fused::C
+FUSED_MAX_K = 128  # gdn_fused::kMaxK: the state rows a CTA holds in registers
+_FUSED_PAD = 8  # gdn_fused::kPad
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 # gate_flags bits (chunk.cu kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
 _G_IS_T, _BETA_IS_T, _GATE_IN_KERNEL, _BETA_SIGMOID, _NEG_EIGVAL = 1, 2, 4, 8, 16
@@ -46,18 +53,41 @@ _debug_poison = False
 
 
 @functools.cache
-def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
-    """Compiled ``(intra, state, output)`` kernels for one input type, chunk size and path."""
+def _module(names: tuple[str, ...]):
     import cupy
 
-    tc = "true" if tensor_cores else "false"
-    names = (
-        f"gdn_chunk_intra<{ctype}, {chunk_size}, {tc}>",
-        f"gdn_chunk_state<{chunk_size}, {tc}>",
-        f"gdn_chunk_output<{ctype}, {chunk_size}, {tc}>",
-    )
     module = cupy.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=names)
     return tuple(module.get_function(name) for name in names)
+
+
+@functools.cache
+def _fused_kernels(warps: int):
+    """Compiled ``(prep, state)`` kernels of the fused bf16 path, the state kernel with ``warps`` warps."""
+    return _module(("gdn_fused_prep", f"gdn_fused_state<{warps}>"))
+
+
+def fused_warps(dtype: str, chunk_size: int, K: int, V: int, tensor_cores: bool) -> int | None:
+    """Warps per CTA of the fused state kernel (each owns 16 value columns) for these inputs, or
+    None where the fused path does not apply. Four warps share one load of k, q, T' and P' per
+    chunk; fewer where V is not a multiple of 64."""
+    if dtype != "bfloat16" or not tensor_cores or chunk_size != FUSED_CHUNK:
+        return None
+    if K % 16 or K > FUSED_MAX_K or V % 16:
+        return None
+    return next(w for w in (4, 2, 1) if V % (16 * w) == 0)
+
+
+@functools.cache
+def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
+    """Compiled ``(intra, state, output)`` kernels for one input type, chunk size and path."""
+    tc = "true" if tensor_cores else "false"
+    return _module(
+        (
+            f"gdn_chunk_intra<{ctype}, {chunk_size}, {tc}>",
+            f"gdn_chunk_state<{chunk_size}, {tc}>",
+            f"gdn_chunk_output<{ctype}, {chunk_size}, {tc}>",
+        )
+    )
 
 
 class _Arg:
@@ -166,10 +196,19 @@ def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> 
     return 4 * intra, 4 * state, 4 * output
 
 
-def _launch(kernel, grid, args, smem: int) -> None:
+def _fused_smem_bytes(K: int, warps: int) -> tuple[int, int]:
+    """Dynamic shared memory of the fused (prep, state) kernels; mirrors the layouts in chunk.cu."""
+    C, kp, vp, cp = FUSED_CHUNK, K + _FUSED_PAD, 16 * warps + _FUSED_PAD, FUSED_CHUNK + _FUSED_PAD
+    prep = 2 * C * kp * 2 + (3 * C * (C + 1) + C * C // 4 + 6 * C) * 4
+    stage = 2 * C * kp * 2 + C * vp * 2 + 4 * C * cp * 2 + 4 * C * 4
+    state = 2 * stage + C * vp * 2
+    return prep, state
+
+
+def _launch(kernel, grid, args, smem: int, threads: int = _THREADS) -> None:
     if smem > 48 * 1024:  # beyond the default dynamic shared memory limit: opt in
         kernel.max_dynamic_shared_size_bytes = smem
-    kernel(grid, (_THREADS,), args, shared_mem=smem)
+    kernel(grid, (threads,), args, shared_mem=smem)
 
 
 def chunk_gated_delta_rule(
@@ -192,6 +231,7 @@ def chunk_gated_delta_rule(
     allow_neg_eigval: bool = False,
     chunk_size: int = 64,
     use_tensor_cores: bool | None = None,
+    fused: bool | None = None,
     checked: bool | None = None,
 ) -> tuple[Any, Any | None]:
     """Chunked GDN forward on the GPU. Returns ``(o [B, T, HV, V] in q's dtype, final_state | None)``.
@@ -204,7 +244,10 @@ def chunk_gated_delta_rule(
     ``A_log``, ``dt_bias`` float32 ``[HV]``, ``dt_bias`` optional), ``use_beta_sigmoid_in_kernel``
     (``beta`` holds logits) with ``allow_neg_eigval`` (``beta = 2 * sigmoid``).
     ``use_tensor_cores`` picks the arithmetic path: ``None`` (default) uses tensor cores for
-    bf16 / fp16 inputs and plain FP32 for fp32 inputs.
+    bf16 / fp16 inputs and plain FP32 for fp32 inputs. ``fused``: ``None`` (default) takes the
+    fused two-kernel path wherever it applies (bf16 inputs, tensor cores, ``chunk_size = 64``,
+    ``K % 16 == 0``, ``K <= 128``, ``V % 16 == 0``, 16-byte aligned q, k, v), ``False`` never,
+    ``True`` always (``ValueError`` where it does not apply).
     """
     import cupy
 
@@ -213,6 +256,8 @@ def chunk_gated_delta_rule(
         raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
     if use_tensor_cores not in (None, True, False):
         raise ValueError(f"use_tensor_cores: must be None, True or False, got {use_tensor_cores!r}")
+    if fused not in (None, True, False):
+        raise ValueError(f"fused: must be None, True or False, got {fused!r}")
     if use_gate_in_kernel and A_log is None:
         raise ValueError("A_log: required when use_gate_in_kernel=True")
     if not use_gate_in_kernel and A_log is not None:
@@ -279,8 +324,17 @@ def chunk_gated_delta_rule(
     # the caller's stream: torch's current stream for torch tensors, CuPy's current one otherwise
     stream = cupy.cuda.ExternalStream(ts.torch_stream(device)) if qa.torch else cupy.cuda.get_current_stream()
     tensor_cores = qa.dtype != "float32" if use_tensor_cores is None else bool(use_tensor_cores)
+    warps = None if fused is False else fused_warps(qa.dtype, chunk_size, K, V, tensor_cores)
+    if warps is not None and any(a.array.data.ptr % 16 for a in (qa, ka, va)):
+        warps = None  # the fused path copies 16-byte pieces
+    if fused and warps is None:
+        raise ValueError(
+            "fused: the fused path needs bf16 inputs, tensor cores, chunk_size=64, K % 16 == 0, K <= 128, "
+            f"V % 16 == 0 and 16-byte aligned q, k, v (got {qa.dtype}, chunk_size={chunk_size}, K={K}, V={V})"
+        )
     with stream:
-        o, final_state = _run(
+        run = _run if warps is None else functools.partial(_run_fused, warps=warps)
+        o, final_state = run(
             qa,
             ka,
             va,
@@ -437,5 +491,100 @@ def _run(
                 o,
             ),
             smem_output,
+        )
+    return o, final_state if output_final_state else None
+
+
+def _run_fused(
+    qa,
+    ka,
+    va,
+    ga,
+    ba,
+    scale,
+    init,
+    output_final_state,
+    l2norm,
+    state_v_first,
+    C,
+    chunk_start,
+    chunk_len,
+    seq_chunk_off,
+    N,
+    NC,
+    tensor_cores=True,
+    gate_flags=0,
+    a_log=None,
+    d_bias=None,
+    *,
+    warps: int,
+):
+    """The fused bf16 path: prep (parallel over chunks) then state + output (sequential per sequence)."""
+    import cupy
+
+    del tensor_cores  # always: the fused path is the tensor-core path
+    B, T, H, K = qa.shape
+    HV, V = va.shape[2:]
+    prep, state = _fused_kernels(warps)
+    smem_prep, smem_state = _fused_smem_bytes(K, warps)
+    empty = cupy.full if _debug_poison else (lambda shape, _fill, dtype: cupy.empty(shape, dtype))
+    o = empty((B, T, HV, V), -1, qa.array.dtype)  # int16 = bf16 bits; -1 is a NaN pattern
+    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    final_state = empty(final_shape, np.nan, cupy.float32) if output_final_state else cupy.empty((1,), cupy.float32)
+    mats = empty((NC, HV, 4, C, C), -1, cupy.int16)  # bf16 bits: T'hi, T'lo, P'hi, P'lo
+    vecs = empty((NC, HV, 4, C), np.nan, cupy.float32)  # a, c, d, G
+    d_start, d_len, d_off = cupy.asarray(chunk_start), cupy.asarray(chunk_len), cupy.asarray(seq_chunk_off)
+    i32, null = np.int32, np.uintp(0)
+    init_array = init.array if init is not None else cupy.empty((1,), cupy.float32)
+    if NC > 0:
+        _launch(
+            prep,
+            (NC, HV),
+            (
+                qa.array,
+                ka.array,
+                ga.array,
+                ba.array,
+                i32(gate_flags),
+                null if a_log is None else a_log,
+                null if d_bias is None else d_bias,
+                d_start,
+                d_len,
+                i32(H),
+                i32(HV),
+                i32(K),
+                i32(l2norm),
+                np.float32(scale),
+                mats,
+                vecs,
+            ),
+            smem_prep,
+        )
+    if NC > 0 or output_final_state:
+        _launch(
+            state,
+            (N * (V // (16 * warps)), HV),
+            (
+                qa.array,
+                ka.array,
+                va.array,
+                mats,
+                vecs,
+                d_start,
+                d_len,
+                d_off,
+                init_array,
+                i32(init is not None),
+                i32(state_v_first),
+                i32(H),
+                i32(HV),
+                i32(K),
+                i32(V),
+                o,
+                final_state,
+                i32(output_final_state),
+            ),
+            smem_state,
+            threads=32 * warps,
         )
     return o, final_state if output_final_state else None

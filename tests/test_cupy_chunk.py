@@ -12,6 +12,11 @@ slip (those show up at 1e-3 or worse). With bf16 inputs the oracle sees the same
 so the output error is the bf16 rounding of o (about 1.7e-3 RMS) plus the fp32 part; FLA's
 chunked kernel sits at 3.4e-3 and the bound is ``BF16_TOL = 4e-3``.
 
+The fused path (the default for bf16 inputs where it applies, see ``chunk.fused_tile``) uses k and q
+as exact bf16 MMA operands and splits only fp32 operands (S, X, v_new, T', P'), so its products carry
+the same 2^-16 relative error as the split tensor-core path: output within ``BF16_TOL`` (bf16
+rounding dominates), final state within ``TC_FP32_TOL``.
+
 The tensor-core path (default for bf16 / fp16 inputs, forced with ``use_tensor_cores=True``)
 splits every fp32 operand into two bf16 parts and takes three MMAs per product, about 2^-16
 relative error per product: with fp32 inputs it lands near 1e-5 relative RMS, bounded here by
@@ -301,6 +306,98 @@ def test_bf16_torch(chunk, tc):
     assert rel_rms(s, s_ref) < state_tol, f"state rel RMS {rel_rms(s, s_ref):.2e}"
 
 
+def torch_bf16(case, device="cuda"):
+    """torch copies of a host case: q, k, v, beta in bf16, g in fp32 (as models feed it), and the
+    host case the oracle must see (the bf16-rounded values)."""
+    torch = pytest.importorskip("torch", reason="bf16 goes through torch, which is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    dev = {
+        n: torch.from_numpy(np.ascontiguousarray(case[n], np.float32)).to(device) for n in ("q", "k", "v", "g", "beta")
+    }
+    for n in ("q", "k", "v", "beta"):
+        dev[n] = dev[n].to(torch.bfloat16)
+    host = {**case, **{n: dev[n].float().cpu().numpy() for n in dev}}
+    return torch, dev, host
+
+
+FUSED_CASES = {
+    "ragged_k128": dict(T=200, H=2, HV=4, K=128, V=128, cu_seqlens=RAGGED, with_state=True, l2norm=True),
+    "ragged_v16": dict(T=200, H=1, HV=2, K=64, V=16, cu_seqlens=RAGGED, with_state=True),
+    "v48_gva4": dict(T=130, H=1, HV=4, K=32, V=48, with_state=True, state_v_first=True, l2norm=True),
+    "k16_v64_batched": dict(B=3, T=70, H=2, HV=2, K=16, V=64),
+    "k64_v96": dict(T=300, H=2, HV=2, K=64, V=96, cu_seqlens=[0, 65, 300], with_state=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_CASES))
+def test_fused_bf16_matches_oracle(chunk, name):
+    spec = dict(FUSED_CASES[name])
+    l2norm = spec.pop("l2norm", False)
+    case = make_case(sum(map(ord, name)), **spec)
+    torch, dev, host = torch_bf16(case)
+    state = None if case["initial_state"] is None else torch.from_numpy(case["initial_state"]).cuda()
+    cu = None if case["cu_seqlens"] is None else torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
+    kw = dict(
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=case["state_v_first"],
+        cu_seqlens=cu,
+    )
+    o, s = chunk.chunk_gated_delta_rule(**dev, fused=True, **kw)
+    o, s = o.float().cpu().numpy(), s.cpu().numpy()
+    assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
+    o_ref, s_ref = run_oracle(host, l2norm)
+    assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
+    assert rel_rms(s, s_ref) < TC_FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"
+    # the three-kernel tensor-core path on the same inputs agrees with it to its own accuracy
+    _, s3 = chunk.chunk_gated_delta_rule(**dev, fused=False, **kw)
+    assert rel_rms(s, s3.cpu().numpy()) < 2 * TC_FP32_TOL
+
+
+def test_fused_bf16_gate_options(chunk):
+    from gdn_verify.core.gating import in_kernel_gates
+
+    case = make_case(21, T=150, H=1, HV=2, K=32, V=32, cu_seqlens=[0, 17, 64, 150], with_state=True)
+    rng = np.random.default_rng(5)
+    case["g"] = rng.normal(0.0, 2.0, case["g"].shape).astype(np.float32)
+    case["beta"] = rng.normal(0.0, 3.0, case["beta"].shape).astype(np.float32)
+    torch, dev, host = torch_bf16(case)
+    a_log = np.log(rng.uniform(1.0, 16.0, 2)).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, 2).astype(np.float32)
+    opts = dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    o, s = chunk.chunk_gated_delta_rule(
+        **dev,
+        initial_state=torch.from_numpy(case["initial_state"]).cuda(),
+        output_final_state=True,
+        cu_seqlens=torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda"),
+        A_log=torch.from_numpy(a_log).cuda(),
+        dt_bias=torch.from_numpy(dt_bias).cuda(),
+        fused=True,
+        **opts,
+    )
+    g, beta = in_kernel_gates(host["g"], host["beta"], A_log=a_log, dt_bias=dt_bias, **opts)
+    o_ref, s_ref = run_oracle({**host, "g": g, "beta": beta})
+    assert rel_rms(o.float().cpu().numpy(), o_ref) < BF16_TOL
+    assert rel_rms(s.cpu().numpy(), s_ref) < TC_FP32_TOL
+
+
+@pytest.mark.parametrize("K, V", [(100, 64), (256, 64), (64, 100)])
+def test_fused_refused_where_it_does_not_apply(chunk, K, V):
+    """Head sizes the fused path cannot take go to the three-kernel path by default (and stay
+    correct); fused=True says why it cannot."""
+    case = make_case(22, T=70, H=1, HV=2, K=K, V=V, with_state=True)
+    torch, dev, host = torch_bf16(case)
+    state = torch.from_numpy(case["initial_state"]).cuda()
+    with pytest.raises(ValueError, match="^fused:"):
+        chunk.chunk_gated_delta_rule(**dev, initial_state=state, fused=True)
+    o, s = chunk.chunk_gated_delta_rule(**dev, initial_state=state, output_final_state=True)
+    o_ref, s_ref = run_oracle(host)
+    assert rel_rms(o.float().cpu().numpy(), o_ref) < BF16_TOL
+    assert rel_rms(s.cpu().numpy(), s_ref) < TC_FP32_TOL
+
+
 @pytest.mark.parametrize(
     "change, name",
     [
@@ -315,6 +412,8 @@ def test_bf16_torch(chunk, tc):
         (dict(cu_seqlens=[0, 3, 9]), "cu_seqlens"),
         (dict(scale=float("inf")), "scale"),
         (dict(use_tensor_cores="yes"), "use_tensor_cores"),
+        (dict(fused=1), "fused"),
+        (dict(fused=True), "fused"),  # fp32 inputs: the fused path is bf16 only
     ],
 )
 def test_bad_arguments(chunk, cp, change, name):
