@@ -372,10 +372,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from gdn_verify.bench import run_bench
 
-    text = run_bench(args.what)
+    out = api.writable(args.out, "out") if args.out else None  # before the measurements, not after
+    json_path = api.writable(args.json, "json") if args.json else None
+    text, document = run_bench(args.what)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
+    if json_path:
+        api.write_json(json_path, document)
     return 0
 
 
@@ -500,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="GPU benchmarks: decode and prefill, side by side with FLA and a copy")
     bench.add_argument("--what", choices=("decode", "prefill", "all"), default="all")
-    bench.add_argument("--out", help="write the Markdown table to this file")
+    bench.add_argument("--out", help="write the Markdown tables to this file")
+    bench.add_argument("--json", help="write the rows as JSON: lists under decode, prefill, prefill_accuracy")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -167,3 +167,13 @@ def test_console_script_and_module_are_the_same_command_line(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_bench_checks_its_output_paths_before_measuring(tmp_path):
+    """A bad --json path is refused up front (exit 2, one line), before any GPU work is attempted."""
+    folder = tmp_path / "taken"
+    folder.mkdir()
+    result = cli("bench", "--what", "prefill", "--json", str(folder))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "json" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gdn_verify.core import arrays
 from gdn_verify.core.implementation import ConfigurationError
 
 
-def run_bench(what: str = "all") -> str:
-    """The decode and/or prefill tables (Markdown); needs a CUDA GPU."""
+def run_bench(what: str = "all") -> tuple[str, dict[str, Any]]:
+    """The decode and/or prefill tables (Markdown) and their rows (``{"decode", "prefill",
+    "prefill_accuracy"}`` lists of dicts, for JSON); needs a CUDA GPU."""
     if what not in ("decode", "prefill", "all"):
         raise ConfigurationError("what", f"{what!r}: choose from decode, prefill, all")
     try:
@@ -16,9 +19,14 @@ def run_bench(what: str = "all") -> str:
         raise ConfigurationError("device", f"bench needs a CUDA GPU: {exc}") from None
     from gdn_verify.bench import decode, prefill
 
-    tables = []
+    tables, document = [], {}
     if what in ("decode", "all"):
-        tables.append("## Decode (recurrent kernel)\n\n" + decode.format_table(decode.decode_bench()))
+        document["decode"] = decode.decode_bench()
+        tables.append("## Decode (recurrent kernel)\n\n" + decode.format_table(document["decode"]))
     if what in ("prefill", "all"):
-        tables.append("## Prefill (chunked kernel)\n\n" + prefill.format_table(prefill.prefill_bench()))
-    return "\n\n".join(tables)
+        document["prefill"] = prefill.prefill_bench()
+        document["prefill_accuracy"] = prefill.prefill_accuracy()
+        tables.append(
+            "## Prefill (chunked kernel)\n\n" + prefill.format_table(document["prefill"], document["prefill_accuracy"])
+        )
+    return "\n\n".join(tables), document

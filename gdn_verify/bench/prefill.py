@@ -1,9 +1,18 @@
-"""Prefill speed: our CuPy chunked kernel beside FLA's ``chunk_gated_delta_rule`` on one GPU.
+"""Prefill speed, memory and accuracy: our CuPy chunked kernel beside FLA's ``chunk_gated_delta_rule``.
 
-Both run on identical bf16 inputs (torch tensors; fp16 CuPy arrays for ours alone when torch is
-missing), varlen-packed with ``B = 1`` and ``cu_seqlens`` as in serving, with the final state
-written. Times are CUDA-event medians after warm-up, so they are device times of the whole call
-including launch overhead. Nothing GPU-related is imported until :func:`prefill_bench` runs.
+Both run on identical bf16 torch inputs, varlen-packed with ``B = 1`` and ``cu_seqlens`` as in
+serving (no ``cu_seqlens`` for a single sequence), with the final state written. Per row:
+
+- time: CUDA-event medians after warm-up, device time of the whole call including launches;
+- extra memory: the peak of device memory the call allocates beyond its inputs (outputs and
+  scratch), from each library's allocator: CuPy's pool through a memory hook for ours, torch's
+  peak statistics for FLA;
+- accuracy: relative RMS of the output and of the final state against the float64 oracle
+  (``core.reference``), on two sampled value heads (the first and the last: heads do not
+  interact, so a head's oracle needs only its own inputs).
+
+Needs torch and CuPy on a CUDA device; FLA is optional (its columns are None without it).
+Nothing GPU-related is imported until a function runs.
 """
 
 from __future__ import annotations
@@ -13,73 +22,139 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 
-def _time_ms(fn: Callable[[], Any], event_cls, sync: Callable[[], None], warmup: int, reps: int) -> float:
-    """Median device time of ``fn`` in ms, one event pair per repetition."""
+from gdn_verify.core.reference import chunk_gated_delta_rule as oracle
+
+# The rows of issue 16's table: (sequences, length), H = 16, HV = 32, K = V = 128.
+CASES = ((1, 4096), (1, 16384), (1, 65536), (8, 2048), (64, 512))
+# The accuracy shape of the issue: H = 4, HV = 8, K = V = 128, one sequence of 8192 tokens.
+ACCURACY_SHAPE = dict(H=4, HV=8, K=128, V=128, T=8192)
+
+
+def _time_ms(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, reps: int) -> float:
+    """Median device time of ``fn`` in ms, one CUDA event pair per repetition."""
+    import torch
+
     for _ in range(warmup):
         fn()
     sync()
     times = []
     for _ in range(reps):
-        start, end = event_cls(), event_cls()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         end.synchronize()
-        times.append(_elapsed(start, end))
+        times.append(start.elapsed_time(end))
     return statistics.median(times)
 
 
-def _elapsed(start, end) -> float:
-    if hasattr(start, "elapsed_time"):  # torch.cuda.Event
-        return start.elapsed_time(end)
-    import cupy
-
-    return cupy.cuda.get_elapsed_time(start, end)
-
-
-def _torch_inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed: int) -> dict:
+def _inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed: int, dtype) -> dict:
+    """Serving-like inputs: unit-norm keys, g = logsigmoid(U(0, 1)), beta = sigmoid(U(0, 1)); g stays fp32."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T = seqs * length
-    dev, bf16 = "cuda", torch.bfloat16
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen, device=dev)
+        return torch.randn(*shape, generator=gen, device="cuda")
 
     k = torch.nn.functional.normalize(randn(1, T, H, K), dim=-1)
-    g = torch.nn.functional.logsigmoid(torch.rand(1, T, HV, generator=gen, device=dev))
-    beta = torch.rand(1, T, HV, generator=gen, device=dev).sigmoid()
-    cu = torch.arange(seqs + 1, device=dev, dtype=torch.int64) * length
+    g = torch.nn.functional.logsigmoid(torch.rand(1, T, HV, generator=gen, device="cuda"))
+    beta = torch.rand(1, T, HV, generator=gen, device="cuda").sigmoid()
+    cu = torch.arange(seqs + 1, device="cuda", dtype=torch.int64) * length
     return dict(
-        q=randn(1, T, H, K).to(bf16),
-        k=k.to(bf16),
-        v=randn(1, T, HV, V).to(bf16),
-        g=g,
-        beta=beta.to(bf16),
-        cu_seqlens=cu,
+        q=randn(1, T, H, K).to(dtype), k=k.to(dtype), v=randn(1, T, HV, V).to(dtype), g=g, beta=beta.to(dtype), cu=cu
     )
 
 
-def _cupy_inputs(cupy, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed: int) -> dict:
-    rng = cupy.random.default_rng(seed)
-    T = seqs * length
-    k = rng.standard_normal((1, T, H, K), dtype=cupy.float32)
-    k /= cupy.linalg.norm(k, axis=-1, keepdims=True)
-    g = -cupy.log1p(cupy.exp(-rng.random((1, T, HV), dtype=cupy.float32)))  # logsigmoid(U(0, 1))
-    beta = 1.0 / (1.0 + cupy.exp(-rng.random((1, T, HV), dtype=cupy.float32)))
-    f16 = cupy.float16
-    return dict(
-        q=rng.standard_normal((1, T, H, K), dtype=cupy.float32).astype(f16),
-        k=k.astype(f16),
-        v=rng.standard_normal((1, T, HV, V), dtype=cupy.float32).astype(f16),
-        g=g,
-        beta=beta.astype(f16),
-        cu_seqlens=cupy.arange(seqs + 1, dtype=cupy.int64) * length,
-    )
+class _CupyPeak:
+    """Peak bytes held in CuPy's memory pool while active (a CuPy memory hook)."""
+
+    def __init__(self):
+        from cupy.cuda import memory_hook
+
+        class Hook(memory_hook.MemoryHook):
+            name = "gdn_verify_peak"
+
+            def __init__(self):
+                self.current = self.peak = 0
+
+            def malloc_postprocess(self, **kw):
+                self.current += kw["mem_size"]
+                self.peak = max(self.peak, self.current)
+
+            def free_postprocess(self, **kw):
+                self.current -= kw["mem_size"]
+
+        self.hook = Hook()
+
+
+def _peak_bytes_ours(fn: Callable[[], Any]) -> int:
+    hook = _CupyPeak().hook
+    with hook:
+        out = fn()
+        del out  # outputs count while they are held, as for FLA
+    return hook.peak
+
+
+def _peak_bytes_torch(torch, fn: Callable[[], Any]) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return int(peak)
+
+
+def _rel_rms(x: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def _oracle_errors(x: dict, heads: Sequence[int], H: int, HV: int, outs: dict) -> dict:
+    """Relative RMS of each implementation's (o, final_state) on ``heads`` against the float64 oracle."""
+    cu = x["cu"].cpu().numpy()
+    group = HV // H
+    errors: dict[str, list] = {name: [[], [], [], []] for name in outs}  # o diff, o ref, s diff, s ref
+    host = {n: x[n].float().cpu().numpy() for n in ("q", "k")}
+    for hv in heads:
+        hk = hv // group
+        q, k = (host[n][:, :, hk : hk + 1].astype(np.float64) for n in ("q", "k"))
+        v = x["v"][:, :, hv : hv + 1].float().cpu().numpy().astype(np.float64)
+        g = x["g"][:, :, hv : hv + 1].float().cpu().numpy().astype(np.float64)
+        beta = x["beta"][:, :, hv : hv + 1].float().cpu().numpy().astype(np.float64)
+        o_ref, s_ref = oracle(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu if cu.size > 2 else None)
+        for name, (o, s) in outs.items():
+            o_h = o[:, :, hv].float().cpu().numpy()[:, :, None]
+            s_h = s[:, hv].float().cpu().numpy()[:, None]
+            for slot, (got, ref) in enumerate(((o_h, o_ref), (s_h, s_ref))):
+                errors[name][2 * slot].append(np.sum((got - ref) ** 2))
+                errors[name][2 * slot + 1].append(np.sum(ref**2))
+    return {
+        name: (float(np.sqrt(sum(e[0]) / sum(e[1]))), float(np.sqrt(sum(e[2]) / sum(e[3]))))
+        for name, e in errors.items()
+    }
+
+
+def _libraries():
+    import torch
+
+    from cupy_kernels.chunk import chunk_gated_delta_rule as ours
+
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla
+    except ImportError:
+        fla = None
+    return torch, ours, fla
+
+
+def _device_name(torch) -> str:
+    return torch.cuda.get_device_name()
 
 
 def prefill_bench(
-    cases: Sequence[tuple[int, int]] = ((1, 16384), (1, 65536), (64, 512)),
+    cases: Sequence[tuple[int, int]] = CASES,
     H: int = 16,
     HV: int = 32,
     K: int = 128,
@@ -89,96 +164,134 @@ def prefill_bench(
     reps: int = 10,
     seed: int = 0,
 ) -> list[dict]:
-    """Time ours and FLA on ``cases`` of ``(sequences, length)``; one dict per case.
+    """Time, memory and accuracy of ours and FLA on ``cases`` of ``(sequences, length)``, bf16 inputs.
 
-    Keys: ``device, dtype, sequences, length, tokens, ours_ms, ours_mtok_s``, and when FLA is
-    importable ``fla_ms, fla_mtok_s, ratio`` (ours_ms / fla_ms, above 1 means slower) and
-    ``rel_diff`` (relative RMS of the difference of the two outputs, a convention check).
+    One dict per case: ``shape`` ("S x L"), ``sequences``, ``length``, ``tokens``, ``ours_ms``,
+    ``fla_ms``, ``ratio`` (ours / FLA), ``ours_peak_bytes``, ``fla_peak_bytes``, ``ours_rel_rms``,
+    ``fla_rel_rms`` (output), ``ours_state_rel_rms``, ``fla_state_rel_rms``, ``heads`` (the value heads
+    scored), ``device``, ``date``, ``dtype``. FLA's keys are None where FLA is not importable.
     """
-    import cupy
-
-    from cupy_kernels.chunk import chunk_gated_delta_rule
-
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    fla = None
-    if torch is not None:
-        try:
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla
-        except ImportError:
-            fla = None
+    torch, ours, fla = _libraries()
     say = progress or (lambda _msg: None)
-    device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-    device = device.decode() if isinstance(device, bytes) else device
-
+    device, today = _device_name(torch), datetime.date.today().isoformat()
+    heads = sorted({0, HV - 1})
     rows = []
     for seqs, length in cases:
-        tokens = seqs * length
-        if torch is not None:
-            x = _torch_inputs(torch, seqs, length, H, HV, K, V, seed)
-            event_cls, sync, dtype = (lambda: torch.cuda.Event(enable_timing=True)), torch.cuda.synchronize, "bfloat16"
-        else:
-            x = _cupy_inputs(cupy, seqs, length, H, HV, K, V, seed)
-            event_cls, sync, dtype = cupy.cuda.Event, cupy.cuda.Device().synchronize, "float16"
-        cu = None if seqs == 1 else x["cu_seqlens"]
+        x = _inputs(torch, seqs, length, H, HV, K, V, seed, torch.bfloat16)
+        cu = None if seqs == 1 else x["cu"]
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
 
-        def ours(args=args, cu=cu):
-            return chunk_gated_delta_rule(*args, output_final_state=True, cu_seqlens=cu)
+        def run_ours(args=args, cu=cu):
+            return ours(*args, output_final_state=True, cu_seqlens=cu)
 
-        row = dict(device=device, dtype=dtype, sequences=seqs, length=length, tokens=tokens)
-        row["ours_ms"] = _time_ms(ours, event_cls, sync, warmup, reps)
-        row["ours_mtok_s"] = tokens / row["ours_ms"] / 1e3
+        row: dict[str, Any] = dict(
+            shape=f"{seqs} x {length}", sequences=seqs, length=length, tokens=seqs * length, dtype="bfloat16"
+        )
+        row["ours_ms"] = _time_ms(run_ours, torch.cuda.synchronize, warmup, reps)
+        row["ours_peak_bytes"] = _peak_bytes_ours(run_ours)
+        outs = {"ours": run_ours()}
+        row["fla_ms"] = row["fla_peak_bytes"] = row["ratio"] = None
         if fla is not None:
 
-            def theirs(args=args, cu=cu):
+            def run_fla(args=args, cu=cu):
                 return fla(*args, output_final_state=True, cu_seqlens=cu)
 
-            row["fla_ms"] = _time_ms(theirs, event_cls, sync, warmup, reps)
-            row["fla_mtok_s"] = tokens / row["fla_ms"] / 1e3
+            row["fla_ms"] = _time_ms(run_fla, torch.cuda.synchronize, warmup, reps)
+            row["fla_peak_bytes"] = _peak_bytes_torch(torch, run_fla)
             row["ratio"] = row["ours_ms"] / row["fla_ms"]
-            o_ours, o_fla = ours()[0].float(), theirs()[0].float()
-            row["rel_diff"] = float((o_ours - o_fla).norm() / o_fla.norm())
+            outs["fla"] = run_fla()
+        errors = _oracle_errors(x, heads, H, HV, outs)
+        row["ours_rel_rms"], row["ours_state_rel_rms"] = errors["ours"]
+        row["fla_rel_rms"], row["fla_state_rel_rms"] = errors.get("fla", (None, None))
+        row.update(heads=heads, device=device, date=today)
         rows.append(row)
-        say(_format_row(row))
-        del x, args
+        say(format_row(row))
+        del x, args, outs
     return rows
 
 
-def _format_row(row: dict) -> str:
-    text = f"{row['sequences']} x {row['length']}: ours {row['ours_ms']:.3f} ms ({row['ours_mtok_s']:.1f} Mtok/s)"
-    if "fla_ms" in row:
-        text += (
-            f", FLA {row['fla_ms']:.3f} ms ({row['fla_mtok_s']:.1f} Mtok/s), ratio {row['ratio']:.2f}, "
-            f"rel diff {row['rel_diff']:.1e}"
+def prefill_accuracy(
+    dtypes: Sequence[str] = ("bfloat16", "float32"), progress: Callable[[str], Any] | None = print, seed: int = 1
+) -> list[dict]:
+    """Output and final-state relative RMS against the float64 oracle at :data:`ACCURACY_SHAPE`, all heads.
+
+    One dict per input dtype: ``dtype``, ``shape``, ``ours_rel_rms``, ``ours_state_rel_rms``,
+    ``fla_rel_rms``, ``fla_state_rel_rms`` (None without FLA), ``device``, ``date``.
+    """
+    torch, ours, fla = _libraries()
+    say = progress or (lambda _msg: None)
+    s = ACCURACY_SHAPE
+    rows = []
+    for name in dtypes:
+        x = _inputs(torch, 1, s["T"], s["H"], s["HV"], s["K"], s["V"], seed, getattr(torch, name))
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        outs = {"ours": ours(*args, output_final_state=True)}
+        if fla is not None:
+            outs["fla"] = fla(*args, output_final_state=True)
+        errors = _oracle_errors(x, range(s["HV"]), s["H"], s["HV"], outs)
+        row = dict(dtype=name, shape=f"H={s['H']} HV={s['HV']} K={s['K']} V={s['V']} T={s['T']}")
+        row["ours_rel_rms"], row["ours_state_rel_rms"] = errors["ours"]
+        row["fla_rel_rms"], row["fla_state_rel_rms"] = errors.get("fla", (None, None))
+        row.update(device=_device_name(torch), date=datetime.date.today().isoformat())
+        rows.append(row)
+        say(
+            f"accuracy {name}: ours o {row['ours_rel_rms']:.2e} state {row['ours_state_rel_rms']:.2e}"
+            + (f", FLA o {row['fla_rel_rms']:.2e} state {row['fla_state_rel_rms']:.2e}" if fla is not None else "")
         )
+        del x, args, outs
+    return rows
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def format_row(row: dict) -> str:
+    """One progress line of a :func:`prefill_bench` row."""
+    return (
+        f"{row['shape']}: ours {row['ours_ms']:.3f} ms, FLA {_num(row['fla_ms'], '.3f')} ms, "
+        f"ratio {_num(row['ratio'], '.2f')}, extra memory ours {row['ours_peak_bytes'] / 2**20:.0f} MiB "
+        f"FLA {_num(row['fla_peak_bytes'] and row['fla_peak_bytes'] / 2**20, '.0f')} MiB, "
+        f"o rel RMS ours {row['ours_rel_rms']:.2e} FLA {_num(row['fla_rel_rms'], '.2e')}"
+    )
+
+
+def _mib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / 2**20:.0f} MiB"
+
+
+def format_table(rows: list[dict], accuracy: Sequence[dict] = ()) -> str:
+    """Markdown tables of :func:`prefill_bench` and :func:`prefill_accuracy` rows, naming the device and date."""
+    if not rows:
+        return "(no rows)\n"
+    r0 = rows[0]
+    head = (
+        f"Prefill on {r0['device']}, {r0['dtype']} inputs, final state written, {r0['date']}; "
+        f"relative RMS against the float64 oracle on value heads {r0['heads']}.\n\n"
+    )
+    lines = [
+        "| sequences x length | tokens | ours ms | FLA ms | ours / FLA | ours extra memory | FLA extra memory "
+        "| ours o rel RMS | FLA o rel RMS | ours state rel RMS | FLA state rel RMS |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['shape']} | {r['tokens']} | {r['ours_ms']:.3f} | {_num(r['fla_ms'], '.3f')} | "
+            f"{_num(r['ratio'], '.2f')} | {_mib(r['ours_peak_bytes'])} | {_mib(r['fla_peak_bytes'])} | "
+            f"{r['ours_rel_rms']:.2e} | {_num(r['fla_rel_rms'], '.2e')} | {r['ours_state_rel_rms']:.2e} | "
+            f"{_num(r['fla_state_rel_rms'], '.2e')} |"
+        )
+    text = head + "\n".join(lines) + "\n"
+    if accuracy:
+        text += f"\nAccuracy against the float64 oracle, all heads, {accuracy[0]['shape']}:\n\n"
+        text += "| inputs | ours o | ours state | FLA o | FLA state |\n| --- | --- | --- | --- | --- |\n"
+        for a in accuracy:
+            text += (
+                f"| {a['dtype']} | {a['ours_rel_rms']:.2e} | {a['ours_state_rel_rms']:.2e} | "
+                f"{_num(a['fla_rel_rms'], '.2e')} | {_num(a['fla_state_rel_rms'], '.2e')} |\n"
+            )
     return text
 
 
-def format_table(rows: list[dict]) -> str:
-    """A Markdown table of :func:`prefill_bench` rows, headed by the device, dtype and date."""
-    if not rows:
-        return "(no rows)\n"
-    today = datetime.date.today().isoformat()
-    head = f"Prefill on {rows[0]['device']}, {rows[0]['dtype']} inputs, final state written, {today}.\n\n"
-    lines = [
-        "| sequences x length | tokens | ours ms | ours Mtok/s | FLA ms | FLA Mtok/s | ours / FLA | rel diff |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        fla = (
-            f"{r['fla_ms']:.3f} | {r['fla_mtok_s']:.1f} | {r['ratio']:.2f} | {r['rel_diff']:.1e}"
-            if "fla_ms" in r
-            else "n/a | n/a | n/a | n/a"
-        )
-        lines.append(
-            f"| {r['sequences']} x {r['length']} | {r['tokens']} | {r['ours_ms']:.3f} | "
-            f"{r['ours_mtok_s']:.1f} | {fla} |"
-        )
-    return head + "\n".join(lines) + "\n"
-
-
 if __name__ == "__main__":
-    print(format_table(prefill_bench()))
+    print(format_table(prefill_bench(), prefill_accuracy()))
