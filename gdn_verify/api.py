@@ -398,7 +398,8 @@ def fuzz(
     On GPU arrays ``matches_reference`` and ``gate_extremes`` draw large problems checked against
     the float64 GPU oracle when it can run here. ``timeout`` as in :func:`check`; ``on_round``
     sees the report after each property run (to save partial results). ``compile_budget`` as for
-    :func:`check` (its time counts against ``budget``). ``workers``: processes over disjoint shards
+    :func:`check` (its time counts against ``budget``; without one, at most half of ``budget`` goes to
+    compilation). ``workers``: processes over disjoint shards
     of the properties, one GPU each (round robin over the visible ones) or one per CPU core for
     NumPy implementations (``"auto"``: as many as GPUs, or cores), sharing ``database``; their
     reports are merged.
@@ -431,6 +432,8 @@ def fuzz(
         ]
         envs = workers_runner.worker_environments(n, gpu=impl_obj.array != "numpy")
         return workers_runner.run_sharded(fuzz, shards, envs, progress, on_result)
+    if compile_budget is None:  # a short campaign must not spend all of its time compiling
+        compile_budget = min(DEFAULT_COMPILE_BUDGET, seconds / 2)
     limits, shapes = plan_limits(impl_obj, limits, compile_budget, on_compile, timeout)
     oracle_name, oracle = implementations.choose_oracle(impl_obj.array)
     large = LARGE_GPU if impl_obj.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
@@ -550,6 +553,8 @@ def _portable(impl: ImplLike) -> ImplLike:
     """``impl`` in a form a worker process can rebuild (a name, or a picklable callable)."""
     if isinstance(impl, str):
         return impl
+    if isinstance(impl, Implementation) and (impl.name in implementations.names() or impl.name.startswith("planted:")):
+        return impl.name  # a resolved built-in (the CLI's case): the worker resolves it again
     try:
         pickle.dumps(impl)
     except Exception:  # noqa: BLE001 - any pickling failure means the same thing

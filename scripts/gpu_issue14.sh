@@ -5,7 +5,8 @@
 #   PHASE=cold    bash scripts/gpu_issue14.sh   # fresh Triton cache; check --impl fla-chunk bf16 (target <= 10 min)
 #   PHASE=warm    bash scripts/gpu_issue14.sh   # same check, warm cache (target <= 3 min); fla-recurrent 2-min fuzz
 #   PHASE=fuzz    bash scripts/gpu_issue14.sh   # fla-chunk fuzz, bf16 and fp32 side by side on the one GPU (9 min)
-#   PHASE=scaling bash scripts/gpu_issue14.sh   # nvidia-h200-x2 only: fla-chunk fuzz with 1 then 2 workers (4 min each)
+#   PHASE=scaling bash scripts/gpu_issue14.sh   # nvidia-h200-x2 only: fla-chunk fuzz with 1 then 2 workers
+#                                               # (SCALING_BUDGET minutes each, default 4)
 # Each phase writes at most 8 files to $OUT (default ./gpu_logs): summary.log, the logs and JSON of its
 # runs, and campaigns.json (every campaign row so far: copy it to reports/<date>/campaigns.json).
 set -u -o pipefail
@@ -60,11 +61,13 @@ case "$PHASE" in
     grep -hE "fuzz done|campaign recorded|FAILED|minimal example" "$OUT"/fuzz_chunk_*.log >> "$SUMMARY"
     ;;
   scaling)
+    # One shared Triton cache: the 2-worker run starts with what the 1-worker run compiled.
+    budget=${SCALING_BUDGET:-4}
     for n in 1 2; do
-      timeout 290 python3 cli.py fuzz --impl fla-chunk --dtype bfloat16 --budget 4m --workers "$n" \
+      timeout $(( budget * 60 + 50 )) python3 cli.py fuzz --impl fla-chunk --dtype bfloat16 --budget "${budget}m" --workers "$n" \
         --database "/tmp/gdn_issue14_db_w$n" --campaigns "$CAMPAIGNS" --json "$OUT/fuzz_workers$n.json" \
         > "$OUT/fuzz_workers$n.log" 2>&1
-      echo "== fla-chunk fuzz 4m, $n workers: exit $?, $(elapsed)" >> "$SUMMARY"
+      echo "== fla-chunk fuzz ${budget}m, $n workers: exit $?, $(elapsed)" >> "$SUMMARY"
       grep -E "fuzz done|campaign recorded" "$OUT/fuzz_workers$n.log" >> "$SUMMARY"
     done
     ;;

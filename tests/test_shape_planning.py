@@ -243,7 +243,7 @@ def test_fuzz_with_two_workers_merges_one_report(tmp_path):
     seen = []
     kw = dict(database=tmp_path / "db", cases_dir=tmp_path / "cases", max_tokens=256)
     report = api.fuzz(
-        "planted:off_by_one_final_state",
+        api.implementation("planted:off_by_one_final_state"),  # resolved, as the CLI passes it
         "8s",
         properties=["matches_reference", "determinism", "linearity"],
         workers=2,
