@@ -802,11 +802,6 @@ constexpr int kMaxK = 128;        // state rows; bounds the registers that hold 
 constexpr int kMats = 4;          // T'hi, T'lo, P'hi, P'lo
 constexpr int kVecs = 4;          // a, c, d, G
 
-__device__ __forceinline__ unsigned pack_bf16(__nv_bfloat16 lo_index, __nv_bfloat16 hi_index) {
-    return static_cast<unsigned>(__bfloat16_as_ushort(lo_index)) |
-           (static_cast<unsigned>(__bfloat16_as_ushort(hi_index)) << 16);
-}
-
 // Store the pair (x0, x1) at hi[o], lo[o] (bf16 pairs, 4-byte aligned) as x = hi + lo.
 __device__ __forceinline__ void store_split(__nv_bfloat16* hi, __nv_bfloat16* lo, int o, float x0, float x1) {
     unsigned h, l;
@@ -836,23 +831,6 @@ __device__ __forceinline__ const __nv_bfloat16* b_frag(const __nv_bfloat16* m, i
 __device__ __forceinline__ const __nv_bfloat16* bt_frag(const __nv_bfloat16* m, int ld, int k0, int n0) {
     const int lane = threadIdx.x & 31, q = lane >> 3, r = lane & 7;
     return m + (n0 + r + 8 * (q >> 1)) * ld + k0 + 8 * (q & 1);
-}
-
-// acc[0..1] += A B for one 16-row A fragment and two n-tiles of B, split operands:
-// a_hi b_hi + a_hi b_lo (+ a_lo b_hi when kSplitA). b holds the ldmatrix registers of both tiles.
-template <bool kSplitA>
-__device__ __forceinline__ void mma_pair(float (&acc0)[4], float (&acc1)[4], const unsigned (&ahi)[4],
-                                         const unsigned (&alo)[4], const unsigned (&bhi)[4], const unsigned (&blo)[4]) {
-    const unsigned bh0[2] = {bhi[0], bhi[1]}, bh1[2] = {bhi[2], bhi[3]};
-    const unsigned bl0[2] = {blo[0], blo[1]}, bl1[2] = {blo[2], blo[3]};
-    mma_bf16_16816(acc0, ahi, bh0);
-    mma_bf16_16816(acc1, ahi, bh1);
-    mma_bf16_16816(acc0, ahi, bl0);
-    mma_bf16_16816(acc1, ahi, bl1);
-    if (kSplitA) {
-        mma_bf16_16816(acc0, alo, bh0);
-        mma_bf16_16816(acc1, alo, bh1);
-    }
 }
 
 // Copy `rows` rows of `cols` bf16 (cols a multiple of 8) from global (row stride gs elements) to
