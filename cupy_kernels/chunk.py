@@ -368,6 +368,30 @@ def chunk_gated_delta_rule(
     return o, final_state
 
 
+def _allocator():
+    """``empty(shape, fill, dtype)``: uninitialised CuPy memory, or filled with ``fill`` while
+    ``_debug_poison`` is set, so that an element no kernel writes shows up."""
+    import cupy
+
+    return cupy.full if _debug_poison else (lambda shape, _fill, dtype: cupy.empty(shape, dtype))
+
+
+def _outputs_and_tables(qa, va, init, N, state_v_first, output_final_state, tables):
+    """What both paths launch with: ``o`` (q's dtype; int16 holds bf16 bits, poisoned with the NaN
+    pattern -1), ``final_state`` (a 1-element placeholder when not asked for), the chunk tables on the
+    device and the initial-state argument (a placeholder when absent)."""
+    import cupy
+
+    empty = _allocator()
+    B, T, _, K = qa.shape
+    HV, V = va.shape[2:]
+    o = empty((B, T, HV, V), np.nan if qa.array.dtype.kind == "f" else -1, qa.array.dtype)
+    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    final_state = empty(final_shape, np.nan, cupy.float32) if output_final_state else cupy.empty((1,), cupy.float32)
+    init_array = init.array if init is not None else cupy.empty((1,), cupy.float32)
+    return o, final_state, tuple(cupy.asarray(t) for t in tables), init_array
+
+
 def _run(
     qa,
     ka,
@@ -397,24 +421,19 @@ def _run(
     HV, V = va.shape[2:]
     intra, state, output = _kernels(_CTYPES[qa.dtype], C, tensor_cores)
     smem_intra, smem_state, smem_output = _smem_bytes(C, K, V, tensor_cores)
-    empty = cupy.full if _debug_poison else (lambda shape, _fill, dtype: cupy.empty(shape, dtype))
+    empty = _allocator()
     nan = np.nan
-
-    o = empty((B, T, HV, V), nan if qa.array.dtype.kind == "f" else -1, qa.array.dtype)  # int16 = bf16 bits
-    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-    final_state = empty(final_shape, nan, cupy.float32) if output_final_state else cupy.empty((1,), cupy.float32)
+    o, final_state, (d_start, d_len, d_off), init_array = _outputs_and_tables(
+        qa, va, init, N, state_v_first, output_final_state, (chunk_start, chunk_len, seq_chunk_off)
+    )
     w = empty((NC, HV, C, K), nan, cupy.float32)
     u = empty((NC, HV, C, V), nan, cupy.float32)
     kd = empty((NC, HV, C, K), nan, cupy.float32)
     gates = empty((NC, HV, 2, C), nan, cupy.float32)
     states = empty((NC, HV, K, V), nan, cupy.float32)
     v_new = empty((NC, HV, C, V), nan, cupy.float32)
-    d_start = cupy.asarray(chunk_start)
-    d_len = cupy.asarray(chunk_len)
-    d_off = cupy.asarray(seq_chunk_off)
     i32 = np.int32
     null = np.uintp(0)  # a null pointer argument (dt_bias absent, or no in-kernel gate)
-    init_array = init.array if init is not None else cupy.empty((1,), cupy.float32)
 
     if NC > 0:
         _launch(
@@ -527,15 +546,13 @@ def _run_fused(
     HV, V = va.shape[2:]
     prep, state = _fused_kernels(warps)
     smem_prep, smem_state = _fused_smem_bytes(K, warps)
-    empty = cupy.full if _debug_poison else (lambda shape, _fill, dtype: cupy.empty(shape, dtype))
-    o = empty((B, T, HV, V), -1, qa.array.dtype)  # int16 = bf16 bits; -1 is a NaN pattern
-    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-    final_state = empty(final_shape, np.nan, cupy.float32) if output_final_state else cupy.empty((1,), cupy.float32)
-    mats = empty((NC, HV, 4, C, C), -1, cupy.int16)  # bf16 bits: T'hi, T'lo, P'hi, P'lo
+    empty = _allocator()
+    o, final_state, (d_start, d_len, d_off), init_array = _outputs_and_tables(
+        qa, va, init, N, state_v_first, output_final_state, (chunk_start, chunk_len, seq_chunk_off)
+    )
+    mats = empty((NC, HV, 4, C, C), -1, cupy.int16)  # bf16 bits: T'hi, T'lo, P'hi, P'lo; -1 is a NaN
     vecs = empty((NC, HV, 4, C), np.nan, cupy.float32)  # a, c, d, G
-    d_start, d_len, d_off = cupy.asarray(chunk_start), cupy.asarray(chunk_len), cupy.asarray(seq_chunk_off)
     i32, null = np.int32, np.uintp(0)
-    init_array = init.array if init is not None else cupy.empty((1,), cupy.float32)
     if NC > 0:
         _launch(
             prep,
