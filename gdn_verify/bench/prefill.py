@@ -67,30 +67,22 @@ def _inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed
     )
 
 
-class _CupyPeak:
-    """Peak bytes held in CuPy's memory pool while active (a CuPy memory hook)."""
-
-    def __init__(self):
-        from cupy.cuda import memory_hook
-
-        class Hook(memory_hook.MemoryHook):
-            name = "gdn_verify_peak"
-
-            def __init__(self):
-                self.current = self.peak = 0
-
-            def malloc_postprocess(self, **kw):
-                self.current += kw["mem_size"]
-                self.peak = max(self.peak, self.current)
-
-            def free_postprocess(self, **kw):
-                self.current -= kw["mem_size"]
-
-        self.hook = Hook()
-
-
 def _peak_bytes_ours(fn: Callable[[], Any]) -> int:
-    hook = _CupyPeak().hook
+    """Peak bytes held in CuPy's memory pool while ``fn`` runs and its outputs are held (a CuPy memory hook)."""
+    from cupy.cuda import memory_hook
+
+    class Peak(memory_hook.MemoryHook):
+        name = "gdn_verify_peak"
+        current = peak = 0
+
+        def malloc_postprocess(self, **kw):
+            self.current += kw["mem_size"]
+            self.peak = max(self.peak, self.current)
+
+        def free_postprocess(self, **kw):
+            self.current -= kw["mem_size"]
+
+    hook = Peak()
     with hook:
         out = fn()
         del out  # outputs count while they are held, as for FLA
@@ -149,10 +141,6 @@ def _libraries():
     return torch, ours, fla
 
 
-def _device_name(torch) -> str:
-    return torch.cuda.get_device_name()
-
-
 def prefill_bench(
     cases: Sequence[tuple[int, int]] = CASES,
     H: int = 16,
@@ -173,7 +161,7 @@ def prefill_bench(
     """
     torch, ours, fla = _libraries()
     say = progress or (lambda _msg: None)
-    device, today = _device_name(torch), datetime.date.today().isoformat()
+    device, today = torch.cuda.get_device_name(), datetime.date.today().isoformat()
     heads = sorted({0, HV - 1})
     rows = []
     for seqs, length in cases:
@@ -232,7 +220,7 @@ def prefill_accuracy(
         row = dict(dtype=name, shape=f"H={s['H']} HV={s['HV']} K={s['K']} V={s['V']} T={s['T']}")
         row["ours_rel_rms"], row["ours_state_rel_rms"] = errors["ours"]
         row["fla_rel_rms"], row["fla_state_rel_rms"] = errors.get("fla", (None, None))
-        row.update(device=_device_name(torch), date=datetime.date.today().isoformat())
+        row.update(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat())
         rows.append(row)
         say(
             f"accuracy {name}: ours o {row['ours_rel_rms']:.2e} state {row['ours_state_rel_rms']:.2e}"
@@ -246,18 +234,18 @@ def _num(x: float | None, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
+def _mib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / 2**20:.0f} MiB"
+
+
 def format_row(row: dict) -> str:
     """One progress line of a :func:`prefill_bench` row."""
     return (
         f"{row['shape']}: ours {row['ours_ms']:.3f} ms, FLA {_num(row['fla_ms'], '.3f')} ms, "
-        f"ratio {_num(row['ratio'], '.2f')}, extra memory ours {row['ours_peak_bytes'] / 2**20:.0f} MiB "
-        f"FLA {_num(row['fla_peak_bytes'] and row['fla_peak_bytes'] / 2**20, '.0f')} MiB, "
+        f"ratio {_num(row['ratio'], '.2f')}, extra memory ours {_mib(row['ours_peak_bytes'])} "
+        f"FLA {_mib(row['fla_peak_bytes'])}, "
         f"o rel RMS ours {row['ours_rel_rms']:.2e} FLA {_num(row['fla_rel_rms'], '.2e')}"
     )
-
-
-def _mib(x: int | None) -> str:
-    return "n/a" if x is None else f"{x / 2**20:.0f} MiB"
 
 
 def format_table(rows: list[dict], accuracy: Sequence[dict] = ()) -> str:
