@@ -278,13 +278,8 @@ def test_fp16_inputs(chunk, cp):
 
 @pytest.mark.parametrize("tc", [None, False])
 def test_bf16_torch(chunk, tc):
-    torch = pytest.importorskip("torch", reason="bf16 goes through torch, which is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
     case = make_case(11, T=512, H=2, HV=4, K=128, V=128, cu_seqlens=[0, 100, 512], with_state=True)
-    dev = {n: torch.from_numpy(case[n]).cuda() for n in ("q", "k", "v", "g", "beta")}
-    for n in ("q", "k", "v", "beta"):  # g stays fp32, as models feed it
-        dev[n] = dev[n].to(torch.bfloat16)
+    torch, dev, host = torch_bf16(case)  # g stays fp32, as models feed it
     state = torch.from_numpy(case["initial_state"]).cuda()
     cu = torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
     o, s = chunk.chunk_gated_delta_rule(
@@ -297,8 +292,7 @@ def test_bf16_torch(chunk, tc):
     )
     assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and o.shape == (1, 512, 4, 128)
     assert s.dtype == torch.float32
-    host = {**case, **{n: dev[n].float().cpu().numpy() for n in dev}}  # the oracle sees the rounded inputs
-    o_ref, s_ref = run_oracle(host, l2norm=True)
+    o_ref, s_ref = run_oracle(host, l2norm=True)  # the oracle sees the rounded inputs
     o, s = o.float().cpu().numpy(), s.cpu().numpy()
     assert np.isfinite(o).all() and np.isfinite(s).all()
     assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
