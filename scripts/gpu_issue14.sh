@@ -5,8 +5,9 @@
 #   PHASE=cold    bash scripts/gpu_issue14.sh   # fresh Triton cache; check --impl fla-chunk bf16 (target <= 10 min)
 #   PHASE=warm    bash scripts/gpu_issue14.sh   # same check, warm cache (target <= 3 min); fla-recurrent 2-min fuzz
 #   PHASE=fuzz    bash scripts/gpu_issue14.sh   # fla-chunk fuzz, bf16 and fp32 side by side on the one GPU (9 min)
+#   PHASE=warmpool bash scripts/gpu_issue14.sh  # compile all 18 candidate classes in 8 processes (fills the cache)
 #   PHASE=scaling bash scripts/gpu_issue14.sh   # nvidia-h200-x2 only: fla-chunk fuzz with 1 then 2 workers
-#                                               # (SCALING_BUDGET minutes each, default 4)
+#                                               # (SCALING_BUDGET minutes each, default 4; SCALING_WORKERS="1 2")
 # Each phase writes at most 8 files to $OUT (default ./gpu_logs): summary.log, the logs and JSON of its
 # runs, and campaigns.json (every campaign row so far: copy it to reports/<date>/campaigns.json).
 set -u -o pipefail
@@ -60,10 +61,17 @@ case "$PHASE" in
     echo "== fla-chunk fuzz bf16 and fp32 side by side: $(elapsed)" >> "$SUMMARY"
     grep -hE "fuzz done|campaign recorded|FAILED|minimal example" "$OUT"/fuzz_chunk_*.log >> "$SUMMARY"
     ;;
+  warmpool)
+    # Every worker count must start from the same cache: all candidate classes compiled, so that
+    # each run's probe sees a cheap class and plans (and loads) the full pool.
+    timeout 560 python3 scripts/warm_pool.py --impl fla-chunk --dtype bfloat16 --processes 8 > "$OUT/warm_pool.log" 2>&1
+    echo "== warm pool: exit $?, $(elapsed)" >> "$SUMMARY"
+    tail -n 1 "$OUT/warm_pool.log" >> "$SUMMARY"
+    ;;
   scaling)
-    # One shared Triton cache: the 2-worker run starts with what the 1-worker run compiled.
+    # Run after PHASE=warmpool on the same machine: both worker counts start from the same warm cache.
     budget=${SCALING_BUDGET:-4}
-    for n in 1 2; do
+    for n in ${SCALING_WORKERS:-1 2}; do
       timeout $(( budget * 60 + 50 )) python3 cli.py fuzz --impl fla-chunk --dtype bfloat16 --budget "${budget}m" --workers "$n" \
         --database "/tmp/gdn_issue14_db_w$n" --campaigns "$CAMPAIGNS" --json "$OUT/fuzz_workers$n.json" \
         > "$OUT/fuzz_workers$n.log" 2>&1
@@ -71,7 +79,7 @@ case "$PHASE" in
       grep -E "fuzz done|campaign recorded" "$OUT/fuzz_workers$n.log" >> "$SUMMARY"
     done
     ;;
-  *) echo "unknown PHASE=$PHASE (cold, warm, fuzz, scaling)" >&2; exit 2 ;;
+  *) echo "unknown PHASE=$PHASE (cold, warm, fuzz, warmpool, scaling)" >&2; exit 2 ;;
 esac
 [ -f "$CAMPAIGNS" ] && cp "$CAMPAIGNS" "$OUT/campaigns.json"
 echo "== done: $(elapsed); campaigns.json rows go to reports/$DATE/campaigns.json" >> "$SUMMARY"

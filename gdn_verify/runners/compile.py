@@ -64,8 +64,8 @@ def _key(impl: Implementation) -> Callable[[ShapeClass], object]:
     return declared if callable(declared) else (lambda c: c)
 
 
-def _warm(impl: Implementation, c: ShapeClass) -> float:
-    """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c``."""
+def warm_class(impl: Implementation, c: ShapeClass) -> float:
+    """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c`` (compiling it)."""
     problem = c.example()
     start = time.perf_counter()
     for form in impl.native_forms:
@@ -101,7 +101,7 @@ def plan_shapes(
             break
         tried += 1
         try:
-            first, repeat = _warm(impl, c), _warm(impl, c)
+            first, repeat = warm_class(impl, c), warm_class(impl, c)
         except KernelTimeout:  # a hung kernel: the properties report it, probing on would only wait again
             pool.append(c)
             break
@@ -133,7 +133,7 @@ def plan_shapes(
             more = int((budget - elapsed) // estimate) if estimate > 0 else len(candidates)
             progress(len(pool), min(len(candidates), len(pool) + max(more, MIN_CLASSES - len(pool), 1)), elapsed)
         try:
-            costs.append(_warm(impl, c))
+            costs.append(warm_class(impl, c))
         except KernelTimeout:
             seen.add(key(c))
             pool.append(c)
