@@ -61,9 +61,10 @@ def _module(names: tuple[str, ...]):
 
 
 @functools.cache
-def _fused_kernels(warps: int):
-    """Compiled ``(prep, state)`` kernels of the fused bf16 path, the state kernel with ``warps`` warps."""
-    return _module(("gdn_fused_prep", f"gdn_fused_state<{warps}>"))
+def _fused_kernels(warps: int, k_split: int):
+    """Compiled ``(prep, state)`` kernels of the fused bf16 path; the state kernel takes ``warps``
+    slabs of 16 value columns, ``k_split`` warps per slab."""
+    return _module(("gdn_fused_prep", f"gdn_fused_state<{warps}, {k_split}>"))
 
 
 def fused_warps(dtype: str, chunk_size: int, K: int, V: int, tensor_cores: bool) -> int | None:
@@ -75,6 +76,17 @@ def fused_warps(dtype: str, chunk_size: int, K: int, V: int, tensor_cores: bool)
     if K % 16 or K > FUSED_MAX_K or V % 16:
         return None
     return next(w for w in (4, 2, 1) if V % (16 * w) == 0)
+
+
+def fused_k_split(K: int, V: int, sequences: int, HV: int, sms: int) -> int:
+    """Warps sharing one 16-column slab's state rows in the fused state kernel: 2 where the CTAs of
+    that form (two slabs, four warps, one CTA per SM for its shared memory) still fit in one wave
+    on ``sms`` SMs, so each chunk's dependent MMA chain is about half as long (few sequences: the
+    1 x T rows, where four warps per SM leave the chain's latency exposed); else 1, where the
+    waves it would add cost more than the chain it shortens. Needs K % 32 == 0 and V % 32 == 0."""
+    if K % 32 or V % 32:
+        return 1
+    return 2 if sequences * HV * (V // 32) <= sms else 1
 
 
 @functools.cache
@@ -196,18 +208,21 @@ def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> 
     return 4 * intra, 4 * state, 4 * output
 
 
-def _fused_smem_bytes(K: int, warps: int) -> tuple[int, int]:
+def _fused_smem_bytes(K: int, warps: int, k_split: int = 1) -> tuple[int, int]:
     """Dynamic shared memory of the fused (prep, state) kernels; mirrors the layouts in chunk.cu."""
     C, kp, vp, cp = FUSED_CHUNK, K + _FUSED_PAD, 16 * warps + _FUSED_PAD, FUSED_CHUNK + _FUSED_PAD
     prep = 2 * C * kp * 2 + (3 * C * (C + 1) + C * C // 4 + 6 * C) * 4
-    stage = 2 * C * kp * 2 + C * vp * 2 + 4 * C * cp * 2 + 4 * C * 4
-    state = 2 * stage + C * vp * 2
+    k_and_vectors = C * kp * 2 + 4 * C * 4  # double-buffered
+    q_v_mats_out = C * kp * 2 + C * vp * 2 + 4 * C * cp * 2 + C * vp * 2  # single: q, v, T'/P', output tile
+    exchange = warps * k_split * C * 32 * 4 if k_split > 1 else 0  # per warp: partial Y_k, Y_q, C floats a lane
+    state = 2 * k_and_vectors + q_v_mats_out + exchange
     return prep, state
 
 
 def _launch(kernel, grid, args, smem: int, threads: int = _THREADS) -> None:
     if smem > 48 * 1024:  # beyond the default dynamic shared memory limit: opt in
         kernel.max_dynamic_shared_size_bytes = smem
+        kernel.preferred_shared_memory_carveout = 100  # all of L1 as shared memory: room for two CTAs
     kernel(grid, (threads,), args, shared_mem=smem)
 
 
@@ -232,6 +247,7 @@ def chunk_gated_delta_rule(
     chunk_size: int = 64,
     use_tensor_cores: bool | None = None,
     fused: bool | None = None,
+    k_split: int | None = None,
     checked: bool | None = None,
 ) -> tuple[Any, Any | None]:
     """Chunked GDN forward on the GPU. Returns ``(o [B, T, HV, V] in q's dtype, final_state | None)``.
@@ -247,7 +263,9 @@ def chunk_gated_delta_rule(
     bf16 / fp16 inputs and plain FP32 for fp32 inputs. ``fused``: ``None`` (default) takes the
     fused two-kernel path wherever it applies (bf16 inputs, tensor cores, ``chunk_size = 64``,
     ``K % 16 == 0``, ``K <= 128``, ``V % 16 == 0``, 16-byte aligned q, k, v), ``False`` never,
-    ``True`` always (``ValueError`` where it does not apply).
+    ``True`` always (``ValueError`` where it does not apply). ``k_split``: warps that share one
+    16-column slab of the state in the fused state kernel, 1 or 2 (2 needs ``K % 32 == 0`` and
+    ``V % 32 == 0``); ``None`` (default) picks it from the grid size (:func:`fused_k_split`).
     """
     import cupy
 
@@ -258,6 +276,8 @@ def chunk_gated_delta_rule(
         raise ValueError(f"use_tensor_cores: must be None, True or False, got {use_tensor_cores!r}")
     if fused not in (None, True, False):
         raise ValueError(f"fused: must be None, True or False, got {fused!r}")
+    if k_split not in (None, 1, 2) or isinstance(k_split, bool):
+        raise ValueError(f"k_split: must be None, 1 or 2, got {k_split!r}")
     if use_gate_in_kernel and A_log is None:
         raise ValueError("A_log: required when use_gate_in_kernel=True")
     if not use_gate_in_kernel and A_log is not None:
@@ -332,8 +352,16 @@ def chunk_gated_delta_rule(
             "fused: the fused path needs bf16 inputs, tensor cores, chunk_size=64, K % 16 == 0, K <= 128, "
             f"V % 16 == 0 and 16-byte aligned q, k, v (got {qa.dtype}, chunk_size={chunk_size}, K={K}, V={V})"
         )
+    if warps is None and k_split is not None:
+        raise ValueError("k_split: only the fused path takes it, and it does not apply to these inputs")
+    if warps is not None:
+        if k_split is None:
+            k_split = fused_k_split(K, V, N, HV, ts.num_sms(device))
+        elif k_split == 2 and (K % 32 or V % 32):
+            raise ValueError(f"k_split: 2 needs K % 32 == 0 and V % 32 == 0 (got K={K}, V={V})")
+        warps = 2 if k_split == 2 else warps  # two slabs of two warps: one CTA per SM (shared memory)
     with stream:
-        run = _run if warps is None else functools.partial(_run_fused, warps=warps)
+        run = _run if warps is None else functools.partial(_run_fused, warps=warps, k_split=k_split or 1)
         o, final_state = run(
             qa,
             ka,
@@ -537,6 +565,7 @@ def _run_fused(
     d_bias=None,
     *,
     warps: int,
+    k_split: int = 1,
 ):
     """The fused bf16 path: prep (parallel over chunks) then state + output (sequential per sequence)."""
     import cupy
@@ -544,8 +573,8 @@ def _run_fused(
     del tensor_cores  # always: the fused path is the tensor-core path
     B, T, H, K = qa.shape
     HV, V = va.shape[2:]
-    prep, state = _fused_kernels(warps)
-    smem_prep, smem_state = _fused_smem_bytes(K, warps)
+    prep, state = _fused_kernels(warps, k_split)
+    smem_prep, smem_state = _fused_smem_bytes(K, warps, k_split)
     empty = _allocator()
     o, final_state, (d_start, d_len, d_off), init_array = _outputs_and_tables(
         qa, va, init, N, state_v_first, output_final_state, (chunk_start, chunk_len, seq_chunk_off)
@@ -602,6 +631,6 @@ def _run_fused(
                 i32(output_final_state),
             ),
             smem_state,
-            threads=32 * warps,
+            threads=32 * warps * k_split,
         )
     return o, final_state if output_final_state else None

@@ -188,11 +188,6 @@ def compiled(mode: KernelMode, device: int) -> tuple[Any, int]:
 
 
 @functools.cache
-def _num_sms(device: int) -> int:
-    return ts.cupy().cuda.Device(device).attributes["MultiProcessorCount"]
-
-
-@functools.cache
 def resident_ctas(mode: KernelMode, threads: int, device: int) -> int:
     """CTAs of ``threads`` threads of one instantiation that fit on one SM at once (the occupancy
     calculator, else the register count: the state tiles make registers the only limit)."""
@@ -212,7 +207,7 @@ def resident_ctas(mode: KernelMode, threads: int, device: int) -> int:
 
 def _warps_per_cta(total_warps: int, device: int) -> int:
     # Small problems (batch-1 decode) get 1-warp CTAs so they spread over every SM; large ones 4.
-    target = 2 * _num_sms(device)
+    target = 2 * ts.num_sms(device)
     w = 4
     while w > 1 and -(-total_warps // w) < target:
         w //= 2
@@ -345,7 +340,7 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
     p.blocks, p.threads = -(-total_warps // w), 32 * w
     if persistent and p.blocks:
         # one warp per resident slot at most; each loops over items w, w + stride, ...
-        p.blocks = min(p.blocks, _num_sms(device) * resident_ctas(kernel, p.threads, device))
+        p.blocks = min(p.blocks, ts.num_sms(device) * resident_ctas(kernel, p.threads, device))
     p.static = SCALARS.pack(
         qs[0],
         qs[1],

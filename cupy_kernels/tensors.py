@@ -11,6 +11,7 @@ uses it) are imported lazily.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -65,6 +66,12 @@ def is_torch(x: Any) -> bool:
 
 def current_device() -> int:
     return (_CUPY or cupy()).cuda.runtime.getDevice()
+
+
+@functools.cache
+def num_sms(device: int) -> int:
+    """Streaming multiprocessors of ``device`` (grid sizing)."""
+    return cupy().cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 # --------------------------------------------------------------------------- reading tensors

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Issue 16 on one H100 (or H200), from the repo root, in one device call (about 8 minutes):
-# the chunk kernel's GPU tests, compute-sanitizer memcheck and racecheck on the fused path, Nsight
-# Compute durations per kernel at 1 x 16384, and `cli.py bench --what prefill` beside FLA 0.6
-# (carried as .whl/fla/*.whl). Writes at most 8 files to $OUT (default ./gpu_logs).
-#   STEPS="tests sanitizer ncu warps bench" bash scripts/gpu_issue16.sh
+# Issue 16 on one H100 (or H200), from the repo root: the chunk kernel's GPU tests, compute-sanitizer
+# memcheck and racecheck on the fused path, Nsight Compute per kernel at 1 x 16384, the fused state
+# kernel with k_split 1 and 2 side by side, `check --impl cupy` (chunk_equals_recurrent) and
+# `cli.py bench --what prefill` beside FLA 0.6 (carried as .whl/fla/*.whl). All steps take about
+# 10 minutes, so run them in two device calls. Writes at most 8 files to $OUT (default ./gpu_logs).
+#   STEPS="tests sanitizer ncu split" bash scripts/gpu_issue16.sh; STEPS="check bench" bash scripts/gpu_issue16.sh
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
-STEPS=${STEPS:-tests sanitizer ncu warps bench}
+STEPS=${STEPS:-tests sanitizer ncu split}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/fla/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/fla ]; then
@@ -29,7 +30,7 @@ for step in $STEPS; do
     sanitizer)
       for tool in memcheck racecheck; do
         timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          python3 -m pytest -q -p no:cacheprovider tests/test_cupy_chunk.py -k "fused and (ragged_k128 or v48 or gate)" \
+          python3 -m pytest -q -p no:cacheprovider tests/test_cupy_chunk.py -k "fused and (ragged_k128 or v48 or gate or k96)" \
           > "$OUT/sanitizer_$tool.log" 2>&1
         echo "== $tool: exit $?, $(elapsed)" >> "$SUMMARY"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_$tool.log" | tail -n 3 >> "$SUMMARY"
       done ;;
@@ -47,25 +48,28 @@ PY
         --section SpeedOfLight --section Occupancy --section LaunchStats python3 /tmp/ncu_prefill.py > "$OUT/ncu.log" 2>&1
       echo "== ncu: exit $?, $(elapsed)" >> "$SUMMARY"
       grep -E "gdn_fused|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per" "$OUT/ncu.log" >> "$SUMMARY" ;;
-    warps)
-      # The fused state kernel with 2 and 4 warps per CTA (fewer CTAs share one load of k, q, T', P').
-      cat > /tmp/warps_prefill.py <<'PY'
+    split)
+      # The fused state kernel with one or two warps per 16-column slab, on the bench's shapes.
+      cat > /tmp/split_prefill.py <<'PY'
 import torch
 from cupy_kernels import chunk
 from gdn_verify.bench.prefill import _inputs, _time_ms
-default = chunk.fused_warps
-for seqs, length in ((1, 16384), (64, 512)):
+for seqs, length in ((1, 4096), (1, 16384), (2, 4096), (8, 2048), (64, 512)):
     x = _inputs(torch, seqs, length, 16, 32, 128, 128, 0, torch.bfloat16)
     cu = None if seqs == 1 else x["cu"]
-    for w in (4, 2):
-        chunk.fused_warps = lambda *a, w=w: w
-        ms = _time_ms(lambda: chunk.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                      output_final_state=True, cu_seqlens=cu), torch.cuda.synchronize, 3, 10)
-        print(f"{seqs} x {length}: {w} warps per CTA {ms:.3f} ms")
-    chunk.fused_warps = default
+    times = {}
+    for split in (1, 2, None):
+        times[split] = _time_ms(lambda: chunk.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                output_final_state=True, cu_seqlens=cu, k_split=split), torch.cuda.synchronize, 3, 10)
+    print(f"{seqs} x {length}: k_split=1 {times[1]:.3f} ms, k_split=2 {times[2]:.3f} ms, default {times[None]:.3f} ms")
 PY
-      timeout 120 python3 /tmp/warps_prefill.py > "$OUT/warps.log" 2>&1
-      echo "== warps: exit $?, $(elapsed)" >> "$SUMMARY"; grep -E "warps per CTA|Error" "$OUT/warps.log" >> "$SUMMARY" ;;
+      timeout 150 python3 /tmp/split_prefill.py > "$OUT/split.log" 2>&1
+      echo "== split: exit $?, $(elapsed)" >> "$SUMMARY"; grep -E "k_split|Error" "$OUT/split.log" >> "$SUMMARY" ;;
+    check)
+      # Every property on the fused path (bf16), chunk_equals_recurrent included.
+      timeout 240 python3 cli.py check --impl cupy --dtype bfloat16 --seed 20261123 > "$OUT/check_cupy_bf16.log" 2>&1
+      echo "== check --impl cupy bf16: exit $?, $(elapsed)" >> "$SUMMARY"
+      grep -E "chunk_equals|passed,|FAILED|failed" "$OUT/check_cupy_bf16.log" | tail -n 6 >> "$SUMMARY" ;;
     bench)
       timeout 400 python3 cli.py bench --what prefill --json "$OUT/bench-prefill.json" --out "$OUT/bench-prefill.md" \
         > "$OUT/bench.log" 2>&1

@@ -12,7 +12,7 @@ slip (those show up at 1e-3 or worse). With bf16 inputs the oracle sees the same
 so the output error is the bf16 rounding of o (about 1.7e-3 RMS) plus the fp32 part; FLA's
 chunked kernel sits at 3.4e-3 and the bound is ``BF16_TOL = 4e-3``.
 
-The fused path (the default for bf16 inputs where it applies, see ``chunk.fused_tile``) uses k and q
+The fused path (the default for bf16 inputs where it applies, see ``chunk.fused_warps``) uses k and q
 as exact bf16 MMA operands and splits only fp32 operands (S, X, v_new, T', P'), so its products carry
 the same 2^-16 relative error as the split tensor-core path: output within ``BF16_TOL`` (bf16
 rounding dominates), final state within ``TC_FP32_TOL``.
@@ -321,11 +321,14 @@ FUSED_CASES = {
     "v48_gva4": dict(T=130, H=1, HV=4, K=32, V=48, with_state=True, state_v_first=True, l2norm=True),
     "k16_v64_batched": dict(B=3, T=70, H=2, HV=2, K=16, V=64),
     "k64_v96": dict(T=300, H=2, HV=2, K=64, V=96, cu_seqlens=[0, 65, 300], with_state=True),
+    "k96_v64_vfirst": dict(T=200, H=1, HV=2, K=96, V=64, cu_seqlens=RAGGED, with_state=True, state_v_first=True),
 }
+# k_split = 2 (two warps share a slab's state rows) needs K % 32 == 0 and V % 32 == 0
+SPLIT_CASES = [name for name, c in sorted(FUSED_CASES.items()) if c["K"] % 32 == 0 and c["V"] % 32 == 0]
 
 
-@pytest.mark.parametrize("name", sorted(FUSED_CASES))
-def test_fused_bf16_matches_oracle(chunk, name):
+@pytest.mark.parametrize("name, k_split", [(n, 1) for n in sorted(FUSED_CASES)] + [(n, 2) for n in SPLIT_CASES])
+def test_fused_bf16_matches_oracle(chunk, name, k_split):
     spec = dict(FUSED_CASES[name])
     l2norm = spec.pop("l2norm", False)
     case = make_case(sum(map(ord, name)), **spec)
@@ -339,7 +342,7 @@ def test_fused_bf16_matches_oracle(chunk, name):
         state_v_first=case["state_v_first"],
         cu_seqlens=cu,
     )
-    o, s = chunk.chunk_gated_delta_rule(**dev, fused=True, **kw)
+    o, s = chunk.chunk_gated_delta_rule(**dev, fused=True, k_split=k_split, **kw)
     o, s = o.float().cpu().numpy(), s.cpu().numpy()
     assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
     o_ref, s_ref = run_oracle(host, l2norm)
@@ -377,6 +380,14 @@ def test_fused_bf16_gate_options(chunk):
     assert rel_rms(s.cpu().numpy(), s_ref) < TC_FP32_TOL
 
 
+def test_k_split_needs_whole_halves(chunk):
+    """k_split=2 gives each warp K / 2 state rows in 16-row blocks: K = 48 cannot be split."""
+    case = make_case(23, T=70, H=1, HV=2, K=48, V=64)
+    torch, dev, host = torch_bf16(case)
+    with pytest.raises(ValueError, match="^k_split:"):
+        chunk.chunk_gated_delta_rule(**dev, k_split=2)
+
+
 @pytest.mark.parametrize("K, V", [(100, 64), (256, 64), (64, 100)])
 def test_fused_refused_where_it_does_not_apply(chunk, K, V):
     """Head sizes the fused path cannot take go to the three-kernel path by default (and stay
@@ -408,6 +419,8 @@ def test_fused_refused_where_it_does_not_apply(chunk, K, V):
         (dict(use_tensor_cores="yes"), "use_tensor_cores"),
         (dict(fused=1), "fused"),
         (dict(fused=True), "fused"),  # fp32 inputs: the fused path is bf16 only
+        (dict(k_split=3), "k_split"),
+        (dict(k_split=1), "k_split"),  # fp32 inputs: no fused path to split
     ],
 )
 def test_bad_arguments(chunk, cp, change, name):

@@ -125,11 +125,11 @@ def fake(monkeypatch):
     monkeypatch.setattr(tensors, "_ERRORS", {})
     monkeypatch.setattr(recurrent_kernel, "_PLANS", {})
     recurrent_kernel.compiled.cache_clear()
-    recurrent_kernel._num_sms.cache_clear()
+    tensors.num_sms.cache_clear()
     recurrent_kernel.resident_ctas.cache_clear()
     yield cp, launches
     recurrent_kernel.compiled.cache_clear()
-    recurrent_kernel._num_sms.cache_clear()
+    tensors.num_sms.cache_clear()
     recurrent_kernel.resident_ctas.cache_clear()  # the stand-in's occupancy must not reach GPU tests
 
 
@@ -322,3 +322,34 @@ def test_decode_graph_captures_once_and_replays(fake):
     assert launches[-1] == dict(graph=4321, stream=55)
     with pytest.raises(ValueError, match="^state:"):
         step.capture(**x, state=pool[:2], slot_indices=slots)
+
+
+@pytest.mark.parametrize(
+    "K, V, sequences, HV, sms, want",
+    [
+        (128, 128, 1, 32, 132, 2),  # one long sequence: 128 CTAs of the split form fill one wave
+        (128, 128, 2, 32, 132, 1),  # 256 would need two waves: the unsplit form is cheaper
+        (128, 128, 8, 32, 132, 1),
+        (64, 64, 4, 16, 132, 2),
+        (96, 128, 1, 8, 132, 2),  # K % 32 == 0 is enough for the K halves
+        (80, 128, 1, 8, 132, 1),  # K / 2 = 40 is not whole 16-row blocks
+        (128, 48, 1, 8, 132, 1),  # V = 48 is not two slabs
+    ],
+)
+def test_fused_k_split_rule(K, V, sequences, HV, sms, want):
+    from cupy_kernels.chunk import fused_k_split
+
+    assert fused_k_split(K, V, sequences, HV, sms) == want
+
+
+def test_fused_state_shared_memory_fits():
+    """Every fused state form the launcher can pick fits the 227 KiB an H100 CTA may opt in to."""
+    from cupy_kernels.chunk import FUSED_MAX_K, _fused_smem_bytes
+
+    forms = [(4, 1), (2, 1), (1, 1), (2, 2)]
+    sizes = {form: _fused_smem_bytes(FUSED_MAX_K, *form)[1] for form in forms}
+    assert max(sizes.values()) <= 227 * 1024, sizes
+    # the unsplit forms (many sequences) fit two CTAs in an SM's 228 KiB (1 KiB reserved per CTA)
+    assert all(2 * (sizes[form] + 1024) <= 228 * 1024 for form in forms if form[1] == 1), sizes
+    # the split form adds one 8 KiB exchange buffer per warp (64 fp32 partials per lane)
+    assert sizes[(2, 2)] - _fused_smem_bytes(FUSED_MAX_K, 2, 1)[1] == 4 * 64 * 32 * 4
