@@ -5,7 +5,8 @@
 #   PHASE=cold    bash scripts/gpu_issue14.sh   # fresh Triton cache; check --impl fla-chunk bf16 (target <= 10 min)
 #   PHASE=warm    bash scripts/gpu_issue14.sh   # same check, warm cache (target <= 3 min); fla-recurrent 2-min fuzz
 #   PHASE=fuzz    bash scripts/gpu_issue14.sh   # fla-chunk fuzz, bf16 and fp32 side by side on the one GPU (9 min)
-#   PHASE=warmpool bash scripts/gpu_issue14.sh  # compile all 18 candidate classes in 8 processes (fills the cache)
+#   PHASE=warmpool bash scripts/gpu_issue14.sh  # compile all 18 candidate classes in 16 processes, copy the cache
+#                                               # once per worker count
 #   PHASE=scaling bash scripts/gpu_issue14.sh   # nvidia-h200-x2 only: fla-chunk fuzz with 1 then 2 workers
 #                                               # (SCALING_BUDGET minutes each, default 4; SCALING_WORKERS="1 2")
 # Each phase writes at most 8 files to $OUT (default ./gpu_logs): summary.log, the logs and JSON of its
@@ -62,22 +63,28 @@ case "$PHASE" in
     grep -hE "fuzz done|campaign recorded|FAILED|minimal example" "$OUT"/fuzz_chunk_*.log >> "$SUMMARY"
     ;;
   warmpool)
-    # Every worker count must start from the same cache: all candidate classes compiled, so that
-    # each run's probe sees a cheap class and plans (and loads) the full pool.
-    timeout 560 python3 scripts/warm_pool.py --impl fla-chunk --dtype bfloat16 --processes 8 > "$OUT/warm_pool.log" 2>&1
+    # Every worker count must start from the same cache: all candidate classes compiled, then one
+    # copy of that cache per worker count, so that what one run compiles cannot help the other.
+    timeout 300 python3 scripts/warm_pool.py --impl fla-chunk --dtype bfloat16 --processes 16 > "$OUT/warm_pool.log" 2>&1
     echo "== warm pool: exit $?, $(elapsed)" >> "$SUMMARY"
     tail -n 1 "$OUT/warm_pool.log" >> "$SUMMARY"
+    for n in 1 2; do rm -rf "$TRITON_CACHE_DIR.w$n" && cp -a "$TRITON_CACHE_DIR" "$TRITON_CACHE_DIR.w$n"; done
+    echo "cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1), copied for 1 and 2 workers" >> "$SUMMARY"
     ;;
   scaling)
-    # Run after PHASE=warmpool on the same machine: both worker counts start from the same warm cache.
+    # After PHASE=warmpool on the same machine: each worker count runs on its own copy of the warm
+    # cache. The kill limit leaves 2 minutes past the budget, so the summary is always printed.
     budget=${SCALING_BUDGET:-4}
     for n in ${SCALING_WORKERS:-1 2}; do
-      timeout $(( budget * 60 + 50 )) python3 cli.py fuzz --impl fla-chunk --dtype bfloat16 --budget "${budget}m" --workers "$n" \
-        --database "/tmp/gdn_issue14_db_w$n" --campaigns "$CAMPAIGNS" --json "$OUT/fuzz_workers$n.json" \
-        > "$OUT/fuzz_workers$n.log" 2>&1
-      echo "== fla-chunk fuzz ${budget}m, $n workers: exit $?, $(elapsed)" >> "$SUMMARY"
+      cache="$TRITON_CACHE_DIR.w$n"; [ -d "$cache" ] || cache="$TRITON_CACHE_DIR"
+      TRITON_CACHE_DIR="$cache" timeout $(( budget * 60 + 120 )) python3 cli.py fuzz --impl fla-chunk --dtype bfloat16 \
+        --budget "${budget}m" --workers "$n" --database "/tmp/gdn_issue14_db_w$n" --campaigns "$CAMPAIGNS" \
+        --cases /tmp/gdn_issue14_cases --json "$OUT/fuzz_workers$n.json" > "$OUT/fuzz_workers$n.log" 2>&1
+      echo "== fla-chunk fuzz ${budget}m, $n workers, cache $cache: exit $?, $(elapsed)" >> "$SUMMARY"
       grep -E "fuzz done|campaign recorded" "$OUT/fuzz_workers$n.log" >> "$SUMMARY"
     done
+    # minimal failing cases (replay files), so that FLA findings can be replayed here
+    [ -d /tmp/gdn_issue14_cases ] && tar czf "$OUT/cases.tgz" -C /tmp gdn_issue14_cases
     ;;
   *) echo "unknown PHASE=$PHASE (cold, warm, fuzz, warmpool, scaling)" >&2; exit 2 ;;
 esac
