@@ -310,7 +310,7 @@ def check(
     compilation; None or 0: no limit; see ``gdn_verify.runners.guard``).
     A callable whose signature cannot take the arguments raises :class:`ConfigurationError`
     before anything runs.
-    ``compile_budget``: seconds (or ``"5m"``) for compiling shape classes up front when a new
+    ``compile_budget``: seconds (or ``"3m"``, the default) for compiling shape classes up front when a new
     class is expensive (JIT-compiled kernels), ``on_compile(done, planned, seconds)`` its progress.
     """
     start = time.perf_counter()
@@ -581,10 +581,12 @@ def selftest(
 
 
 # Compile-aware shape planning (issue 14) ----------------------------------------------------
-# FLA's chunked kernel costs 25-45 s per new shape class on an H100 with a cold Triton cache.
-# 5 minutes of compilation is 10-12 bfloat16 classes (25-30 s) or 6-7 float32 ones (45 s), and
-# leaves 5 of the 10 minutes a cold `check` may take for running the properties (warm: 3).
-DEFAULT_COMPILE_BUDGET = 300.0
+# FLA's chunked kernel costs 25-55 s per new shape class on an H100 with a cold Triton cache, and
+# the properties then compile more variants of the pool's classes as they meet them (options,
+# state layouts). Measured (H100, 2026-11-23, cold `check --impl fla-chunk`): with 5 minutes the
+# pool was 7 classes (4 min 34 s) and the check ran past 9.5 minutes; with 3 minutes it was 4
+# classes (2 min 39 s) and the check took 8 min 4 s, inside the 10 minutes a cold check may take.
+DEFAULT_COMPILE_BUDGET = 180.0
 
 
 def plan_limits(
