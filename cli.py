@@ -422,7 +422,7 @@ def _compile_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile-budget",
         help="time for compiling shape classes up front when a new class is expensive (JIT kernels such as "
-        "FLA's): 90s, 5m (default 5m); the pool of classes drawn from adapts to it",
+        "FLA's): 90s, 5m (default 3m); the pool of classes drawn from adapts to it",
     )
 
 
