@@ -1151,16 +1151,21 @@ __global__ void __launch_bounds__(32 * W * KS)
     const int k0 = 8 * kt * part;                // its first state row
 
     // Shared memory: k and the row vectors double-buffered (k is read again by the state update at
-    // the end of the chunk); q, v and T'/P' single-buffered, each reloaded for the next chunk as soon
-    // as every warp is done with it. About 107 KiB at K = 128, W = 4: two CTAs per SM.
+    // the end of the chunk). q, v and T'/P': with KS = 1 single-buffered, each reloaded for the next
+    // chunk as soon as every warp is done with it (about 107 KiB at K = 128, W = 4: two CTAs per SM,
+    // so one CTA's waits are the other's turn); with KS = 2, where the exchange buffers keep it at one
+    // CTA per SM anyway, double-buffered and loaded a whole chunk ahead with one barrier per chunk.
+    constexpr bool kDouble = KS > 1;
     const int k_bytes = C * KP * 2, v_bytes = C * VP * 2, m_bytes = kMats * C * CP * 2, vec_bytes = kVecs * C * 4;
-    const int kv_bytes = k_bytes + vec_bytes;
+    const int kv_bytes = k_bytes + vec_bytes, qvm_bytes = k_bytes + v_bytes + m_bytes;
     auto k_stage = [&](int s) { return reinterpret_cast<__nv_bfloat16*>(smem_raw + s * kv_bytes); };
     auto vec_stage = [&](int s) { return reinterpret_cast<float*>(smem_raw + s * kv_bytes + k_bytes); };
-    __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem_raw + 2 * kv_bytes);
-    __nv_bfloat16* vs = qs + C * KP;
-    __nv_bfloat16* ms = vs + C * VP;
-    __nv_bfloat16* os = ms + kMats * C * CP;  // output tile [C][VP]
+    auto q_stage = [&](int s) {
+        return reinterpret_cast<__nv_bfloat16*>(smem_raw + 2 * kv_bytes + (kDouble ? s : 0) * qvm_bytes);
+    };
+    auto v_stage = [&](int s) { return q_stage(s) + C * KP; };
+    auto m_stage = [&](int s) { return q_stage(s) + C * KP + C * VP; };
+    __nv_bfloat16* os = reinterpret_cast<__nv_bfloat16*>(smem_raw + 2 * kv_bytes + (kDouble ? 2 : 1) * qvm_bytes);
     // Partials of the KS warps of a slab, [warp][kX][32]: lane-minor, so each store and load is one
     // conflict-free 128-byte row.
     float* xs = reinterpret_cast<float*>(os + C * VP);
@@ -1179,21 +1184,21 @@ __global__ void __launch_bounds__(32 * W * KS)
         }
         cp_async_commit();
     };
-    auto load_qv = [&](int chunk) {
+    auto load_qv = [&](int chunk, int s) {
         if (chunk < last) {
             const long long t0 = chunk_start[chunk];
             const int len = chunk_len[chunk];
             const size_t row0 = static_cast<size_t>(t0) * row_stride + static_cast<size_t>(hk) * K;
-            copy_rows(qs, KP, q + row0, row_stride, C, len, K, kThreadsW);
-            copy_rows(vs, VP, v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
+            copy_rows(q_stage(s), KP, q + row0, row_stride, C, len, K, kThreadsW);
+            copy_rows(v_stage(s), VP, v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
                       static_cast<size_t>(HV) * V, C, len, BV, kThreadsW);
         }
         cp_async_commit();
     };
-    auto load_m = [&](int chunk) {
+    auto load_m = [&](int chunk, int s) {
         if (chunk < last) {
             const size_t base = static_cast<size_t>(chunk) * HV + hv;
-            copy_rows(ms, CP, mats + base * kMats * C * C, C, kMats * C, kMats * C, C, kThreadsW);
+            copy_rows(m_stage(s), CP, mats + base * kMats * C * C, C, kMats * C, kMats * C, C, kThreadsW);
         }
         cp_async_commit();
     };
@@ -1215,14 +1220,24 @@ __global__ void __launch_bounds__(32 * W * KS)
     auto mine = [&](int ip) { return KS == 1 || ((ip == 0 || ip == 3) == (part == 0)); };
 
     load_k(first, 0);
-    load_qv(first);
-    load_m(first);
+    load_qv(first, 0);
+    load_m(first, 0);
     for (int chunk = first; chunk < last; ++chunk) {
         const int s = (chunk - first) & 1;
-        cp_async_wait<1>();  // k, vectors, q, v of this chunk have landed (T'/P' may still be in flight)
-        __syncthreads();     // ... for every thread; every warp is done with stage s ^ 1 and the output tile
+        if (kDouble)
+            cp_async_wait<0>();  // everything of this chunk has landed
+        else
+            cp_async_wait<1>();  // k, vectors, q, v of this chunk have landed (T'/P' may still be in flight)
+        __syncthreads();         // ... for every thread; every warp is done with stage s ^ 1 and the output tile
         load_k(chunk + 1, s ^ 1);
+        if (kDouble) {
+            load_qv(chunk + 1, s ^ 1);
+            load_m(chunk + 1, s ^ 1);
+        }
         const __nv_bfloat16* ks = k_stage(s);
+        const __nv_bfloat16* qs = q_stage(s);
+        const __nv_bfloat16* vs = v_stage(s);
+        const __nv_bfloat16* ms = m_stage(s);
         const float* vec = vec_stage(s);
         const long long t0 = chunk_start[chunk];
         const int len = chunk_len[chunk];
@@ -1282,9 +1297,11 @@ __global__ void __launch_bounds__(32 * W * KS)
                 }
         }
 
-        cp_async_wait<1>();  // T'/P' of this chunk have landed (the next chunk's k may be in flight)
-        __syncthreads();     // ... for every thread; every warp is done with q and v
-        load_qv(chunk + 1);
+        if (!kDouble) {
+            cp_async_wait<1>();  // T'/P' of this chunk have landed (the next chunk's k may be in flight)
+            __syncthreads();     // ... for every thread; every warp is done with q and v
+            load_qv(chunk + 1, 0);
+        }
 
         // v_new^T = X^T T'^T (every warp of the slab: each needs all of it for its state rows) and
         // o^T += v_new^T P'^T (the warp's own token tiles). T'[i][j] and P'[i][j] vanish for j > i,
@@ -1326,8 +1343,10 @@ __global__ void __launch_bounds__(32 * W * KS)
             }
         }
 
-        __syncthreads();  // every warp is done with T'/P'
-        load_m(chunk + 1);
+        if (!kDouble) {
+            __syncthreads();  // every warp is done with T'/P'
+            load_m(chunk + 1, 0);
+        }
 
         // o: the warp's token tiles of o^T through its columns of the output tile, then 16-byte rows
         // (its own rows only, so a __syncwarp suffices) to global memory.

@@ -213,9 +213,9 @@ def _fused_smem_bytes(K: int, warps: int, k_split: int = 1) -> tuple[int, int]:
     C, kp, vp, cp = FUSED_CHUNK, K + _FUSED_PAD, 16 * warps + _FUSED_PAD, FUSED_CHUNK + _FUSED_PAD
     prep = 2 * C * kp * 2 + (3 * C * (C + 1) + C * C // 4 + 6 * C) * 4
     k_and_vectors = C * kp * 2 + 4 * C * 4  # double-buffered
-    q_v_mats_out = C * kp * 2 + C * vp * 2 + 4 * C * cp * 2 + C * vp * 2  # single: q, v, T'/P', output tile
+    q_v_mats = (C * kp * 2 + C * vp * 2 + 4 * C * cp * 2) * (2 if k_split > 1 else 1)  # single unless split
     exchange = warps * k_split * C * 32 * 4 if k_split > 1 else 0  # per warp: partial Y_k, Y_q, C floats a lane
-    state = 2 * k_and_vectors + q_v_mats_out + exchange
+    state = 2 * k_and_vectors + q_v_mats + C * vp * 2 + exchange  # ... + the output tile
     return prep, state
 
 
