@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 PACKAGES = (
@@ -56,6 +57,17 @@ def device_name(array: str) -> str | None:
     except Exception:  # noqa: BLE001 - no usable device is an answer, not an error
         return None
     return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def describe(array: str = "numpy") -> dict[str, Any]:

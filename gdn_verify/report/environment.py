@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gdn_verify.core.environment import package_versions
+from gdn_verify.core.environment import cpu_name, package_versions
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository, for git
 
@@ -28,16 +28,6 @@ def _run(cmd: list[str]) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpu_info() -> dict:
@@ -86,7 +76,7 @@ def capture(seed: int, argv: list[str] | None = None) -> dict:
         seed=seed,
         python=platform.python_version(),
         platform=platform.platform(),
-        cpu=_cpu_name(),
+        cpu=cpu_name(),
         git_commit=None if commit is None else commit + (" (with uncommitted changes)" if dirty else ""),
         packages=package_versions(),
         gpu=gpu_info(),

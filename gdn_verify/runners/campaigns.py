@@ -10,22 +10,11 @@ from __future__ import annotations
 import datetime
 import fcntl
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
+from gdn_verify.core.environment import cpu_name
 from gdn_verify.runners.fuzz import FuzzReport
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def gpu_name(array: str) -> str | None:
