@@ -8,6 +8,7 @@ run, Ctrl-C left nothing, and --database silently overrode --seed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import pytest
 
 from gdn_verify import api
 from gdn_verify.core.implementation import ConfigurationError
+from gdn_verify.runners.check import RunSettings, run_property
 from gdn_verify.runners.guard import Guard, KernelTimeout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -275,6 +277,39 @@ def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
     doc = validate(json.loads(out.read_text()))
     assert doc["status"] == "interrupted" and doc["kind"] == "check"
     assert [r["name"] for r in doc["results"]][:1] == ["determinism"] and doc["totals"]["passed"] >= 1
+
+
+def _library_check_hit_during_ctrl_c(*_):
+    """What Hypothesis 6.155 did in CI: an internal assertion failed while a Ctrl-C unwound it."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise AssertionError("assert state._runner is not None")  # noqa: B904 - chained implicitly, as there
+
+
+def _determinism(**changes):
+    impl = api.implementation("numpy")
+    return dataclasses.replace(api.catalogue_for(impl, {})["determinism"], **changes), impl
+
+
+@pytest.mark.parametrize("where", ["check", "strategy"])
+def test_a_ctrl_c_turned_into_another_exception_is_still_an_interruption(where, tmp_path):
+    prop, impl = _determinism()
+    if where == "check":
+        prop = dataclasses.replace(prop, check=_library_check_hit_during_ctrl_c)
+    else:
+        draw = prop.strategy
+        prop = dataclasses.replace(prop, strategy=lambda impl: draw(impl).map(_library_check_hit_during_ctrl_c))
+    with pytest.raises(KeyboardInterrupt):
+        run_property(prop, impl, RunSettings(max_examples=5, seed=1, cases_dir=tmp_path))
+
+
+def test_the_same_exception_without_a_ctrl_c_is_a_failure(tmp_path):
+    def fails(*_):
+        raise AssertionError("assert state._runner is not None")
+
+    prop, impl = _determinism(check=fails)
+    assert run_property(prop, impl, RunSettings(max_examples=5, seed=1, cases_dir=tmp_path)).status == "failed"
 
 
 def test_database_overriding_seed_is_said(tmp_path):

@@ -167,6 +167,26 @@ class _WarningCounter:
         return text + (f", {others} other kind{'s' * (others > 1)}" if others else "")
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a Ctrl-C lies behind ``exc``.
+
+    A KeyboardInterrupt that lands inside Hypothesis's engine (or a kernel library's handler) can
+    come out as another exception raised while handling it, e.g. Hypothesis's internal
+    ``AssertionError``; it is still the user's interruption, not a property failure.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        stack += [e.__cause__, e.__context__]
+    return False
+
+
 def run_property(
     prop: Property,
     impl: Implementation,
@@ -212,6 +232,8 @@ def run_property(
             failures.append(Failure(str(exc), problem, params, exc.measurement))
             raise
         except Exception as exc:
+            if _interrupted(exc):
+                raise KeyboardInterrupt from exc
             origin = guard.origin(exc)
             message = f"raised {type(exc).__name__}: {exc}"
             if origin is not None and guard.is_misuse(origin):
@@ -268,7 +290,9 @@ def run_property(
         result.status = result.failure.status
         if result.status == "timeout":
             result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
-    except Exception:  # noqa: BLE001 - the failure itself was recorded by the test
+    except Exception as exc:  # noqa: BLE001 - the failure itself was recorded by the test
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc
         if not failures:
             raise
         # Hypothesis replays the minimal example last, so the last failure is the shrunk one.
