@@ -402,6 +402,21 @@ def test_spec_decode_contract(cp, kern, dec, v_first):
         np.testing.assert_array_equal(new_pool[slot], pool[slot])
 
 
+def test_the_cupy_implementation_passes_every_spec_property(cp, tmp_path):
+    """A rejected ``num_accepted_tokens`` is seen on the call that made it, not the next property's.
+
+    H100, 2026-11-23: ``check --impl cupy`` failed ``spec_accepted_bounds`` (the kernel's deferred
+    error was raised one call late) and reported it as an error of ``spec_draftless_step``.
+    """
+    from gdn_verify.api import check
+    from gdn_verify.properties import NAMES
+
+    props = [name for name in NAMES if name.startswith("spec_")]
+    result = check("cupy", dtype="float32", properties=props, max_examples=15, seed=3, cases_dir=tmp_path)
+    assert [r.name for r in result.results] == props
+    assert {r.status for r in result.results} == {"passed"}, result.as_dict()
+
+
 def test_bfloat16_torch(cp, kern, torch):
     c = case(14, B=2, T=9, H=2, HV=4, K=128, V=64)
     dev = "cuda"

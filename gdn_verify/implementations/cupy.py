@@ -7,12 +7,16 @@ is installed, since CuPy has no bfloat16, else as CuPy arrays.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from gdn_verify.core import arrays
 from gdn_verify.core.implementation import SPEC_FORM, Implementation
 
 arrays.check_kind("cupy")
 
-from cupy_kernels import chunk, decode, recurrent  # noqa: E402 - only once a GPU is known to be usable
+from cupy_kernels import check_errors, chunk, decode, recurrent  # noqa: E402 - only once a GPU is known to be usable
 
 # Longest sequence for which ``cupy`` takes the recurrent kernel: decode and speculative
 # decoding (a few tokens per request) read the state once; the chunked form pays off beyond.
@@ -25,6 +29,24 @@ def _array_kind() -> str:
     except arrays.ArrayKindUnavailable:
         return "cupy"
     return "torch"
+
+
+def _reporting(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, then the deferred ``ValueError`` its kernel reported for bad device metadata.
+
+    Unchecked launchers report a bad ``num_accepted_tokens`` or ``cu_seqlens`` on the device at
+    the *next* call (the package's tensor policy). The verifier must see the rejection on the call
+    that made it, yet verify the unchecked path users run, so it flushes after each call instead
+    of passing ``checked=True``.
+    """
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kw: Any) -> Any:
+        out = fn(*args, **kw)
+        check_errors()
+        return out
+
+    return call
 
 
 def _longest_sequence(q, cu_seqlens) -> int:
@@ -48,7 +70,7 @@ def gpu_oracle(q, k, v, g, beta, **kw):
 def cupy_recurrent() -> Implementation:
     return Implementation(
         "cupy-recurrent",
-        {"recurrent": recurrent.recurrent_gated_delta_rule},
+        {"recurrent": _reporting(recurrent.recurrent_gated_delta_rule)},
         _array_kind(),
         "CuPy recurrent kernel, float32 state",
         "bfloat16",
@@ -58,7 +80,7 @@ def cupy_recurrent() -> Implementation:
 def cupy_chunk() -> Implementation:
     return Implementation(
         "cupy-chunk",
-        {"chunk": chunk.chunk_gated_delta_rule},
+        {"chunk": _reporting(chunk.chunk_gated_delta_rule)},
         _array_kind(),
         "CuPy chunked (WY/UT) kernel, C=64",
         "bfloat16",
@@ -72,6 +94,7 @@ def cupy_auto() -> Implementation:
         "recurrent": recurrent.recurrent_gated_delta_rule,
         SPEC_FORM: decode.spec_decode,
     }
+    forms = {name: _reporting(fn) for name, fn in forms.items()}
     return Implementation(
         "cupy",
         forms,
@@ -84,7 +107,7 @@ def cupy_auto() -> Implementation:
 def cupy_oracle() -> Implementation:
     return Implementation(
         "cupy-oracle",
-        {"recurrent": gpu_oracle},
+        {"recurrent": _reporting(gpu_oracle)},
         _array_kind(),
         "the recurrent kernel in float64: a GPU oracle (float64 outputs)",
         "float64",
