@@ -9,6 +9,7 @@ import pytest
 
 from gdn_verify.api import fuzz
 from gdn_verify.core.implementation import ConfigurationError
+from gdn_verify.implementations.numpy_impl import recurrent_gated_delta_rule
 from gdn_verify.runners.fuzz import parse_budget
 
 
@@ -61,3 +62,40 @@ def test_planted_bug_is_found_saved_and_replayed_first(tmp_path):
     assert any(Path(db).rglob("*"))  # the example database was written
     second = fuzz("planted:off_by_one_final_state", "5s", **kw)
     assert second.failures and second.first_failure_case == 1  # the saved example is replayed first
+
+
+def test_no_example_starts_once_the_budget_is_spent(tmp_path):
+    """A round sized from fast examples must not run past the budget when calls turn slow.
+
+    Like a JIT kernel meeting a variant it has not compiled: every call of the first round costs
+    milliseconds, every later one 0.4 s. The second round, sized from the first, asks for many
+    examples per property; before ``RunSettings.deadline`` that overran a 6 s budget by several
+    seconds. Now the campaign ends within one slow call of the budget (plus bookkeeping).
+    """
+    slow = []
+
+    def slowing(q, k, v, g, beta, **kw):
+        if slow:
+            slow.append(None)
+            time.sleep(0.4)
+        return recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
+
+    def progress(report, name):
+        if report.rounds >= 1 and not slow:
+            slow.append(None)
+
+    budget = 6.0
+    start = time.monotonic()
+    report = fuzz(
+        slowing,
+        budget,
+        database=tmp_path / "db",
+        cases_dir=tmp_path / "cases",
+        max_tokens=64,
+        seed=5,
+        progress=progress,
+    )
+    took = time.monotonic() - start
+    assert len(slow) > 1, "no call of a second round: the test proves nothing"
+    assert not report.failures, [f.failure.message for f in report.failures]
+    assert took < budget + 2.0, f"{took:.1f} s for a {budget:.0f} s budget"

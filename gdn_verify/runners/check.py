@@ -14,6 +14,7 @@ property runs are counted, never shown one by one. Properties arrive as objects
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -58,6 +59,11 @@ class Failure:
 
 class _Stop(BaseException):
     """Ends a property's Hypothesis run at once (misuse: every further call would fail alike)."""
+
+
+class _OutOfTime(BaseException):
+    """Ends a property's Hypothesis run at ``RunSettings.deadline``; a ``BaseException`` so that
+    Hypothesis stops at once rather than treating it as a failure to shrink."""
 
 
 @dataclass
@@ -119,6 +125,9 @@ class RunSettings:
     database: str | None = None  # example database: a directory or redis://host:port/db (None: none)
     cases_dir: Path = field(default_factory=lambda: CASES_DIR)
     timeout: float | None = DEFAULT_TIMEOUT  # seconds per kernel call (see runners.guard); None: none
+    # time.monotonic() after which no further example starts (a fuzz budget); the property's verdict
+    # is then that of the examples run so far. A failure being shrunk is finished regardless.
+    deadline: float | None = None
 
 
 def example_database(location: str) -> hypothesis.database.ExampleDatabase:
@@ -212,6 +221,8 @@ def run_property(
     start = time.perf_counter()
 
     def test(case):
+        if run.deadline is not None and result.examples and not failures and time.monotonic() >= run.deadline:
+            raise _OutOfTime
         problem, params = case
         result.examples += 1
         try:
@@ -281,7 +292,8 @@ def run_property(
         with warnings.catch_warnings():
             warnings.simplefilter("always")  # count every occurrence, not the first per place
             warnings.showwarning = counter
-            wrapped()
+            with contextlib.suppress(_OutOfTime):  # a verdict on the examples run so far
+                wrapped()
     except Unsatisfiable:
         result.status = "unsupported"
         result.note = "the implementation raised NotImplementedError on every example"

@@ -1,15 +1,18 @@
 """A fuzz campaign: cycle over the properties with Hypothesis until a time budget is spent.
 
 Each round runs every remaining property through :func:`check.run_property` with as many
-examples as the remaining time allows (estimated from the previous round), so a round overruns
-the budget by at most about one property's share. The example database is persistent, one
-directory per implementation and property, so a failure found once is replayed first the next
-time. Rounds draw fresh random examples; a fixed ``seed`` makes the campaign reproducible
-instead (Hypothesis then switches the database off). A failing property is recorded (shrunk
-case saved as ``.npz``), as is one that timed out or on which the kernel raised, and dropped from
-later rounds; a misuse (the kernel cannot take the arguments) ends the campaign. Every
-property's verdict, merged over the rounds, is in ``FuzzReport.properties``. Progress and findings are reported
-through callbacks; the campaign returns a :class:`FuzzReport`.
+examples as the remaining time allows (estimated from the previous round). No example starts
+after the budget is spent (``RunSettings.deadline``), so a campaign overruns it by at most one
+example (one kernel call's compilation included) or the shrinking of a failure just found.
+
+The example database is persistent, one directory per implementation and property, so a
+failure found once is replayed first the next time. Rounds draw fresh random examples; a fixed
+``seed`` makes the campaign reproducible instead (Hypothesis then switches the database off). A
+failing property is recorded (shrunk case saved as ``.npz``), as is one that timed out or on
+which the kernel raised, and dropped from later rounds; a misuse (the kernel cannot take the
+arguments) ends the campaign. Every property's verdict, merged over the rounds, is in
+``FuzzReport.properties``. Progress and findings are reported through callbacks; the campaign
+returns a :class:`FuzzReport`.
 """
 
 from __future__ import annotations
@@ -175,6 +178,7 @@ def run_fuzz(
                     database=_database(database, slug, prop.name),
                     cases_dir=cases_dir,
                     timeout=guard.timeout,
+                    deadline=start + seconds,
                 )
                 result = run_property(prop, impl, run, progress=on_example, guard=guard)
                 per_example[prop.name] = result.seconds / max(result.examples, 1)
