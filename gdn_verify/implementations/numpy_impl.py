@@ -97,6 +97,7 @@ def _run(
     v,
     g,
     beta,
+    *,
     scale,
     initial_state,
     output_final_state,
@@ -111,6 +112,8 @@ def _run(
     allow_neg_eigval,
     core=None,
 ):
+    """The three public functions' shared body; they pass their arguments as ``locals()``, which
+    keeps each one's own signature (what ``Implementation`` reads to know the options it takes)."""
     if use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
         g, beta = (
             x.astype(np.float32)
@@ -159,25 +162,7 @@ def recurrent_gated_delta_rule(
     allow_neg_eigval=False,
 ):
     """Float32 token loop. Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 | None)``."""
-    return _run(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        use_qk_l2norm_in_kernel,
-        state_v_first,
-        cu_seqlens,
-        None,
-        use_gate_in_kernel,
-        A_log,
-        dt_bias,
-        use_beta_sigmoid_in_kernel,
-        allow_neg_eigval,
-    )
+    return _run(**locals(), chunk_size=None)
 
 
 def chunk_gated_delta_rule(
@@ -200,25 +185,7 @@ def chunk_gated_delta_rule(
     allow_neg_eigval=False,
 ):
     """Float32 chunked (WY/UT) form with chunk size 16, 32 or 64."""
-    return _run(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        use_qk_l2norm_in_kernel,
-        state_v_first,
-        cu_seqlens,
-        chunk_size,
-        use_gate_in_kernel,
-        A_log,
-        dt_bias,
-        use_beta_sigmoid_in_kernel,
-        allow_neg_eigval,
-    )
+    return _run(**locals())
 
 
 def chunk_fla_gated_delta_rule(
@@ -247,29 +214,12 @@ def chunk_fla_gated_delta_rule(
     ``cumsum_dtype``: float32 as in FLA/FlashInfer/vLLM, float64 to take the cumsum's rounding
     out; ``tf32``: operands of every matrix product rounded to TF32.
     """
+    args = dict(locals())
+    del args["cumsum_dtype"], args["tf32"]  # the core below carries them
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size: 16, 32 or 64, got {chunk_size!r}")
 
     def core(p, C):
         return chunk_fla_core(p, C, np.dtype(cumsum_dtype), tf32)
 
-    return _run(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        use_qk_l2norm_in_kernel,
-        state_v_first,
-        cu_seqlens,
-        chunk_size,
-        use_gate_in_kernel,
-        A_log,
-        dt_bias,
-        use_beta_sigmoid_in_kernel,
-        allow_neg_eigval,
-        core,
-    )
+    return _run(**args, core=core)
