@@ -254,12 +254,19 @@ def test_json_in_a_read_only_folder_exits_2(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("error: --json: ")
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal's Ctrl-C meets it. A job started in the background
+    (``cmd &`` in a script, as some CI runners do) inherits SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler: the signal would be dropped, not tested."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
         [sys.executable, "-u", str(ROOT / "cli.py"), "check", "--impl", "numpy", "--seed", "1", "--max-examples",
          "400", "--properties", "determinism,matches_reference,varlen_equals_separate", "--json", str(out)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
