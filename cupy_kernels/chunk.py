@@ -342,7 +342,7 @@ def chunk_gated_delta_rule(
             raise ValueError(f"initial_state: expected float32 {layout} = {want}, got {init.dtype} {init.shape}")
 
     # the caller's stream: torch's current stream for torch tensors, CuPy's current one otherwise
-    stream = cupy.cuda.ExternalStream(ts.torch_stream(device)) if qa.torch else cupy.cuda.get_current_stream()
+    stream = ts.external_stream(ts.torch_stream(device)) if qa.torch else cupy.cuda.get_current_stream()
     tensor_cores = qa.dtype != "float32" if use_tensor_cores is None else bool(use_tensor_cores)
     warps = None if fused is False else fused_warps(qa.dtype, chunk_size, K, V, tensor_cores)
     if warps is not None and any(a.array.data.ptr % 16 for a in (qa, ka, va)):

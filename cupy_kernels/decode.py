@@ -450,7 +450,7 @@ class DecodeGraph:
                 def _launch_via_graph(handle: int) -> None:
                     wrapper = streams.get(handle)
                     if wrapper is None:
-                        wrapper = streams[handle] = cp.cuda.ExternalStream(handle)
+                        wrapper = streams[handle] = ts.external_stream(handle)
                     graph.launch(wrapper)
 
                 self._launch = _launch_via_graph

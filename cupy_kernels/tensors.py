@@ -192,6 +192,29 @@ def stream_handle(stream: Any) -> int:
     return int(handle)
 
 
+class _RawStream:
+    """A raw ``cudaStream_t`` presented through the CUDA stream protocol (``__cuda_stream__``)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def external_stream(handle: int):
+    """A CuPy stream object for a stream CuPy did not create (torch's), for ``with`` and graph launches.
+
+    CuPy 14 deprecates ``ExternalStream`` (a ``DeprecationWarning`` on every call, which a verifier
+    counts against the kernel) in favour of ``Stream.from_external``; older CuPy has only the first.
+    """
+    cp = _CUPY or cupy()
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cp.cuda.ExternalStream(handle)
+    return from_external(_RawStream(handle))
+
+
 def empty(like_torch: Any, shape: tuple, code: int):
     """Uninitialized output: torch on ``like_torch``'s device when given, else CuPy on the current device."""
     if like_torch is not None:
@@ -275,7 +298,7 @@ def upload(x: np.ndarray, stream: int):
     kernel that reads it is ordered after the copy (a small copy from pageable memory: it blocks
     the host until the data is staged, which is why device metadata is the hot path)."""
     cp = _CUPY or cupy()
-    with cp.cuda.ExternalStream(stream):
+    with external_stream(stream):
         return cp.asarray(np.ascontiguousarray(x, np.int64))
 
 

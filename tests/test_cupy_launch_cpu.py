@@ -324,6 +324,18 @@ def test_decode_graph_captures_once_and_replays(fake):
         step.capture(**x, state=pool[:2], slot_indices=slots)
 
 
+def test_external_streams_use_the_stream_protocol_where_cupy_has_it(fake, monkeypatch):
+    cp, _ = fake
+    from cupy_kernels import tensors
+
+    assert tensors.external_stream(5) is not None  # CuPy 13: ExternalStream (the stand-in's)
+    given = []
+    monkeypatch.setattr(cp.cuda.Stream, "from_external", lambda obj: given.append(obj) or "wrapped", raising=False)
+    monkeypatch.setattr(cp.cuda, "ExternalStream", None)  # deprecated in CuPy 14: must not be called
+    assert tensors.external_stream(77) == "wrapped"
+    assert [obj.__cuda_stream__() for obj in given] == [(0, 77)]
+
+
 @pytest.mark.parametrize(
     "K, V, sequences, HV, sms, want",
     [

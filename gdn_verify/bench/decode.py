@@ -199,6 +199,7 @@ def decode_bench(
 
     from cupy_kernels.decode import DECODE_VARIANTS, DecodeStep
     from cupy_kernels.recurrent import recurrent_gated_delta_rule as ours
+    from cupy_kernels.tensors import external_stream
 
     say = progress or (lambda _msg: None)
     torch = _optional_torch()
@@ -236,7 +237,7 @@ def decode_bench(
         if torch is not None:
 
             def on_torch_stream(call):
-                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                with external_stream(torch.cuda.current_stream().cuda_stream):
                     return call()
 
             def timed(calls):
