@@ -8,6 +8,10 @@ sees the same hazards the real kernel has. The GPU runs use the real kernels (sc
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+
 import numpy as np
 import pytest
 
@@ -15,7 +19,7 @@ from gdn_verify.api import check
 from gdn_verify.core import reference
 from gdn_verify.core.conventions import FLASHINFER_SPEC, VLLM_SPEC
 from gdn_verify.core.gating import gates_from_raw
-from gdn_verify.core.implementation import SPEC_FORM, Implementation
+from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations import flashinfer as fi
 from gdn_verify.implementations import spec as cs
 from gdn_verify.implementations import vllm
@@ -279,3 +283,24 @@ def test_vllm_loader_reports_a_missing_folder(tmp_path, monkeypatch):
     monkeypatch.setenv(vllm.ENV, str(tmp_path))
     with pytest.raises(ImportError, match="missing"):
         vllm.load_ops()
+
+
+@pytest.mark.parametrize("user, want", [(None, "1"), ("0", "0")])
+def test_triton_libraries_load_with_autotuning_cached_unless_the_user_said_no(user, want, monkeypatch):
+    """FLA re-benchmarks every autotuned config in every process; the cache must be on when it loads."""
+    from gdn_verify.implementations.fla import cuda_library
+
+    if user is None:
+        monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", user)
+    seen = []
+
+    def load():
+        seen.append(os.environ.get("TRITON_CACHE_AUTOTUNING"))
+        raise ImportError("no such library here")
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # reach load() without torch
+    with pytest.raises(ConfigurationError, match="not installed"):
+        cuda_library("Lib", "pip install lib", load)
+    assert seen == [want]

@@ -8,6 +8,7 @@ and every tensor by keyword.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +29,21 @@ def jit_compiled(**extra: Any) -> dict[str, Any]:
     return {"compile_classes": True, **extra}
 
 
+def cache_triton_autotuning() -> None:
+    """Keep Triton's autotuning winners in its cache directory, unless the user has said otherwise.
+
+    FLA (and vLLM's fork of it) autotune every kernel variant in every process, benchmarking each
+    config again even when the compiled kernels come from a warm Triton cache; FLA 0.6 passes
+    ``cache_results=False``, which Triton ORs with ``TRITON_CACHE_AUTOTUNING``. With it set, a
+    later process (a warm ``check``, each ``fuzz --workers`` process) reuses the winners. Must run
+    before the library is imported: Triton's autotuner reads it when a kernel is decorated.
+    """
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+
+
 def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
     """``load()`` (which imports a torch-based kernel library), or a one-line ConfigurationError."""
+    cache_triton_autotuning()
     try:
         import torch
 
@@ -67,6 +81,7 @@ class FlaStaged:
     working_unit_roundoff = 2.0**-24
 
     def __init__(self):
+        cache_triton_autotuning()
         try:
             import torch
             from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
