@@ -431,7 +431,7 @@ def fuzz(
             for i, part in enumerate(workers_runner.shard(names, n))
         ]
         envs = workers_runner.worker_environments(n, gpu=impl_obj.array != "numpy")
-        return workers_runner.run_sharded(fuzz, shards, envs, progress, on_result)
+        return workers_runner.run_sharded(fuzz, shards, envs, progress, on_result, on_round)
     if compile_budget is None:  # a short campaign must not spend all of its time compiling
         compile_budget = min(DEFAULT_COMPILE_BUDGET, seconds / 2)
     limits, shapes = plan_limits(impl_obj, limits, compile_budget, on_compile, timeout)

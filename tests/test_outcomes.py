@@ -8,6 +8,7 @@ run, Ctrl-C left nothing, and --database silently overrode --seed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -284,6 +285,32 @@ def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
     doc = validate(json.loads(out.read_text()))
     assert doc["status"] == "interrupted" and doc["kind"] == "check"
     assert [r["name"] for r in doc["results"]][:1] == ["determinism"] and doc["totals"]["passed"] >= 1
+
+
+def test_ctrl_c_during_a_two_worker_fuzz_keeps_the_workers_verdicts(tmp_path):
+    """The parent hears each worker's verdicts after every property run and saves them as they come."""
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "cli.py"), "fuzz", "--impl", "numpy", "--budget", "5m", "--workers", "2",
+         "--max-tokens", "64", "--database", str(tmp_path / "db"), "--json", str(out)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        saved: list = []
+        while time.monotonic() < deadline and len(saved) < 2 and proc.poll() is None:
+            time.sleep(0.5)
+            with contextlib.suppress(OSError, ValueError):  # absent, or caught mid-write
+                saved = json.loads(out.read_text())["results"]
+        assert len(saved) >= 2, "no worker verdicts were saved while the campaign ran"
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, rest + err
+    doc = validate(json.loads(out.read_text()))
+    assert doc["status"] == "interrupted" and doc["campaign"]["workers"] == 2
+    assert doc["totals"]["passed"] >= 2 and doc["campaign"]["cases"] >= len(doc["results"])
 
 
 def _library_check_hit_during_ctrl_c(*_):

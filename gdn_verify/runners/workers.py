@@ -23,7 +23,7 @@ from gdn_verify.core.verdict import Measurement
 from gdn_verify.runners.check import PropertyResult
 from gdn_verify.runners.fuzz import FuzzReport, merge_reports
 
-Job = Callable[..., FuzzReport]  # job(**shard, progress=..., on_result=...) -> FuzzReport; picklable by name
+Job = Callable[..., FuzzReport]  # job(**shard, progress=, on_result=, on_round=) -> FuzzReport; picklable by name
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -76,8 +76,11 @@ def _worker(job: Job, index: int, kwargs: dict[str, Any], channel: Any) -> None:
     def on_result(result: PropertyResult) -> None:
         channel.put(("result", index, result))
 
+    def on_round(report: FuzzReport) -> None:  # the verdicts so far: what an interrupted run keeps
+        channel.put(("round", index, report))
+
     try:
-        channel.put(("done", index, job(**kwargs, progress=progress, on_result=on_result)))
+        channel.put(("done", index, job(**kwargs, progress=progress, on_result=on_result, on_round=on_round)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
         channel.put(("error", index, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
 
@@ -88,10 +91,13 @@ def run_sharded(
     environments: Sequence[dict[str, str]],
     progress: Callable[[FuzzReport, str], None] | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
+    on_round: Callable[[FuzzReport], None] | None = None,
 ) -> FuzzReport:
     """Run ``job(**shards[i])`` in worker ``i`` with ``environments[i]`` added; one merged report.
 
     A worker that raises or dies is named in ``worker_errors``; the others' results still count.
+    ``progress`` and ``on_round`` see the merged report so far (every worker's latest verdicts),
+    so that a caller interrupted mid-campaign can save what the workers had found.
     """
     ctx = mp.get_context("spawn")  # CUDA cannot be forked; spawn also applies the environment
     channel = ctx.Queue()
@@ -111,7 +117,7 @@ def run_sharded(
                         os.environ[name] = value
             procs.append(proc)
         budgets = [s["budget"] for s in shards if isinstance(s.get("budget"), (int, float))]
-        return _collect(procs, channel, progress, on_result, max(budgets, default=0.0))
+        return _collect(procs, channel, progress, on_result, on_round, max(budgets, default=0.0))
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -119,11 +125,31 @@ def run_sharded(
             proc.join()
 
 
-def _collect(procs, channel, progress, on_result, budget: float) -> FuzzReport:
+Live = dict[int, tuple[int, float, tuple[str, Measurement] | None, str]]  # worker: (cases, elapsed, worst, now)
+
+
+def _so_far(
+    rounds: dict[int, FuzzReport], live: Live, found: list[PropertyResult], budget: float, n: int
+) -> FuzzReport:
+    """The campaign as the workers have reported it: their latest verdicts, live counts and failures."""
+    now = merge_reports([rounds[i] for i in sorted(rounds)])
+    now.budget, now.workers = budget, n
+    now.failures += [f for f in found if f.name not in {x.name for x in now.failures}]
+    if live:
+        now.cases = max(now.cases, sum(v[0] for v in live.values()))
+        now.elapsed = max(now.elapsed, *(v[1] for v in live.values()))
+        for w in (v[2] for v in live.values()):
+            if w is not None and (now.worst is None or w[1].ratio > now.worst[1].ratio):
+                now.worst = w
+    return now
+
+
+def _collect(procs, channel, progress, on_result, on_round, budget: float) -> FuzzReport:
     n = len(procs)
     reports: dict[int, FuzzReport] = {}
+    rounds: dict[int, FuzzReport] = {}
     errors: dict[int, str] = {}
-    live: dict[int, tuple[int, float, tuple[str, Measurement] | None, str]] = {}
+    live: Live = {}
     found: list[PropertyResult] = []
     silent_since: dict[int, float] = {}
     while len(reports) + len(errors) < n:
@@ -140,12 +166,11 @@ def _collect(procs, channel, progress, on_result, budget: float) -> FuzzReport:
         if kind == "progress":
             live[index] = payload
             if progress is not None:
-                now = FuzzReport(budget=budget, workers=n, failures=list(found))
-                now.cases = sum(v[0] for v in live.values())
-                now.elapsed = max(v[1] for v in live.values())
-                worsts = [v[2] for v in live.values() if v[2] is not None]
-                now.worst = max(worsts, key=lambda w: w[1].ratio) if worsts else None
-                progress(now, ", ".join(v[3] for _, v in sorted(live.items())))
+                progress(_so_far(rounds, live, found, budget, n), ", ".join(v[3] for _, v in sorted(live.items())))
+        elif kind == "round":
+            rounds[index] = payload
+            if on_round is not None:
+                on_round(_so_far(rounds, live, found, budget, n))
         elif kind == "result":
             if payload.status == "failed":
                 found.append(payload)
