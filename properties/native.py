@@ -111,7 +111,10 @@ def check_varlen_equals_separate(impl: Implementation, problem: Problem, params:
 
 def strategy_varlen(limits: Limits) -> st.SearchStrategy:
     classes = gs.pool_classes(limits, varlen=True, twins=(gs.batched_twin,))
-    return _no_params(gs.problems(limits, varlen=True, classes=classes))
+    # Empty sequences stay (between others they are an edge case); a problem of nothing but
+    # empty ones compares nothing, and as Hypothesis's first example it was the verdict's "worst".
+    problems = gs.problems(limits, varlen=True, classes=classes).filter(lambda p: any(p.lengths))
+    return _no_params(problems)
 
 
 # 3. no_cross_sequence_leak --------------------------------------------------------------------
