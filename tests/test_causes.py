@@ -13,6 +13,7 @@ from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Measurement
 from gdn_verify.implementations import numpy_impl, resolve
+from gdn_verify.implementations.planted import state_across_sequences
 from gdn_verify.runners import causes
 
 FAILED = Measurement(1.0, 1e-5)  # a numeric failure against the oracle
@@ -169,6 +170,46 @@ def test_in_kernel_option_mistakes_are_named():
     params = {"A_log": np.log(rng.uniform(1, 16, 2)).tolist(), "dt_bias": rng.normal(-3, 1, 2).tolist()}
     raw = p.replace(g=rng.normal(0, 2, p.g.shape).astype(np.float32))
     assert "dt_bias dropped" in explain(resolve("planted:gate_bias_ignored"), raw, params, "in_kernel_gate")
+
+
+# Mistakes confined to some (sequence, value head) blocks ---------------------------------------------
+def only_in(head: int, wrong, right=numpy_impl.chunk_gated_delta_rule):
+    """``right``'s results except value head ``head``, which comes from ``wrong``: a kernel whose
+    mistake hits one head (FLA 0.6 on the committed case of issue 14 looks like this)."""
+
+    def run(**kw):
+        o, state = right(**kw)
+        o_bad, state_bad = wrong(**kw)
+        o, o_bad = np.array(o), np.asarray(o_bad)
+        o[:, :, head] = o_bad[:, :, head]
+        if state is not None:
+            state = np.array(state)
+            state[:, head] = np.asarray(state_bad)[:, head]
+        return o, state
+
+    return run
+
+
+def test_a_state_carried_across_sequences_in_one_head_is_named_with_the_head():
+    carried = state_across_sequences
+    p = problem(T=30, H=2, HV=4, cu=[0, 20, 30], state=False)
+    cause = explain(plugin(only_in(1, carried)), p)
+    carried_cause = "varlen boundary: the state carried into the next sequence"
+    assert cause.startswith(f"{carried_cause}, in sequence 1 value head 1 only"), cause
+    assert "reproduces the outputs there" in cause
+    # the whole output is still named without blocks
+    assert "only" not in explain(plugin(carried), p)
+
+
+def test_noise_in_one_head_is_not_explained():
+    def noisy_head(**kw):
+        o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+        o = np.array(o)
+        o[:, :, 1] *= 1 + 1e-2 * np.random.default_rng(0).standard_normal(o[:, :, 1].shape)
+        return o, state
+
+    for seed in range(3):
+        assert explain(plugin(noisy_head), problem(seed=seed, T=30, H=2, HV=4, cu=[0, 20, 30], state=False)) == ""
 
 
 # No false causes ------------------------------------------------------------------------------------

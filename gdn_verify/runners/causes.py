@@ -9,7 +9,9 @@ state, a float32 chunk-local gate cumsum). A model *explains* the failure when i
 the implementation's outputs far better than the exact oracle does (see :func:`verdict`); the
 best one is named with its evidence, e.g. ``TF32 matrix products (the FLA-style chunked
 algorithm with the operands of every matrix product rounded to TF32 reproduces the outputs to
-3.1%: state error 2.1e-06 against it, 6.8e-05 against the exact oracle)``.
+3.1%: state error 2.1e-06 against it, 6.8e-05 against the exact oracle)``. A mistake confined
+to a few (sequence, value head) blocks is named with them (:func:`localized`): ``..., in
+sequence 1 value head 1 only (...)``.
 
 Cheap by construction: one oracle and one implementation call per probe, one call per model,
 all on the minimal problem; exact (bitwise) contracts, non-numeric failures and the
@@ -40,6 +42,9 @@ from gdn_verify.implementations import numpy_impl, planted
 # sqrt(2) for an independent error of the same size), so these are far from chance.
 REPRODUCES = 0.25
 WITHIN_REPRODUCES = 0.5
+# A failure confined to a few (sequence, value head) blocks: the fewest blocks holding this share
+# of the squared error are the failing ones (see localized()).
+LOCALIZED_SHARE = 0.9
 # Failing that, a model whose own error correlates with the implementation's (see pattern()).
 CORRELATION = 0.5
 SIZE = 2.0
@@ -368,6 +373,7 @@ class Finding:
     correlation: float | None = None
     nonfinite: int = 0
     alike: tuple[str, ...] = ()  # other causes that reproduce this example as well
+    where: str = ""  # localized: the (sequence, value head) blocks it reproduces; the rest match the oracle
 
     def text(self) -> str:
         m = self.model
@@ -381,6 +387,12 @@ class Finding:
                 f"{self.against_oracle:.3g} for the implementation, against the exact oracle)"
             )
         how = "exactly" if self.reproduction == 0 else f"to {100 * self.reproduction:.3g}%"
+        if self.where:
+            return (
+                f"{m.cause}, in {self.where} only ({m.experiment} reproduces the outputs there {how}: {what} error "
+                f"{self.against_model:.3g} against it, {self.against_oracle:.3g} against the exact oracle; "
+                "the other blocks match the oracle)"
+            )
         alike = f"; on this example indistinguishable from: {'; '.join(self.alike)}" if self.alike else ""
         return (
             f"{m.cause} ({m.experiment} reproduces the outputs {how}: {what} error "
@@ -425,6 +437,42 @@ def pattern(impl_error: np.ndarray, model_error: np.ndarray) -> tuple[float, flo
     if rho >= max(CORRELATION, 4 / np.sqrt(n)) and 1 / SIZE <= size <= SIZE:
         return rho, size
     return None
+
+
+def _blocks(x: np.ndarray, problem: Problem, on_state: bool) -> list[tuple[str, np.ndarray]]:
+    """``x`` (an output ``[B, T, HV, V]`` or a k-first state ``[N, HV, K, V]``) cut into one flat
+    block per (sequence, value head), each named as a failure line says it."""
+    x = np.asarray(x, np.float64)
+    N, HV = problem.num_sequences, x.shape[-3 if on_state else -2]
+    if on_state:
+        return [(f"sequence {n} value head {h}", x[n, h].ravel()) for n in range(N) for h in range(HV)]
+    flat, b = x.reshape((-1,) + x.shape[2:]), problem.bounds
+    return [(f"sequence {n} value head {h}", flat[b[n] : b[n + 1], h].ravel()) for n in range(N) for h in range(HV)]
+
+
+def localized(impl_error: list[np.ndarray], model_error: list[np.ndarray]) -> tuple[list[int], float] | None:
+    """``(blocks, reproduction)`` when a model reproduces the implementation in the blocks that fail.
+
+    ``impl_error``, ``model_error``: per block, the implementation's outputs minus the oracle's and
+    minus the model's. The failing blocks are the fewest that hold ``LOCALIZED_SHARE`` of the
+    implementation's squared error; the model reproduces them when the error left against it there
+    is at most ``REPRODUCES`` of the error against the oracle. A mistake confined to one head or
+    one sequence (a kernel that carries the state across a boundary for one head only) is
+    reproduced there by the model of that mistake, while the whole-output verdict sees the heads
+    the implementation got right as the model's own error.
+    """
+    energy = np.array([float(e @ e) for e in impl_error])
+    total = energy.sum()
+    if not total > 0:
+        return None
+    order = np.argsort(-energy)
+    count = int(np.searchsorted(np.cumsum(energy[order]), LOCALIZED_SHARE * total)) + 1
+    if count >= len(energy):
+        return None  # the failure is everywhere: the whole-output verdict's case
+    chosen = sorted(int(i) for i in order[:count])
+    left = sum(float(model_error[i] @ model_error[i]) for i in chosen)
+    ratio = float(np.sqrt(left / energy[chosen].sum()))
+    return (chosen, ratio) if ratio <= REPRODUCES else None
 
 
 def _run_model(model: ErrorModel, probe: Probe) -> tuple | None:
@@ -472,7 +520,12 @@ def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
         return (np.asarray(ours, np.float64) - np.asarray(theirs, np.float64)).ravel()
 
     impl_error = error_vector(result.o, result.final_state, probe.native)
+    ours = _k_first(result.final_state, probe.native) if on_state else as64(result.o)
+    exact = np.asarray(_k_first(ref[1], probe.native) if on_state else ref[0], np.float64)
+    impl_blocks = _blocks(ours - exact, probe.native, on_state)
+    scale = float(np.linalg.norm(exact)) or 1.0  # block errors relative to the whole reference, like the metrics
     pointwise: list[Finding] = []
+    local: list[Finding] = []
     by_pattern: list[Finding] = []
     for model in MODELS:
         out = _run_model(model, probe)
@@ -487,6 +540,14 @@ def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
             continue
         if on_state and out[1] is None:
             continue
+        theirs = _k_first(out[1], probe.native) if on_state else as64(out[0])
+        found = localized([e for _, e in impl_blocks], [e for _, e in _blocks(ours - theirs, probe.native, on_state)])
+        if found is not None:
+            chosen, ratio = found
+            names = ", ".join(impl_blocks[i][0] for i in chosen)
+            there = float(np.sqrt(sum(float(impl_blocks[i][1] @ impl_blocks[i][1]) for i in chosen))) / scale
+            local.append(Finding(model, metric, ratio * there, there, ratio, where=names))
+            continue
         matched = pattern(impl_error, error_vector(out[0], out[1], probe.native))
         if matched is not None:
             own = getattr(_errors(out[0], out[1], ref, probe.native), metric)
@@ -499,6 +560,8 @@ def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
         # the state before the update when T = 1) are named together, not picked by list order.
         same = [f.model.cause for f in pointwise if f is not best and f.reproduction <= 1.01 * best.reproduction]
         return dataclasses.replace(best, alike=tuple(dict.fromkeys(c for c in same if c != best.model.cause)))
+    if local:
+        return min(local, key=lambda f: f.reproduction)
     return max(by_pattern, key=lambda f: f.correlation or 0.0) if by_pattern else None
 
 
