@@ -199,6 +199,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"replay {args.case} ({r.property}) with {r.impl.name}: {r.status}{': ' + r.message if r.message else ''}")
     if r.measurement is not None and r.measurement.bound:
         print(f"  error {r.measurement.error:.3g}, bound {r.measurement.bound:.3g} ({r.measurement.detail})")
+    if r.cause:
+        print(f"  likely cause: {r.cause}")
     if args.diagnose:
         from gdn_verify.runners.diagnose import replay_diagnosis
 

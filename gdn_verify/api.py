@@ -369,7 +369,7 @@ def replay(
         convention, array = "native", None  # built-ins know their own array type and forms
     impl = implementation(impl, array, convention)
     outcome = replay_case(problem, meta.get("params", {}), impl, prop)
-    return ReplayResult(outcome.status, outcome.message, outcome.measurement, impl, name, problem)
+    return ReplayResult(outcome.status, outcome.message, outcome.measurement, outcome.cause, impl, name, problem)
 
 
 def fuzz(

@@ -131,7 +131,11 @@ def test_failure_prints_minimal_example_and_replays(tmp_path):
     assert "FAILED matches_reference" in result.stdout and "minimal example: B=" in result.stdout
     command = next(line for line in result.stdout.splitlines() if "replay:" in line).split("replay: ")[1]
     case = command.split()[2]
-    assert cli("replay", case, "--impl", "planted:off_by_one_final_state", cwd=tmp_path).returncode == 1
+    again = cli("replay", case, "--impl", "planted:off_by_one_final_state", cwd=tmp_path)
+    assert again.returncode == 1
+    # the same likely cause as check names
+    assert "likely cause: the final state missing the last token" in again.stdout, again.stdout
+    assert "likely cause: the final state missing the last token" in result.stdout
     fixed = cli("replay", case, "--impl", "numpy", cwd=tmp_path)
     assert fixed.returncode == 0 and "passed" in fixed.stdout
     assert (tmp_path / "r.json").exists()

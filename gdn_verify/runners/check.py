@@ -363,11 +363,13 @@ def run_check(
 
 @dataclass
 class Replay:
-    """What rerunning a saved case gave: ``passed``, ``failed`` (with the message) or ``unsupported``."""
+    """What rerunning a saved case gave: ``passed``, ``failed`` (with the message and, as ``check``
+    names it, the likely cause) or ``unsupported``."""
 
     status: str
     message: str
     measurement: Measurement | None
+    cause: str = ""
 
 
 def replay(problem: Problem, params: dict, impl: Implementation, prop: Property) -> Replay:
@@ -377,5 +379,6 @@ def replay(problem: Problem, params: dict, impl: Implementation, prop: Property)
     except NotImplementedError as exc:
         return Replay("unsupported", str(exc), None)
     except Violation as exc:
-        return Replay("failed", str(exc), exc.measurement)
+        cause = causes.explain(impl, problem, params, prop.name, str(exc), exc.measurement, prop.form)
+        return Replay("failed", str(exc), exc.measurement, cause)
     return Replay("passed", "", m)
