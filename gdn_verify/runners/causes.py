@@ -512,16 +512,14 @@ def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
         return None
     ratios = [getattr(against_oracle, n) / getattr(bound, n) if getattr(bound, n) else np.inf for n in tol.METRICS]
     metric = tol.METRICS[int(np.argmax(ratios))]
-    # The error vector behind the worst-failing metric: the outputs, or the final state.
+    # What the worst-failing metric compares: the outputs, or the final state (k-first).
     on_state = metric == "state"
 
-    def error_vector(o, state, problem: Problem) -> np.ndarray:
-        ours, theirs = (_k_first(state, problem), _k_first(ref[1], problem)) if on_state else (as64(o), ref[0])
-        return (np.asarray(ours, np.float64) - np.asarray(theirs, np.float64)).ravel()
+    def compared(o, state) -> np.ndarray:
+        return np.asarray(_k_first(state, probe.native) if on_state else as64(o), np.float64)
 
-    impl_error = error_vector(result.o, result.final_state, probe.native)
-    ours = _k_first(result.final_state, probe.native) if on_state else as64(result.o)
-    exact = np.asarray(_k_first(ref[1], probe.native) if on_state else ref[0], np.float64)
+    exact, ours = compared(*ref), compared(result.o, result.final_state)
+    impl_error = (ours - exact).ravel()
     impl_blocks = _blocks(ours - exact, probe.native, on_state)
     scale = float(np.linalg.norm(exact)) or 1.0  # block errors relative to the whole reference, like the metrics
     pointwise: list[Finding] = []
@@ -540,7 +538,7 @@ def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
             continue
         if on_state and out[1] is None:
             continue
-        theirs = _k_first(out[1], probe.native) if on_state else as64(out[0])
+        theirs = compared(out[0], out[1])
         found = localized([e for _, e in impl_blocks], [e for _, e in _blocks(ours - theirs, probe.native, on_state)])
         if found is not None:
             chosen, ratio = found
@@ -548,7 +546,7 @@ def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
             there = float(np.sqrt(sum(float(impl_blocks[i][1] @ impl_blocks[i][1]) for i in chosen))) / scale
             local.append(Finding(model, metric, ratio * there, there, ratio, where=names))
             continue
-        matched = pattern(impl_error, error_vector(out[0], out[1], probe.native))
+        matched = pattern(impl_error, (theirs - exact).ravel())
         if matched is not None:
             own = getattr(_errors(out[0], out[1], ref, probe.native), metric)
             by_pattern.append(
