@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 from pathlib import Path
 
@@ -60,6 +61,36 @@ def json_path(args: argparse.Namespace) -> Path | None:
     return None if not args.json else api.writable(args.json, "json")
 
 
+class CtrlC:
+    """Ctrl-C, remembered until a progress callback acts on it.
+
+    Python raises KeyboardInterrupt wherever the main thread happens to be. Inside a garbage
+    collector callback (Hypothesis registers one) it is printed as "Exception ignored" and lost:
+    CI saw a check run to completion after its Ctrl-C. The handler remembers it, and every progress
+    callback and the end of each run raise it again.
+    """
+
+    seen = False
+
+    @classmethod
+    def install(cls) -> None:
+        cls.seen = False
+        # Only where Python's own handler is in place: a SIGINT the parent ignores stays ignored.
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, cls._handler)
+
+    @classmethod
+    def _handler(cls, signum: int, frame: object) -> None:
+        cls.seen = True
+        raise KeyboardInterrupt
+
+    @classmethod
+    def check(cls) -> None:
+        """Raise the KeyboardInterrupt of a Ctrl-C that something swallowed."""
+        if cls.seen:
+            raise KeyboardInterrupt
+
+
 def misuse_exit(r: PropertyResult) -> int:
     """The kernel could not take the arguments: one line, exit 2."""
     message = r.failure.message if r.failure is not None else r.note
@@ -93,10 +124,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             api.write_json(out, partial.as_dict(status, ["gdn-verify", *args.argv]))
 
     def progress(name: str, examples: int, worst) -> None:
+        CtrlC.check()
         worst_text = f" worst {worst.error:.2e}" if worst is not None else ""
         display.update(f"  {name:<24} {examples:4d} examples{worst_text}")
 
     def on_result(r: PropertyResult) -> None:
+        CtrlC.check()
         partial.results.append(r)
         save("running")  # as results arrive: a run cut short keeps what it found
         if r.status == "misuse":
@@ -124,6 +157,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             **({"cases_dir": args.cases} if args.cases else {}),
             **_compile_options(args, display),
         )
+        CtrlC.check()
     except KeyboardInterrupt:
         display.clear()
         save("interrupted")
@@ -167,6 +201,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
             api.write_json(out, doc)
 
     def on_bug(row) -> None:
+        CtrlC.check()
         rows.append(row)
         save("running")
         if row.caught_by is not None:
@@ -185,6 +220,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         api.selftest(
             dtype=args.dtype, seed=args.seed, max_examples=args.max_examples, timeout=args.timeout, on_bug=on_bug
         )
+        CtrlC.check()
     except KeyboardInterrupt:
         save("interrupted")
         raise
@@ -253,6 +289,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     save("running")
 
     def progress(rep, name: str) -> None:
+        CtrlC.check()
         state["report"] = rep
         display.update(rep.status_line(name))
 
@@ -275,6 +312,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             **_compile_options(args, display),
             workers=workers,
         )
+        CtrlC.check()
     except KeyboardInterrupt:
         display.clear()
         save("interrupted")
@@ -529,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(argv: list[str] | None = None) -> int:
     """:func:`main`, then exit; at once when a timed-out kernel call still runs in an abandoned
     thread (waiting for it, or for a stuck device at interpreter shutdown, could take forever)."""
+    CtrlC.install()  # the process's own entry point: in-process callers of main() keep their handler
     code = main(argv)
     if abandoned_calls():
         print(
