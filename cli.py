@@ -381,6 +381,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     deciles = [-1]
 
     def progress(fraction: float, label: str) -> None:  # every tenth of the work is shown, off a terminal too
+        CtrlC.check()
         decile = int(fraction * 10)
         display.update(f"[{fraction:4.0%}] {label}", force=decile > deciles[0])
         deciles[0] = max(deciles[0], decile)
