@@ -67,7 +67,7 @@ class CtrlC:
     Python raises KeyboardInterrupt wherever the main thread happens to be. Inside a garbage
     collector callback (Hypothesis registers one) it is printed as "Exception ignored" and lost:
     CI saw a check run to completion after its Ctrl-C. The handler remembers it, and every progress
-    callback and the end of each run raise it again.
+    callback and the end of each run raise it again; the "Exception ignored" traceback is not shown.
     """
 
     seen = False
@@ -78,6 +78,13 @@ class CtrlC:
         # Only where Python's own handler is in place: a SIGINT the parent ignores stays ignored.
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, cls._handler)
+            show = sys.unraisablehook
+
+            def hook(unraisable) -> None:
+                if not (cls.seen and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+                    show(unraisable)
+
+            sys.unraisablehook = hook
 
     @classmethod
     def _handler(cls, signum: int, frame: object) -> None:
