@@ -90,6 +90,11 @@ class FuzzReport:
             r.worst = old.worst
         self.properties[r.name] = r
 
+    def note_worst(self, candidate: tuple[str, Measurement] | None) -> None:
+        """Keep ``candidate`` (property, measurement) as the campaign's worst if its ratio is larger."""
+        if candidate is not None and (self.worst is None or candidate[1].ratio > self.worst[1].ratio):
+            self.worst = candidate
+
     compile_seconds: float = 0.0  # shape classes compiled up front (before the campaign's own time)
     shape_classes: int | None = None  # size of the shape pool (None: shapes drawn freely)
     workers: int = 1
@@ -153,8 +158,7 @@ def run_fuzz(
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", impl.name)
 
     def on_example(name: str, examples: int, worst: Measurement | None) -> None:
-        if worst is not None and (report.worst is None or worst.ratio > report.worst[1].ratio):
-            report.worst = (name, worst)
+        report.note_worst(None if worst is None else (name, worst))
         report.elapsed = time.monotonic() - start
         if progress is not None:
             progress(report, name)
@@ -211,8 +215,7 @@ def merge_reports(reports: list[FuzzReport]) -> FuzzReport:
         merged.compile_seconds = max(merged.compile_seconds, r.compile_seconds)
         if r.shape_classes is not None:
             merged.shape_classes = max(merged.shape_classes or 0, r.shape_classes)
-        if r.worst is not None and (merged.worst is None or r.worst[1].ratio > merged.worst[1].ratio):
-            merged.worst = r.worst
+        merged.note_worst(r.worst)
         merged.failures += r.failures
         merged.unsupported += [u for u in r.unsupported if u.name not in {x.name for x in merged.unsupported}]
         merged.worker_errors += r.worker_errors

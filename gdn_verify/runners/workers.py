@@ -138,9 +138,8 @@ def _so_far(
     if live:
         now.cases = max(now.cases, sum(v[0] for v in live.values()))
         now.elapsed = max(now.elapsed, *(v[1] for v in live.values()))
-        for w in (v[2] for v in live.values()):
-            if w is not None and (now.worst is None or w[1].ratio > now.worst[1].ratio):
-                now.worst = w
+        for v in live.values():
+            now.note_worst(v[2])
     return now
 
 
