@@ -26,7 +26,10 @@ pool. CuPy is imported lazily, so importing this module needs no GPU.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +46,15 @@ _OUT_TILE = 64  # kOutTile in chunk.cu
 FUSED_CHUNK = 64  # gdn_fused::C
 FUSED_MAX_K = 128  # gdn_fused::kMaxK: the state rows a CTA holds in registers
 _FUSED_PAD = 8  # gdn_fused::kPad
+WGMMA_K = (64, 128)  # head sizes K with an sm_90a state kernel (gdn_fused_state_sm90_k<K>)
+_WGMMA_COLUMNS = 64  # value columns per CTA of that kernel: one warpgroup, 16 per warp
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 # gate_flags bits (chunk.cu kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
 _G_IS_T, _BETA_IS_T, _GATE_IN_KERNEL, _BETA_SIGMOID, _NEG_EIGVAL = 1, 2, 4, 8, 16
+
+# The kernels the latest call launched, for benchmarks and reports: "three-kernel", "fused mma.sync
+# <warps, k_split>" or "fused wgmma sm_90a" (a diagnostic, not an input).
+last_kernels = ""
 
 # Tests set this to fill outputs and scratch with NaN before the launches, so any element a
 # kernel fails to write (or any scratch it reads before writing) shows up as NaN.
@@ -58,6 +67,63 @@ def _module(names: tuple[str, ...]):
 
     module = cupy.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=names)
     return tuple(module.get_function(name) for name in names)
+
+
+@functools.cache
+def sm90a_module():
+    """chunk.cu built for sm_90a (``-DGDN_SM90A``: the wgmma state kernels and the layout probe).
+
+    CuPy's RawModule always appends ``-arch`` for the device's plain sm_90, which has no wgmma, so
+    this goes through CuPy's NVRTC binding with CuPy's own include options, and caches the cubin
+    beside CuPy's kernel cache (keyed by source, options and NVRTC version). Raises RuntimeError
+    with NVRTC's log where the build fails."""
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+
+    try:
+        from cupy._core.core import assemble_cupy_compiler_options
+
+        options = assemble_cupy_compiler_options(("--std=c++17",))
+    except (ImportError, AttributeError):  # a CuPy without it: CUDA's headers from CUDA_PATH
+        options = ("--std=c++17", f"-I{os.path.join(cupy.cuda.get_cuda_path() or '/usr/local/cuda', 'include')}")
+    options += ("-arch=sm_90a", "-DGDN_SM90A", "-ftz=true", "--device-as-default-execution-space")  # as CuPy
+    source = _SOURCE.read_text()
+    key = hashlib.sha256("\0".join((source, *options, repr(nvrtc.getVersion()))).encode()).hexdigest()[:32]
+    cache = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")  # as CuPy's
+    path = Path(cache) / f"gdn_chunk_sm90a_{key}.cubin"
+    if not path.exists():
+        prog = nvrtc.createProgram(source, "chunk.cu", (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, options)
+            except nvrtc.NVRTCError as e:
+                raise RuntimeError(f"NVRTC could not build chunk.cu for sm_90a: {nvrtc.getProgramLog(prog)}") from e
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")  # concurrent builders: last rename wins
+        part.write_bytes(cubin)
+        os.replace(part, path)
+    return cupy.RawModule(path=str(path))
+
+
+@functools.cache
+def _sm90a_builds() -> bool:
+    """Whether :func:`sm90a_module` builds here; warns once, with NVRTC's reason, where it does not
+    (the default then keeps the mma.sync state kernel)."""
+    try:
+        sm90a_module()
+    except (ImportError, RuntimeError) as e:
+        warnings.warn(f"the sm_90a wgmma state kernel is not available, using mma.sync: {e}", stacklevel=3)
+        return False
+    return True
+
+
+def wgmma_state(K: int, V: int, device: int) -> bool:
+    """Whether the sm_90a wgmma state kernel applies: an sm_90 device (H100, H200), ``K`` in
+    ``WGMMA_K`` and ``V`` a multiple of 64 (one warpgroup per 64 value columns)."""
+    return K in WGMMA_K and V % _WGMMA_COLUMNS == 0 and ts.compute_capability(device) == (9, 0)
 
 
 @functools.cache
@@ -208,10 +274,14 @@ def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> 
     return 4 * intra, 4 * state, 4 * output
 
 
-def _fused_smem_bytes(K: int, warps: int, k_split: int = 1) -> tuple[int, int]:
+def _fused_smem_bytes(K: int, warps: int, k_split: int = 1, wgmma: bool = False) -> tuple[int, int]:
     """Dynamic shared memory of the fused (prep, state) kernels; mirrors the layouts in chunk.cu."""
     C, kp, vp, cp = FUSED_CHUNK, K + _FUSED_PAD, 16 * warps + _FUSED_PAD, FUSED_CHUNK + _FUSED_PAD
     prep = 2 * C * kp * 2 + (3 * C * (C + 1) + C * C // 4 + 6 * C) * 4
+    if wgmma:  # two stages of k, q, T'/P' (unpadded core-matrix tiles), v and vectors; the output tile
+        vp = _WGMMA_COLUMNS + _FUSED_PAD
+        stage = 2 * C * K * 2 + 4 * C * C * 2 + C * vp * 2 + 4 * C * 4
+        return prep, 2 * stage + C * vp * 2
     k_and_vectors = C * kp * 2 + 4 * C * 4  # double-buffered
     q_v_mats = (C * kp * 2 + C * vp * 2 + 4 * C * cp * 2) * (2 if k_split > 1 else 1)  # single unless split
     exchange = warps * k_split * C * 32 * 4 if k_split > 1 else 0  # per warp: partial Y_k, Y_q, C floats a lane
@@ -248,6 +318,7 @@ def chunk_gated_delta_rule(
     use_tensor_cores: bool | None = None,
     fused: bool | None = None,
     k_split: int | None = None,
+    wgmma: bool | None = None,
     checked: bool | None = None,
 ) -> tuple[Any, Any | None]:
     """Chunked GDN forward on the GPU. Returns ``(o [B, T, HV, V] in q's dtype, final_state | None)``.
@@ -266,6 +337,9 @@ def chunk_gated_delta_rule(
     ``True`` always (``ValueError`` where it does not apply). ``k_split``: warps that share one
     16-column slab of the state in the fused state kernel, 1 or 2 (2 needs ``K % 32 == 0`` and
     ``V % 32 == 0``); ``None`` (default) picks it from the grid size (:func:`fused_k_split`).
+    ``wgmma``: the fused path's state kernel on sm_90a wgmma (:func:`wgmma_state`: H100 / H200,
+    ``K`` 64 or 128, ``V % 64 == 0``; no ``k_split``). ``None`` (default) takes it wherever it
+    applies and builds, ``False`` never, ``True`` always (``ValueError`` where it does not apply).
     """
     import cupy
 
@@ -278,6 +352,8 @@ def chunk_gated_delta_rule(
         raise ValueError(f"fused: must be None, True or False, got {fused!r}")
     if k_split not in (None, 1, 2) or isinstance(k_split, bool):
         raise ValueError(f"k_split: must be None, 1 or 2, got {k_split!r}")
+    if wgmma not in (None, True, False):
+        raise ValueError(f"wgmma: must be None, True or False, got {wgmma!r}")
     if use_gate_in_kernel and A_log is None:
         raise ValueError("A_log: required when use_gate_in_kernel=True")
     if not use_gate_in_kernel and A_log is not None:
@@ -354,14 +430,28 @@ def chunk_gated_delta_rule(
         )
     if warps is None and k_split is not None:
         raise ValueError("k_split: only the fused path takes it, and it does not apply to these inputs")
-    if warps is not None:
+    if wgmma and (warps is None or k_split is not None or not wgmma_state(K, V, device)):
+        raise ValueError(
+            "wgmma: the wgmma state kernel needs the fused path, an sm_90 device, K in (64, 128), V % 64 == 0 "
+            f"and no k_split (got {qa.dtype}, K={K}, V={V}, k_split={k_split}, "
+            f"compute capability {ts.compute_capability(device)})"
+        )
+    if warps is not None and wgmma is None and k_split is None and wgmma_state(K, V, device):
+        wgmma = _sm90a_builds()
+    if warps is not None and not wgmma:
         if k_split is None:
             k_split = fused_k_split(K, V, N, HV, ts.num_sms(device))
         elif k_split == 2 and (K % 32 or V % 32):
             raise ValueError(f"k_split: 2 needs K % 32 == 0 and V % 32 == 0 (got K={K}, V={V})")
         warps = 2 if k_split == 2 else warps  # two slabs of two warps: one CTA per SM (shared memory)
+    global last_kernels
+    if warps is None:
+        last_kernels = "three-kernel"
+    else:
+        last_kernels = "fused wgmma sm_90a" if wgmma else f"fused mma.sync <{warps}, {k_split or 1}>"
     with stream:
-        run = _run if warps is None else functools.partial(_run_fused, warps=warps, k_split=k_split or 1)
+        fused_run = functools.partial(_run_fused, warps=warps, k_split=k_split or 1, wgmma=bool(wgmma))
+        run = _run if warps is None else fused_run
         o, final_state = run(
             qa,
             ka,
@@ -566,15 +656,21 @@ def _run_fused(
     *,
     warps: int,
     k_split: int = 1,
+    wgmma: bool = False,
 ):
-    """The fused bf16 path: prep (parallel over chunks) then state + output (sequential per sequence)."""
+    """The fused bf16 path: prep (parallel over chunks) then state + output (sequential per sequence),
+    the state kernel on mma.sync (``warps`` slabs of 16 columns, ``k_split`` warps each) or on wgmma."""
     import cupy
 
     del tensor_cores  # always: the fused path is the tensor-core path
     B, T, H, K = qa.shape
     HV, V = va.shape[2:]
     prep, state = _fused_kernels(warps, k_split)
-    smem_prep, smem_state = _fused_smem_bytes(K, warps, k_split)
+    smem_prep, smem_state = _fused_smem_bytes(K, warps, k_split, wgmma)
+    columns, threads = 16 * warps, 32 * warps * k_split
+    if wgmma:
+        state = sm90a_module().get_function(f"gdn_fused_state_sm90_k{K}")
+        columns, threads = _WGMMA_COLUMNS, 160  # a consumer warpgroup and a producer warp
     empty = _allocator()
     o, final_state, (d_start, d_len, d_off), init_array = _outputs_and_tables(
         qa, va, init, N, state_v_first, output_final_state, (chunk_start, chunk_len, seq_chunk_off)
@@ -609,7 +705,7 @@ def _run_fused(
     if NC > 0 or output_final_state:
         _launch(
             state,
-            (N * (V // (16 * warps)), HV),
+            (N * (V // columns), HV),
             (
                 qa.array,
                 ka.array,
@@ -631,6 +727,6 @@ def _run_fused(
                 i32(output_final_state),
             ),
             smem_state,
-            threads=32 * warps * k_split,
+            threads=threads,
         )
     return o, final_state if output_final_state else None

@@ -74,6 +74,13 @@ def num_sms(device: int) -> int:
     return cupy().cuda.Device(device).attributes["MultiProcessorCount"]
 
 
+@functools.cache
+def compute_capability(device: int) -> tuple[int, int]:
+    """``(major, minor)`` of ``device`` (kernel variants for one architecture)."""
+    cc = cupy().cuda.Device(device).compute_capability  # '90' for 9.0
+    return int(cc[:-1]), int(cc[-1])
+
+
 # --------------------------------------------------------------------------- reading tensors
 
 

@@ -353,6 +353,76 @@ def test_fused_bf16_matches_oracle(chunk, name, k_split):
     assert rel_rms(s, s3.cpu().numpy()) < 2 * TC_FP32_TOL
 
 
+# The sm_90a wgmma state kernel (K 64 or 128, V a multiple of 64): the fused cases it takes, and
+# two of its own (a K = 64 tile with the v-first state layout; three 64-column tiles with GVA).
+WGMMA_CASES = {
+    **{name: c for name, c in FUSED_CASES.items() if c["K"] in (64, 128) and c["V"] % 64 == 0},
+    "k64_v64_vfirst": dict(T=200, H=1, HV=2, K=64, V=64, cu_seqlens=RAGGED, with_state=True, state_v_first=True),
+    "k128_v192_gva2": dict(T=150, H=1, HV=2, K=128, V=192, cu_seqlens=[0, 3, 150], l2norm=True),
+}
+
+
+def needs_sm90(chunk, cp):
+    if chunk.ts.compute_capability(cp.cuda.runtime.getDevice()) != (9, 0):
+        pytest.skip("the wgmma state kernel needs an sm_90 device (H100, H200)")
+
+
+def test_wgmma_layouts_match_numpy(chunk, cp):
+    """gdn_wgmma_probe: the two wgmma B layouts the state kernel uses (K-major for K^T, T'^T, P'^T;
+    MN-major for K) from one core-matrix tile, with the kernel's descriptor offsets."""
+    needs_sm90(chunk, cp)
+    probe = chunk.sm90a_module().get_function("gdn_wgmma_probe")
+    rng = np.random.default_rng(3)
+    a = rng.integers(-8, 8, (64, 16)).astype(np.float32)  # small integers: every product exact in fp32
+    tile = rng.integers(-8, 8, (64, 128)).astype(np.float32)
+
+    def bf16(x):
+        return cp.asarray((x.view(np.uint32) >> 16).astype(np.uint16))  # exact: small integers
+
+    d1, d2 = cp.full((64, 64), np.nan, cp.float32), cp.full((64, 128), np.nan, cp.float32)
+    # 128-byte swizzle: 1 KiB between 8-row groups; MN-major steps 8 KiB between 64-column blocks
+    probe((1,), (128,), (bf16(a), bf16(tile), d1, d2, np.int32(16), np.int32(1024), np.int32(8192), np.int32(1024)))
+    np.testing.assert_array_equal(d1.get(), a @ tile[:, 80:96].T, err_msg="K-major B (Y_k, v_new, o)")
+    np.testing.assert_array_equal(d2.get(), a @ tile[16:32, :], err_msg="MN-major B (the state update)")
+
+
+@pytest.mark.parametrize("name", sorted(WGMMA_CASES))
+def test_wgmma_state_matches_oracle(chunk, cp, name):
+    needs_sm90(chunk, cp)
+    spec = dict(WGMMA_CASES[name])
+    l2norm = spec.pop("l2norm", False)
+    case = make_case(sum(map(ord, name)), **spec)
+    torch, dev, host = torch_bf16(case)
+    state = None if case["initial_state"] is None else torch.from_numpy(case["initial_state"]).cuda()
+    cu = None if case["cu_seqlens"] is None else torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
+    kw = dict(
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=case["state_v_first"],
+        cu_seqlens=cu,
+    )
+    o, s = chunk.chunk_gated_delta_rule(**dev, wgmma=True, **kw)
+    o, s = o.float().cpu().numpy(), s.cpu().numpy()
+    assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
+    o_ref, s_ref = run_oracle(host, l2norm)
+    assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
+    assert rel_rms(s, s_ref) < TC_FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"
+    # the mma.sync state kernel computes the same products from the same split operands
+    o2, s2 = chunk.chunk_gated_delta_rule(**dev, wgmma=False, **kw)
+    assert rel_rms(s, s2.cpu().numpy()) < 2 * TC_FP32_TOL
+    assert rel_rms(o, o2.float().cpu().numpy()) < BF16_TOL
+
+
+def test_wgmma_refused_where_it_does_not_apply(chunk, cp):
+    case = make_case(4, T=70, H=1, HV=2, K=96, V=64)
+    _, dev, _ = torch_bf16(case)
+    with pytest.raises(ValueError, match="^wgmma:"):
+        chunk.chunk_gated_delta_rule(**dev, wgmma=True)
+    with pytest.raises(ValueError, match="^wgmma:"):
+        chunk.chunk_gated_delta_rule(**dev, wgmma="yes")
+
+
 def test_fused_bf16_gate_options(chunk):
     from gdn_verify.core.gating import in_kernel_gates
 

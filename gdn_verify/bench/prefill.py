@@ -157,8 +157,11 @@ def prefill_bench(
     One dict per case: ``shape`` ("S x L"), ``sequences``, ``length``, ``tokens``, ``ours_ms``,
     ``fla_ms``, ``ratio`` (ours / FLA), ``ours_peak_bytes``, ``fla_peak_bytes``, ``ours_rel_rms``,
     ``fla_rel_rms`` (output), ``ours_state_rel_rms``, ``fla_state_rel_rms``, ``heads`` (the value heads
-    scored), ``device``, ``date``, ``dtype``. FLA's keys are None where FLA is not importable.
+    scored), ``ours_kernels`` (which of our kernel paths ran), ``device``, ``date``, ``dtype``. FLA's keys
+    are None where FLA is not importable.
     """
+    from cupy_kernels import chunk
+
     torch, ours, fla = _libraries()
     say = progress or (lambda _msg: None)
     device, today = torch.cuda.get_device_name(), datetime.date.today().isoformat()
@@ -176,6 +179,7 @@ def prefill_bench(
             shape=f"{seqs} x {length}", sequences=seqs, length=length, tokens=seqs * length, dtype="bfloat16"
         )
         row["ours_ms"] = _time_ms(run_ours, torch.cuda.synchronize, warmup, reps)
+        row["ours_kernels"] = chunk.last_kernels
         row["ours_peak_bytes"] = _peak_bytes_ours(run_ours)
         outs = {"ours": run_ours()}
         row["fla_ms"] = row["fla_peak_bytes"] = row["ratio"] = None
@@ -244,7 +248,8 @@ def format_row(row: dict) -> str:
         f"{row['shape']}: ours {row['ours_ms']:.3f} ms, FLA {_num(row['fla_ms'], '.3f')} ms, "
         f"ratio {_num(row['ratio'], '.2f')}, extra memory ours {_mib(row['ours_peak_bytes'])} "
         f"FLA {_mib(row['fla_peak_bytes'])}, "
-        f"o rel RMS ours {row['ours_rel_rms']:.2e} FLA {_num(row['fla_rel_rms'], '.2e')}"
+        f"o rel RMS ours {row['ours_rel_rms']:.2e} FLA {_num(row['fla_rel_rms'], '.2e')} "
+        f"({row.get('ours_kernels') or 'kernels not recorded'})"
     )
 
 
@@ -259,15 +264,15 @@ def format_table(rows: list[dict], accuracy: Sequence[dict] = ()) -> str:
     )
     lines = [
         "| sequences x length | tokens | ours ms | FLA ms | ours / FLA | ours extra memory | FLA extra memory "
-        "| ours o rel RMS | FLA o rel RMS | ours state rel RMS | FLA state rel RMS |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| ours o rel RMS | FLA o rel RMS | ours state rel RMS | FLA state rel RMS | our kernels |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['shape']} | {r['tokens']} | {r['ours_ms']:.3f} | {_num(r['fla_ms'], '.3f')} | "
             f"{_num(r['ratio'], '.2f')} | {_mib(r['ours_peak_bytes'])} | {_mib(r['fla_peak_bytes'])} | "
             f"{r['ours_rel_rms']:.2e} | {_num(r['fla_rel_rms'], '.2e')} | {r['ours_state_rel_rms']:.2e} | "
-            f"{_num(r['fla_state_rel_rms'], '.2e')} |"
+            f"{_num(r['fla_state_rel_rms'], '.2e')} | {r.get('ours_kernels') or 'n/a'} |"
         )
     text = head + "\n".join(lines) + "\n"
     if accuracy:
