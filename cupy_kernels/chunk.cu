@@ -1418,7 +1418,7 @@ __global__ void __launch_bounds__(32 * W * KS)
 //   Y_k, Y_q   2 K / 16 wgmma m64n64k16 each (S split)        | X^T (while Y_q runs)
 //   v_new      3 C / 16 m64n64k16 (X and T' split)
 //   o, S       3 C / 16 m64n64k16 (v_new and P' split), 2 C / 16 m64nKk16 (v_new diag(c) split)
-// Warp specialized: a fifth warp issues every copy (cp.async into two stages), so the warpgroup's
+// Warp specialized: two more warps issue every copy (cp.async into two stages), so the warpgroup's
 // instruction stream holds only the products and their fp32 glue.
 // B tiles are stored in wgmma's 128-byte swizzle (sw_offset): rows of 128 bytes, 16-byte chunks
 // XORed with the row within each 8-row, 1 KiB atom. One [C][K] tile of k serves both K^T (K-major B
@@ -1594,10 +1594,12 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
     using namespace gdn_fused;
     constexpr int BV = 64, VP = BV + kPad;
     constexpr int KT = K / 8, KB = K / 16, CT = C / 8, CB = C / 16;
-    // Warps 0-3: the consumer warpgroup (all products); warp 4: the producer (all copies). Stage s
-    // is handed over through named barriers: kFull + s (producer arrives once its copies landed,
-    // consumers wait) and kEmpty + s (consumers arrive once done with it, the producer waits).
-    constexpr int kFull = 1, kEmpty = 3, kPair = 160;
+    // Warps 0-3: the consumer warpgroup (all products); warps 4, 5: the producers (all copies: k, q
+    // and the vectors; T'/P' and v). Stage s is handed over through named barriers: kFull + s
+    // (producers arrive once their copies landed, consumers wait) and kEmpty + s (consumers arrive
+    // once done with it, producers wait). One producer warp was too slow: consumers waited for it
+    // 18% of the time (ncu, H100, 2026-11-23).
+    constexpr int kFull = 1, kEmpty = 3, kPair = 192;
     // Stage (two of them): k, q [C][K] and T'hi, T'lo, P'hi, P'lo [C][C] as core-matrix tiles, v
     // [C][VP] row-major (ldmatrix), vectors [4][C] fp32; then the output tile [C][VP]. Every
     // offset is a multiple of 128 bytes.
@@ -1629,24 +1631,28 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
     auto chunk_t0 = [&](int chunk) { return seq_t0 + static_cast<long long>(C) * (chunk - first); };
     auto chunk_len_of = [&](int chunk) { return static_cast<int>(min(static_cast<long long>(C), seq_end - chunk_t0(chunk))); };
 
-    if (warp == 4) {  // the producer: chunk first + i into stage i & 1, once its consumers are done with it
+    if (warp >= 4) {  // the producers: chunk first + i into stage i & 1, once its consumers are done with it
         for (int i = 0; i < last - first; ++i) {
             const int chunk = first + i, s = i & 1;
             if (i >= 2) bar_sync(kEmpty + s, kPair);
             const long long t0 = chunk_t0(chunk);
             const int len = chunk_len_of(chunk);
-            const size_t row0 = static_cast<size_t>(t0) * row_stride + static_cast<size_t>(hk) * K;
-            copy_sw<K>(k_stage(s), k + row0, H * K, len);
-            copy_sw<K>(q_stage(s), q + row0, H * K, len);
             const size_t unit = static_cast<size_t>(chunk) * HV + hv;
-            const bf16* mg = mats + unit * kMats * C * C;
+            if (warp == 4) {
+                const size_t row0 = static_cast<size_t>(t0) * row_stride + static_cast<size_t>(hk) * K;
+                copy_sw<K>(k_stage(s), k + row0, H * K, len);
+                copy_sw<K>(q_stage(s), q + row0, H * K, len);
 #pragma unroll
-            for (int m = 0; m < kMats; ++m) copy_sw<C>(m_stage(s, m), mg + m * C * C, C, C);
-            copy_plain<BV>(v_stage(s), VP, v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
-                           static_cast<size_t>(HV) * V, len);
+                for (int e = lane; e < kVecs * C / 4; e += 32)
+                    cp_async16(vec_stage(s) + 4 * e, vecs + unit * kVecs * C + 4 * e, true);
+            } else {
+                const bf16* mg = mats + unit * kMats * C * C;
 #pragma unroll
-            for (int e = lane; e < kVecs * C / 4; e += 32)
-                cp_async16(vec_stage(s) + 4 * e, vecs + unit * kVecs * C + 4 * e, true);
+                for (int m = 0; m < kMats; ++m) copy_sw<C>(m_stage(s, m), mg + m * C * C, C, C);
+                copy_plain<BV>(v_stage(s), VP,
+                               v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
+                               static_cast<size_t>(HV) * V, len);
+            }
             cp_async_commit();
             cp_async_wait<0>();
             fence_proxy_async();  // generic-proxy writes that wgmma reads through the async proxy
@@ -1667,6 +1673,11 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
     for (int j = 0; j < KT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[j][e] = has_initial ? initial_state[state_index(j, e)] : 0.f;
+    // S^T split into bf16 hi / lo, the A fragments of Y_k and Y_q: made before each chunk, from the
+    // previous chunk's state update while its output product still runs.
+    unsigned sh[KB][4], sl[KB][4];
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) a_from_c(st[2 * kb], st[2 * kb + 1], 1.f, 1.f, 1.f, 1.f, sh[kb], sl[kb]);
 
     for (int chunk = first; chunk < last; ++chunk) {
         const int i = chunk - first, s = i & 1;
@@ -1678,10 +1689,7 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         const long long t0 = chunk_t0(chunk);
         const int len = chunk_len_of(chunk);
 
-        // Y_k = S^T K^T and Y_q = S^T Q^T: K-major B, depth block kb = core-matrix columns 2 kb, 2 kb + 1.
-        unsigned sh[KB][4], sl[KB][4];
-#pragma unroll
-        for (int kb = 0; kb < KB; ++kb) a_from_c(st[2 * kb], st[2 * kb + 1], 1.f, 1.f, 1.f, 1.f, sh[kb], sl[kb]);
+        // Y_k = S^T K^T and Y_q = S^T Q^T: K-major B, depth block kb = state rows 16 kb .. + 15.
         float yk[CT][4] = {}, yq[CT][4] = {};
         pin(yk);
         pin(yq);
@@ -1752,7 +1760,11 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             dv[i] = *reinterpret_cast<const float2*>(vec + 2 * C + 8 * i + 2 * tq);
             cv[i] = *reinterpret_cast<const float2*>(vec + C + 8 * i + 2 * tq);
         }
-        const float g_last = vec[3 * C + C - 1];
+        const float decay = expf(vec[3 * C + C - 1]);
+#pragma unroll
+        for (int j = 0; j < KT; ++j)  // S is no operand of v_new: decay it while v_new runs
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] *= decay;
         wg_wait<0>();
         pin(vn);
         pin(xh);
@@ -1768,21 +1780,9 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             a_from_c(vn[2 * jb], vn[2 * jb + 1], cv[2 * jb].x, cv[2 * jb].y, cv[2 * jb + 1].x, cv[2 * jb + 1].y, ch[jb],
                      cl[jb]);
         }
-        const float decay = expf(g_last);
-#pragma unroll
-        for (int j = 0; j < KT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[j][e] *= decay;
         pin(yq);
         pin(st);
         wg_fence();
-        const unsigned long long dph = k_desc(m_stage(s, 2)), dpl = k_desc(m_stage(s, 3));
-#pragma unroll
-        for (int jb = 0; jb < CB; ++jb) {
-            wgmma_n64<0>(yq, ph[jb], desc_at(dph, sw_offset<C>(0, 16 * jb)));
-            wgmma_n64<0>(yq, pl[jb], desc_at(dph, sw_offset<C>(0, 16 * jb)));
-            wgmma_n64<0>(yq, ph[jb], desc_at(dpl, sw_offset<C>(0, 16 * jb)));
-        }
         const unsigned long long dkn = mn_desc(ks);
 #pragma unroll
         for (int tb = 0; tb < CB; ++tb) {  // depth: tokens 16 tb .. + 15, two 8-row swizzle groups
@@ -1796,13 +1796,24 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             }
         }
         wg_commit();
-        wg_wait<0>();
-        pin(yq);
+        const unsigned long long dph = k_desc(m_stage(s, 2)), dpl = k_desc(m_stage(s, 3));
+#pragma unroll
+        for (int jb = 0; jb < CB; ++jb) {
+            wgmma_n64<0>(yq, ph[jb], desc_at(dph, sw_offset<C>(0, 16 * jb)));
+            wgmma_n64<0>(yq, pl[jb], desc_at(dph, sw_offset<C>(0, 16 * jb)));
+            wgmma_n64<0>(yq, ph[jb], desc_at(dpl, sw_offset<C>(0, 16 * jb)));
+        }
+        wg_commit();
+        wg_wait<1>();  // the state update is in; the output product may still run
         pin(st);
-        pin(ph);
-        pin(pl);
         pin(ch);
         pin(cl);
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb) a_from_c(st[2 * kb], st[2 * kb + 1], 1.f, 1.f, 1.f, 1.f, sh[kb], sl[kb]);
+        wg_wait<0>();
+        pin(yq);
+        pin(ph);
+        pin(pl);
         if (i + 2 < last - first) bar_arrive(kEmpty + s, kPair);  // stage s is free for chunk + 2
 
         // o: the warp's columns of the output tile (o^T fragments stored transposed: four 8 x 8 blocks
@@ -1845,11 +1856,11 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         o, final_state, has_final
 // The launcher's entry points (unmangled names; K is a template constant for the register arrays,
 // and the argument list is gdn_fused_state's, K included, so one launch call serves both kernels).
-extern "C" __global__ void __launch_bounds__(160, 1) gdn_fused_state_sm90_k128(GDN_FUSED_STATE_SM90_PARAMS) {
+extern "C" __global__ void __launch_bounds__(192, 1) gdn_fused_state_sm90_k128(GDN_FUSED_STATE_SM90_PARAMS) {
     (void)K;
     gdn_sm90::fused_state<128>(GDN_FUSED_STATE_SM90_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(160, 1) gdn_fused_state_sm90_k64(GDN_FUSED_STATE_SM90_PARAMS) {
+extern "C" __global__ void __launch_bounds__(192, 1) gdn_fused_state_sm90_k64(GDN_FUSED_STATE_SM90_PARAMS) {
     (void)K;
     gdn_sm90::fused_state<64>(GDN_FUSED_STATE_SM90_ARGS);
 }

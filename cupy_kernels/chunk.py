@@ -670,7 +670,7 @@ def _run_fused(
     columns, threads = 16 * warps, 32 * warps * k_split
     if wgmma:
         state = sm90a_module().get_function(f"gdn_fused_state_sm90_k{K}")
-        columns, threads = _WGMMA_COLUMNS, 160  # a consumer warpgroup and a producer warp
+        columns, threads = _WGMMA_COLUMNS, 192  # a consumer warpgroup and two producer warps
     empty = _allocator()
     o, final_state, (d_start, d_len, d_off), init_array = _outputs_and_tables(
         qa, va, init, N, state_v_first, output_final_state, (chunk_start, chunk_len, seq_chunk_off)
