@@ -30,7 +30,7 @@ for step in $STEPS; do
     sanitizer)
       for tool in memcheck racecheck; do
         timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          python3 -m pytest -q -p no:cacheprovider tests/test_cupy_chunk.py -k "fused and (ragged_k128 or v48 or gate or k96)" \
+          python3 -m pytest -q -p no:cacheprovider tests/test_cupy_chunk.py -k "wgmma or (fused and (ragged_k128 or v48 or gate or k96))" \
           > "$OUT/sanitizer_$tool.log" 2>&1
         echo "== $tool: exit $?, $(elapsed)" >> "$SUMMARY"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_$tool.log" | tail -n 3 >> "$SUMMARY"
       done ;;
@@ -70,7 +70,12 @@ PY
       # Every property on the fused path (bf16), chunk_equals_recurrent included.
       timeout 240 python3 cli.py check --impl cupy --dtype bfloat16 --seed 20261123 > "$OUT/check_cupy_bf16.log" 2>&1
       echo "== check --impl cupy bf16: exit $?, $(elapsed)" >> "$SUMMARY"
-      grep -E "chunk_equals|passed,|FAILED|failed" "$OUT/check_cupy_bf16.log" | tail -n 6 >> "$SUMMARY" ;;
+      grep -E "chunk_equals|passed,|FAILED|failed" "$OUT/check_cupy_bf16.log" | tail -n 6 >> "$SUMMARY"
+      for dtype in bfloat16 float32; do
+        timeout 150 python3 cli.py check --impl cupy-chunk --dtype "$dtype" --seed 20261123 > "$OUT/check_cupy_chunk_$dtype.log" 2>&1
+        echo "== check --impl cupy-chunk $dtype: exit $?, $(elapsed)" >> "$SUMMARY"
+        grep -E "passed,|FAILED|failed" "$OUT/check_cupy_chunk_$dtype.log" | tail -n 3 >> "$SUMMARY"
+      done ;;
     bench)
       timeout 400 python3 cli.py bench --what prefill --json "$OUT/bench-prefill.json" --out "$OUT/bench-prefill.md" \
         > "$OUT/bench.log" 2>&1
