@@ -13,7 +13,9 @@ and the scratch.
 Three kernel paths. bf16 inputs with ``chunk_size = 64``, ``K`` a multiple of 16 up to 128 and
 ``V`` a multiple of 16 take the fused path by default (``gdn_fused_prep`` + ``gdn_fused_state``: two
 launches, bf16 hi / lo scratch of 32 KiB per (chunk, value head), the state kept in registers and the
-output computed beside it; see chunk.cu); ``fused=False`` opts out and ``fused=True`` insists.
+output computed beside it; see chunk.cu); ``fused=False`` opts out and ``fused=True`` insists. On sm_90
+(H100, H200) with ``K`` 64 or 128 and ``V`` a multiple of 64, the state kernel is the wgmma one
+(``gdn_fused_state_sm90_k<K>``, built by :func:`sm90a_module`; ``wgmma=False`` keeps mma.sync).
 Otherwise two arithmetic paths of the three-kernel layout (the ``TC`` template flag): bf16 / fp16
 inputs take the tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
 are split into two bf16 parts and multiplied with three MMAs, about 2^-16 relative error), fp32
