@@ -315,6 +315,25 @@ def torch_bf16(case, device="cuda"):
     return torch, dev, host
 
 
+def bf16_case(name, spec):
+    """torch bf16 inputs of a named case, the host copy the oracle sees, l2norm, and the launcher's
+    keyword arguments (initial state, cu_seqlens, state layout, final state written)."""
+    spec = dict(spec)
+    l2norm = spec.pop("l2norm", False)
+    case = make_case(sum(map(ord, name)), **spec)
+    torch, dev, host = torch_bf16(case)
+    state = None if case["initial_state"] is None else torch.from_numpy(case["initial_state"]).cuda()
+    cu = None if case["cu_seqlens"] is None else torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
+    kw = dict(
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+        state_v_first=case["state_v_first"],
+        cu_seqlens=cu,
+    )
+    return dev, host, l2norm, kw
+
+
 FUSED_CASES = {
     "ragged_k128": dict(T=200, H=2, HV=4, K=128, V=128, cu_seqlens=RAGGED, with_state=True, l2norm=True),
     "ragged_v16": dict(T=200, H=1, HV=2, K=64, V=16, cu_seqlens=RAGGED, with_state=True),
@@ -329,19 +348,7 @@ SPLIT_CASES = [name for name, c in sorted(FUSED_CASES.items()) if c["K"] % 32 ==
 
 @pytest.mark.parametrize("name, k_split", [(n, 1) for n in sorted(FUSED_CASES)] + [(n, 2) for n in SPLIT_CASES])
 def test_fused_bf16_matches_oracle(chunk, name, k_split):
-    spec = dict(FUSED_CASES[name])
-    l2norm = spec.pop("l2norm", False)
-    case = make_case(sum(map(ord, name)), **spec)
-    torch, dev, host = torch_bf16(case)
-    state = None if case["initial_state"] is None else torch.from_numpy(case["initial_state"]).cuda()
-    cu = None if case["cu_seqlens"] is None else torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
-    kw = dict(
-        initial_state=state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=l2norm,
-        state_v_first=case["state_v_first"],
-        cu_seqlens=cu,
-    )
+    dev, host, l2norm, kw = bf16_case(name, FUSED_CASES[name])
     o, s = chunk.chunk_gated_delta_rule(**dev, fused=True, k_split=k_split, **kw)
     o, s = o.float().cpu().numpy(), s.cpu().numpy()
     assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
@@ -389,19 +396,7 @@ def test_wgmma_layouts_match_numpy(chunk, cp):
 @pytest.mark.parametrize("name", sorted(WGMMA_CASES))
 def test_wgmma_state_matches_oracle(chunk, cp, name):
     needs_sm90(chunk, cp)
-    spec = dict(WGMMA_CASES[name])
-    l2norm = spec.pop("l2norm", False)
-    case = make_case(sum(map(ord, name)), **spec)
-    torch, dev, host = torch_bf16(case)
-    state = None if case["initial_state"] is None else torch.from_numpy(case["initial_state"]).cuda()
-    cu = None if case["cu_seqlens"] is None else torch.tensor(case["cu_seqlens"], dtype=torch.int64, device="cuda")
-    kw = dict(
-        initial_state=state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=l2norm,
-        state_v_first=case["state_v_first"],
-        cu_seqlens=cu,
-    )
+    dev, host, l2norm, kw = bf16_case(name, WGMMA_CASES[name])
     o, s = chunk.chunk_gated_delta_rule(**dev, wgmma=True, **kw)
     o, s = o.float().cpu().numpy(), s.cpu().numpy()
     assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
