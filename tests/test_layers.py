@@ -1,6 +1,7 @@
 """The layers import downward only; checked by walking every import statement (lazy ones included).
 
-cupy_kernels                  numpy, cupy, torch and the standard library only
+cupy_kernels                  numpy, cupy (with cupy_backends, part of CuPy's wheel), torch and the
+                              standard library only
 gdn_verify.core               itself
 gdn_verify.properties         core
 gdn_verify.implementations    core (and cupy_kernels, the kernels under test)
@@ -30,7 +31,8 @@ ALLOWED = {
     "report": {"core", "implementations", "runners", "properties", "report", "top"},  # built on the API
     "top": {"core", "implementations", "runners", "properties", "report", "bench", "api", "console", "top"},
 }
-THIRD_PARTY_FOR_KERNELS = {"numpy", "cupy", "torch"}
+# cupy_backends ships in CuPy's own wheel: chunk.sm90a_module reaches NVRTC through it.
+THIRD_PARTY_FOR_KERNELS = {"numpy", "cupy", "cupy_backends", "torch"}
 
 
 def layer_of_module(name: str) -> str | None:
