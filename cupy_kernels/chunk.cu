@@ -1583,6 +1583,20 @@ __device__ __forceinline__ unsigned long long mn_desc(const bf16* p) { return sm
 // addresses stay below 2^18 bytes, so the sum never carries out of its 14 bits.
 __device__ __forceinline__ unsigned long long desc_at(unsigned long long d, int elements) { return d + (elements >> 3); }
 
+// acc += A B over the C tokens of a [C][C] swizzled B tile (T' or P', K-major) with A and B both
+// split: hi hi, lo hi, hi lo for each depth block of 16.
+template <int CB, int CT>
+__device__ __forceinline__ void split_product(float (&acc)[CT][4], const unsigned (&ah)[CB][4],
+                                              const unsigned (&al)[CB][4], unsigned long long bh,
+                                              unsigned long long bl) {
+#pragma unroll
+    for (int jb = 0; jb < CB; ++jb) {
+        wgmma_n64<0>(acc, ah[jb], desc_at(bh, sw_offset<C>(0, 16 * jb)));
+        wgmma_n64<0>(acc, al[jb], desc_at(bh, sw_offset<C>(0, 16 * jb)));
+        wgmma_n64<0>(acc, ah[jb], desc_at(bl, sw_offset<C>(0, 16 * jb)));
+    }
+}
+
 template <int K>
 __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                             const bf16* __restrict__ v, const bf16* __restrict__ mats,
@@ -1600,7 +1614,7 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
     // once done with it, producers wait). One producer warp was too slow: consumers waited for it
     // 18% of the time (ncu, H100, 2026-11-23).
     constexpr int kFull = 1, kEmpty = 3, kPair = 192;
-    // Stage (two of them): k, q [C][K] and T'hi, T'lo, P'hi, P'lo [C][C] as core-matrix tiles, v
+    // Stage (two of them): k, q [C][K] and T'hi, T'lo, P'hi, P'lo [C][C] as swizzled tiles, v
     // [C][VP] row-major (ldmatrix), vectors [4][C] fp32; then the output tile [C][VP]. Every
     // offset is a multiple of 128 bytes.
     constexpr int kKBytes = C * K * 2, kMBytes = C * C * 2, kVBytes = C * VP * 2, kVecBytes = kVecs * C * 4;
@@ -1745,13 +1759,7 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         wg_fence();
         // Full n = 64 products although T' and P' are lower triangular: products over column sub-ranges
         // of one accumulator (n = 48, 32, 16) make ptxas serialize every wgmma (C7511), which costs more.
-        const unsigned long long dth = k_desc(m_stage(s, 0)), dtl = k_desc(m_stage(s, 1));
-#pragma unroll
-        for (int jb = 0; jb < CB; ++jb) {
-            wgmma_n64<0>(vn, xh[jb], desc_at(dth, sw_offset<C>(0, 16 * jb)));
-            wgmma_n64<0>(vn, xl[jb], desc_at(dth, sw_offset<C>(0, 16 * jb)));
-            wgmma_n64<0>(vn, xh[jb], desc_at(dtl, sw_offset<C>(0, 16 * jb)));
-        }
+        split_product(vn, xh, xl, k_desc(m_stage(s, 0)), k_desc(m_stage(s, 1)));
         wg_commit();
         // d, c and the chunk's decay, read while v_new runs.
         float2 dv[CT], cv[CT];
@@ -1796,13 +1804,7 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             }
         }
         wg_commit();
-        const unsigned long long dph = k_desc(m_stage(s, 2)), dpl = k_desc(m_stage(s, 3));
-#pragma unroll
-        for (int jb = 0; jb < CB; ++jb) {
-            wgmma_n64<0>(yq, ph[jb], desc_at(dph, sw_offset<C>(0, 16 * jb)));
-            wgmma_n64<0>(yq, pl[jb], desc_at(dph, sw_offset<C>(0, 16 * jb)));
-            wgmma_n64<0>(yq, ph[jb], desc_at(dpl, sw_offset<C>(0, 16 * jb)));
-        }
+        split_product(yq, ph, pl, k_desc(m_stage(s, 2)), k_desc(m_stage(s, 3)));
         wg_commit();
         wg_wait<1>();  // the state update is in; the output product may still run
         pin(st);
