@@ -334,6 +334,18 @@ def bf16_case(name, spec):
     return dev, host, l2norm, kw
 
 
+def assert_fused_matches_oracle(result, host, l2norm):
+    """The fused path's ``(o, final_state)`` (torch) against the float64 oracle on the inputs it saw:
+    every element written and finite, output within BF16_TOL, state within TC_FP32_TOL. Returns both
+    as NumPy arrays."""
+    o, s = result[0].float().cpu().numpy(), result[1].cpu().numpy()
+    assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
+    o_ref, s_ref = run_oracle(host, l2norm)
+    assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
+    assert rel_rms(s, s_ref) < TC_FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"
+    return o, s
+
+
 FUSED_CASES = {
     "ragged_k128": dict(T=200, H=2, HV=4, K=128, V=128, cu_seqlens=RAGGED, with_state=True, l2norm=True),
     "ragged_v16": dict(T=200, H=1, HV=2, K=64, V=16, cu_seqlens=RAGGED, with_state=True),
@@ -349,12 +361,9 @@ SPLIT_CASES = [name for name, c in sorted(FUSED_CASES.items()) if c["K"] % 32 ==
 @pytest.mark.parametrize("name, k_split", [(n, 1) for n in sorted(FUSED_CASES)] + [(n, 2) for n in SPLIT_CASES])
 def test_fused_bf16_matches_oracle(chunk, name, k_split):
     dev, host, l2norm, kw = bf16_case(name, FUSED_CASES[name])
-    o, s = chunk.chunk_gated_delta_rule(**dev, fused=True, k_split=k_split, **kw)
-    o, s = o.float().cpu().numpy(), s.cpu().numpy()
-    assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
-    o_ref, s_ref = run_oracle(host, l2norm)
-    assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
-    assert rel_rms(s, s_ref) < TC_FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"
+    _, s = assert_fused_matches_oracle(
+        chunk.chunk_gated_delta_rule(**dev, fused=True, k_split=k_split, **kw), host, l2norm
+    )
     # the three-kernel tensor-core path on the same inputs agrees with it to its own accuracy
     _, s3 = chunk.chunk_gated_delta_rule(**dev, fused=False, **kw)
     assert rel_rms(s, s3.cpu().numpy()) < 2 * TC_FP32_TOL
@@ -397,12 +406,7 @@ def test_wgmma_layouts_match_numpy(chunk, cp):
 def test_wgmma_state_matches_oracle(chunk, cp, name):
     needs_sm90(chunk, cp)
     dev, host, l2norm, kw = bf16_case(name, WGMMA_CASES[name])
-    o, s = chunk.chunk_gated_delta_rule(**dev, wgmma=True, **kw)
-    o, s = o.float().cpu().numpy(), s.cpu().numpy()
-    assert np.isfinite(o).all() and np.isfinite(s).all(), "an element was not written (NaN poison) or overflowed"
-    o_ref, s_ref = run_oracle(host, l2norm)
-    assert rel_rms(o, o_ref) < BF16_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
-    assert rel_rms(s, s_ref) < TC_FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"
+    o, s = assert_fused_matches_oracle(chunk.chunk_gated_delta_rule(**dev, wgmma=True, **kw), host, l2norm)
     # the mma.sync state kernel computes the same products from the same split operands
     o2, s2 = chunk.chunk_gated_delta_rule(**dev, wgmma=False, **kw)
     assert rel_rms(s, s2.cpu().numpy()) < 2 * TC_FP32_TOL
