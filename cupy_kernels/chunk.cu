@@ -847,33 +847,22 @@ __device__ __forceinline__ void copy_rows(__nv_bfloat16* dst, int ss, const __nv
     }
 }
 
-// Gamma[i][j] = exp(g[j+1] + ... + g[i]) for i >= j, as gdn_chunk::gate_sums (the same top-down
-// segment sums, never a ratio of exps), but the C * C / 2 exps are spread over the whole CTA:
-// thread j sums column j into gamma, then every thread exponentiates its share. Also G and D_last.
-template <int Cn>
-__device__ __forceinline__ void gate_sums_parallel(const float* g, float* gamma, int stride, float* G, float* d_last,
-                                                   int nthreads) {
-    const int j = threadIdx.x;
-    if (j < Cn) {
-        float s = 0.f;
-        for (int i = j + 1; i < Cn; ++i) {
-            s += g[i];
-            gamma[i * stride + j] = s;
-        }
-        d_last[j] = s;
-    } else if (j == Cn) {
-        float s = 0.f;
-        for (int i = 0; i < Cn; ++i) {
-            s += g[i];
-            G[i] = s;
-        }
+// G[i] = g[0] + ... + g[i] in fp64, by one warp (two values a lane, a shuffle scan). The decays
+// Gamma[i][j] = exp(G[i] - G[j]) then come from a difference of fp64 prefix sums: as accurate as
+// gdn_chunk::gate_sums' fp32 segment sums (never a ratio of exps) without their C x C table.
+__device__ __forceinline__ void gate_prefix_warp(const float* g, double* G) {
+    const int lane = threadIdx.x & 31;
+    const double a = g[2 * lane], pair = a + g[2 * lane + 1];
+    double s = pair;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double t = __shfl_up_sync(0xffffffffu, s, o);
+        if (lane >= o) s += t;
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < Cn * Cn; e += nthreads) {
-        const int i = e / Cn, jj = e % Cn;
-        if (i > jj) gamma[i * stride + jj] = expf(gamma[i * stride + jj]);
-        else if (i == jj) gamma[i * stride + jj] = 1.f;
-    }
+    double before = __shfl_up_sync(0xffffffffu, s, 1);
+    if (lane == 0) before = 0.0;
+    G[2 * lane] = before + a;
+    G[2 * lane + 1] = s;
 }
 
 // T = (I + A)^-1 for strictly lower-triangular A [C][C] (row stride C + 1) into t (same stride),
@@ -940,8 +929,9 @@ __device__ __forceinline__ void unit_lower_inverse_fast(const float* a, float* t
 
 // ---------------------------------------------------------------------------------------------
 // Fused kernel 1: prep. Grid (num_chunks, HV), 256 threads.
-// Shared memory: k and q rows [C][K + 8] bf16 each, then fp32: gamma, A, T [C][C + 1] each,
-// tmp C * C / 4, and vectors g, beta, G, D_last, rk, rq [C] each.
+// Shared memory: G [C] fp64; g, beta, rk, rq [C] fp32; A [C][C + 1] fp32; then k and q rows
+// [C][K + 8] bf16, whose space T [C][C + 1] and tmp [C * C / 4] (fp32) take over once the products
+// are done (about 53 KiB at K = 128: four CTAs per SM).
 // Output per (chunk, hv): mats [4][C][C] bf16 (T'hi, T'lo, P'hi, P'lo), vecs [4][C] fp32 (a, c, d, G).
 __global__ void __launch_bounds__(gdn_chunk::kThreads)
     gdn_fused_prep(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
@@ -957,18 +947,16 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     const long long t0 = chunk_start[chunk];
     const int len = chunk_len[chunk];
     const int KP = K + kPad;
-    __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-    __nv_bfloat16* qs = ks + C * KP;
-    float* gam = reinterpret_cast<float*>(qs + C * KP);
-    float* am = gam + C * S;
-    float* tm = am + C * S;
-    float* tmp = tm + C * S;
-    float* gs = tmp + C * C / 4;
+    double* G = reinterpret_cast<double*>(smem_raw);
+    float* gs = reinterpret_cast<float*>(G + C);
     float* bs = gs + C;
-    float* G = bs + C;
-    float* d_last = G + C;
-    float* rk = d_last + C;
+    float* rk = bs + C;
     float* rq = rk + C;
+    float* am = rq + C;
+    __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(am + C * S);  // 16-byte aligned: 18176 bytes in
+    __nv_bfloat16* qs = ks + C * KP;
+    float* tm = reinterpret_cast<float*>(ks);  // T and tmp over k and q, once the products are done
+    float* tmp = tm + C * S;
     const size_t base = static_cast<size_t>(chunk) * HV + hv;
 
     const size_t row0 = static_cast<size_t>(t0) * H * K + static_cast<size_t>(hk) * K;
@@ -998,13 +986,26 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
         }
         (threadIdx.x < C ? rk : rq)[r] = scale_r;
     }
-    gate_sums_parallel<C>(gs, gam, S, G, d_last, kThreads);
+    if (threadIdx.x / 32 == 4) gate_prefix_warp(gs, G);  // warps 0-3 take the l2norm rows
     __syncthreads();
 
     // K K^T (for A) and Q K^T (for P'), both exact bf16 products: warp w takes rows 16 (w % 4)
-    // and columns 32 (w / 4) .. + 31 of each.
+    // and columns 32 (w / 4) .. + 31 of each. The decays at this thread's 16 positions serve both.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
     const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
+    float gam[4][2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = m0 + gr + 8 * h;
+        const double gi = G[i];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int j = n0 + 8 * nt + 2 * tq + e;
+                gam[nt][h][e] = j <= i ? expf(static_cast<float>(gi - G[j])) : 0.f;
+            }
+    }
     __nv_bfloat16* out = mats + base * kMats * C * C;
     for (int which = 0; which < 2; ++which) {
         const __nv_bfloat16* am_src = which == 0 ? ks : qs;
@@ -1032,9 +1033,9 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
                     const int jj = j + e;
                     const float prod = acc[nt][2 * h + e];
                     if (which == 0)
-                        x[e] = i > jj ? bs[i] * rk[i] * rk[jj] * prod * gam[i * S + jj] : 0.f;
+                        x[e] = i > jj ? bs[i] * rk[i] * rk[jj] * prod * gam[nt][h][e] : 0.f;
                     else
-                        x[e] = jj <= i ? scale * rq[i] * rk[jj] * prod * gam[i * S + jj] : 0.f;
+                        x[e] = jj <= i ? scale * rq[i] * rk[jj] * prod * gam[nt][h][e] : 0.f;
                 }
                 if (which == 0) {
                     am[i * S + j] = x[0];
@@ -1055,11 +1056,11 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
     }
     float* vout = vecs + base * kVecs * C;
     for (int i = threadIdx.x; i < C; i += kThreads) {
-        const float eg = expf(G[i]);
+        const float Gi = static_cast<float>(G[i]), eg = expf(Gi);
         vout[i] = eg * rk[i];
-        vout[C + i] = expf(d_last[i]) * rk[i];
+        vout[C + i] = expf(static_cast<float>(G[C - 1] - G[i])) * rk[i];
         vout[2 * C + i] = scale * eg * rq[i];
-        vout[3 * C + i] = G[i];
+        vout[3 * C + i] = Gi;
     }
 }
 

@@ -279,7 +279,8 @@ def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> 
 def _fused_smem_bytes(K: int, warps: int, k_split: int = 1, wgmma: bool = False) -> tuple[int, int]:
     """Dynamic shared memory of the fused (prep, state) kernels; mirrors the layouts in chunk.cu."""
     C, kp, vp, cp = FUSED_CHUNK, K + _FUSED_PAD, 16 * warps + _FUSED_PAD, FUSED_CHUNK + _FUSED_PAD
-    prep = 2 * C * kp * 2 + (3 * C * (C + 1) + C * C // 4 + 6 * C) * 4
+    # G fp64, four fp32 vectors, A; then k and q, whose space T and tmp take over
+    prep = (2 * C + 4 * C + C * (C + 1)) * 4 + max(2 * C * kp * 2, (C * (C + 1) + C * C // 4) * 4)
     if wgmma:  # two stages of k, q, T'/P' (unpadded swizzled tiles), v and vectors; the output tile
         vp = _WGMMA_COLUMNS + _FUSED_PAD
         stage = 2 * C * K * 2 + 4 * C * C * 2 + C * vp * 2 + 4 * C * 4

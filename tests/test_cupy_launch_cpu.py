@@ -367,3 +367,13 @@ def test_fused_state_shared_memory_fits():
     # exchange buffer per warp (64 fp32 partials per lane)
     second_stage = 64 * (FUSED_MAX_K + 8) * 2 + 64 * (32 + 8) * 2 + 4 * 64 * (64 + 8) * 2
     assert sizes[(2, 2)] - _fused_smem_bytes(FUSED_MAX_K, 2, 1)[1] == second_stage + 4 * 64 * 32 * 4
+
+
+def test_fused_prep_shared_memory_gives_four_ctas():
+    """prep's k, q space is reused for T once the products are done: four CTAs per SM at K = 128."""
+    from cupy_kernels.chunk import FUSED_MAX_K, _fused_smem_bytes
+
+    prep = _fused_smem_bytes(FUSED_MAX_K, 4)[0]
+    assert 4 * (prep + 1024) <= 228 * 1024, prep
+    assert prep == 64 * 8 + 4 * 64 * 4 + 64 * 65 * 4 + 2 * 64 * (FUSED_MAX_K + 8) * 2
+
