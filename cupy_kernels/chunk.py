@@ -31,9 +31,10 @@ import functools
 import hashlib
 import math
 import os
+import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -170,50 +171,18 @@ def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
     )
 
 
-class _Arg:
-    """One input on the current GPU as a CuPy array sharing its memory, with its element type and origin."""
+class _Input:
+    """One input read in place (:func:`tensors.read`): its pointer, shape and dtype name. Float
+    inputs only, contiguous (the launcher never copies silently)."""
+
+    __slots__ = ("ptr", "shape", "dtype")
 
     def __init__(self, name: str, x: Any, device: int):
-        import cupy
-
-        self.name = name
-        self.torch = False
-        bf16 = False
-        if isinstance(x, cupy.ndarray):
-            arr = x
-        elif ts.is_torch(x):
-            import torch
-
-            self.torch = True
-            x = x.detach()  # DLPack refuses tensors that require grad; detach shares the memory
-            if not x.is_cuda or x.get_device() != device:
-                raise ValueError(f"{name}: expected a tensor on the current CUDA device ({device}), got {x.device}")
-            if x.dtype == torch.bfloat16:
-                # CuPy has no bfloat16: share the bits as int16 and tell the kernel the type.
-                x, bf16 = x.view(torch.int16), True
-            arr = cupy.from_dlpack(x)
-        elif hasattr(x, "__dlpack__"):
-            try:
-                arr = cupy.from_dlpack(x)
-            except Exception as exc:  # noqa: BLE001 - exporters raise many types
-                raise ValueError(f"{name}: cannot be shared through DLPack ({exc})") from None
-        else:
-            raise ValueError(f"{name}: expected a CuPy array or a DLPack GPU tensor, got {type(x).__name__}")
-        if arr.data.device_id != device:
-            raise ValueError(f"{name}: array lives on device {arr.data.device_id}, the current device is {device}")
-        if bf16:
-            self.dtype = "bfloat16"
-        elif arr.dtype.name in _CTYPES:
-            self.dtype = arr.dtype.name
-        else:
-            raise ValueError(f"{name}: expected float32, float16 or bfloat16, got {arr.dtype}")
-        if arr.size and not arr.flags.c_contiguous:
-            raise ValueError(
-                f"{name}: must be contiguous, got strides {arr.strides} (bytes) for shape {arr.shape}; "
-                "the launcher never copies silently: pass .contiguous() / cupy.ascontiguousarray()"
-            )
-        self.array = arr
-        self.shape = tuple(arr.shape)
+        ptr, shape, strides, code = ts.elements(ts.read(x, name, device))
+        if code not in (ts.F32, ts.F16, ts.BF16):
+            raise ValueError(f"{name}: expected float32, float16 or bfloat16, got {ts.CODE_NAME.get(code, code)}")
+        ts.check_contiguous(name, (ptr, shape, strides, code))
+        self.ptr, self.shape, self.dtype = ptr, tuple(shape), ts.CODE_NAME[code]
 
 
 def _bounds(cu_seqlens: Any, B: int, T: int) -> np.ndarray:
@@ -234,14 +203,14 @@ def _bounds(cu_seqlens: Any, B: int, T: int) -> np.ndarray:
     return ts.check_cu_seqlens_host(host, B, T)
 
 
-def _head_params(name: str, x: Any, HV: int, device: int):
-    """``A_log`` / ``dt_bias``: float32 ``[HV]``, contiguous, on the device (None stays None)."""
+def _head_params(name: str, x: Any, HV: int, device: int) -> int:
+    """Pointer of ``A_log`` / ``dt_bias``: float32 ``[HV]``, contiguous, on the device (0 when absent)."""
     if x is None:
-        return None
-    a = _Arg(name, x, device)
+        return 0
+    a = _Input(name, x, device)
     if a.shape != (HV,) or a.dtype != "float32":
         raise ValueError(f"{name}: expected float32 [HV] = ({HV},), got {a.dtype} {a.shape}")
-    return a.array
+    return a.ptr
 
 
 def chunk_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -292,11 +261,97 @@ def _fused_smem_bytes(K: int, warps: int, k_split: int = 1, wgmma: bool = False)
     return prep, state
 
 
-def _launch(kernel, grid, args, smem: int, threads: int = _THREADS) -> None:
-    if smem > 48 * 1024:  # beyond the default dynamic shared memory limit: opt in
-        kernel.max_dynamic_shared_size_bytes = smem
-        kernel.preferred_shared_memory_carveout = 100  # all of L1 as shared memory: room for two CTAs
-    kernel(grid, (threads,), args, shared_mem=smem)
+# Kernel parameter lists (chunk.cu signatures): P pointer, i int, f float.
+_SIG_INTRA = ts.Signature("PPPPiPPPPiiiiiPPPP")
+_SIG_STATE = ts.Signature("PPPPPPiiiiiPPPi")
+_SIG_OUTPUT = ts.Signature("PPPiPPPPPPPiiiiifP")
+_SIG_PREP = ts.Signature("PPPPiPPPPiiiifPP")
+_SIG_FUSED_STATE = ts.Signature("PPPPPPPPPiiiiiiPPi")  # gdn_fused_state and the sm_90a kernels
+_HANDLES: dict[tuple[int, int], tuple[Any, int, int]] = {}
+
+
+def _handle(kernel: Any, smem: int, device: int) -> int:
+    """The CUfunction of a compiled kernel on ``device``, opted in (once per size) to ``smem`` bytes of
+    dynamic shared memory beyond the 48 KiB default, with all of L1 as shared memory (room for two CTAs)."""
+    got = _HANDLES.get((id(kernel), device))
+    if got is None or got[2] < smem:
+        if smem > 48 * 1024:
+            kernel.max_dynamic_shared_size_bytes = smem
+            kernel.preferred_shared_memory_carveout = 100
+        got = _HANDLES[(id(kernel), device)] = (kernel, kernel.kernel.ptr, smem)  # the kernel stays alive
+    return got[1]
+
+
+@functools.cache
+def _wgmma_kernel(K: int):
+    return sm90a_module().get_function(f"gdn_fused_state_sm90_k{K}")
+
+
+def pack_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, tuple[int, int, int], int]:
+    """:func:`chunk_tables` of ``bounds`` in one int64 buffer, for a single upload: returns ``(packed,
+    byte offsets of chunk_start (int64), chunk_len and seq_chunk_off (int32), NC)``."""
+    start, length, off = chunk_tables(bounds, chunk_size)
+    NC = int(start.size)
+    n_len, n_off = -(-NC // 2), -(-off.size // 2)  # int32 tables, two to an int64 slot
+    packed = np.zeros(NC + n_len + n_off, np.int64)
+    packed[:NC] = start
+    packed[NC : NC + n_len].view(np.int32)[:NC] = length
+    packed[NC + n_len :].view(np.int32)[: off.size] = off
+    return packed, (0, 8 * NC, 8 * (NC + n_len)), NC
+
+
+class _DeviceTables:
+    """The chunk tables of one ``cu_seqlens`` content on one device, uploaded once: staged through
+    pinned memory (so the copy never waits for the stream), with an event after the upload that
+    every use waits on (any stream, no host synchronization) and an event after the latest use
+    that eviction waits on before the memory goes back to the pool."""
+
+    def __init__(self, bounds: np.ndarray, chunk_size: int, stream: int):
+        cp = ts.cupy()
+        rt = cp.cuda.runtime
+        packed, offsets, self.NC = pack_tables(bounds, chunk_size)
+        nbytes = max(packed.nbytes, 8)
+        self.host = cp.cuda.alloc_pinned_memory(nbytes)
+        np.frombuffer(self.host, np.uint8, packed.nbytes)[:] = packed.view(np.uint8)
+        self.device = cp.cuda.alloc(nbytes)
+        rt.memcpyAsync(self.device.ptr, self.host.ptr, packed.nbytes, 1, stream)  # 1: host to device
+        self.ready, self.used = (rt.eventCreateWithFlags(2) for _ in range(2))  # 2: no timing
+        rt.eventRecord(self.ready, stream)
+        self.ptrs = (self.device.ptr + offsets[0], self.device.ptr + offsets[1], self.device.ptr + offsets[2])
+
+    def acquire(self, stream: int) -> tuple[int, int, int]:
+        """The three table pointers, with ``stream`` ordered after the upload."""
+        ts.cupy().cuda.runtime.streamWaitEvent(stream, self.ready, 0)
+        return self.ptrs
+
+    def release(self, stream: int) -> None:
+        ts.cupy().cuda.runtime.eventRecord(self.used, stream)
+
+    def close(self) -> None:
+        rt = ts.cupy().cuda.runtime
+        rt.eventSynchronize(self.used)  # the last kernel that read the tables has finished
+        rt.eventDestroy(self.ready)
+        rt.eventDestroy(self.used)
+
+
+# Chunk tables by (offsets, chunk_size, device): a repeated call (the same lengths, cu_seqlens=None
+# included) builds and uploads nothing. Bounded: a new entry evicts the oldest.
+_TABLES: dict[tuple[bytes, int, int], _DeviceTables] = {}
+_TABLES_MAX = 32
+_TABLES_LOCK = threading.Lock()
+
+
+def _device_tables(bounds: np.ndarray, chunk_size: int, stream: int, device: int) -> _DeviceTables:
+    key = (bounds.tobytes(), chunk_size, device)
+    tables = _TABLES.get(key)
+    if tables is None:
+        with _TABLES_LOCK:
+            tables = _TABLES.get(key)
+            if tables is None:
+                if len(_TABLES) >= _TABLES_MAX:
+                    _TABLES.pop(next(iter(_TABLES))).close()
+                tables = _TABLES[key] = _DeviceTables(bounds, chunk_size, stream)
+    return tables
 
 
 def chunk_gated_delta_rule(
@@ -344,8 +399,6 @@ def chunk_gated_delta_rule(
     ``K`` 64 or 128, ``V % 64 == 0``; no ``k_split``). ``None`` (default) takes it wherever it
     applies and builds, ``False`` never, ``True`` always (``ValueError`` where it does not apply).
     """
-    import cupy
-
     del checked  # always checked: the chunk tables are built on the host from validated offsets
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
@@ -367,17 +420,16 @@ def chunk_gated_delta_rule(
     words = ts.error_words(device)
     if words.pending():  # an earlier recurrent launch's bad metadata: report it before going on
         words.raise_pending(deferred=True)
-    args = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
-    qa, ka, va, ga, ba = (_Arg(n, x, device) for n, x in args)
-    for a, rank, layout in (
-        (qa, 4, "[B, T, H, K]"),
-        (ka, 4, "[B, T, H, K]"),
-        (va, 4, "[B, T, HV, V]"),
-        (ga, 3, "[B, T, HV]"),
-        (ba, 3, "[B, T, HV]"),
+    qa, ka, va, ga, ba = (_Input(n, x, device) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
+    for name, a, rank, layout in (
+        ("q", qa, 4, "[B, T, H, K]"),
+        ("k", ka, 4, "[B, T, H, K]"),
+        ("v", va, 4, "[B, T, HV, V]"),
+        ("g", ga, 3, "[B, T, HV]"),
+        ("beta", ba, 3, "[B, T, HV]"),
     ):
         if len(a.shape) != rank:
-            raise ValueError(f"{a.name}: expected rank {rank} {layout}, got shape {a.shape}")
+            raise ValueError(f"{name}: expected rank {rank} {layout}, got shape {a.shape}")
     B, T, H, K = qa.shape
     if ka.shape != qa.shape:
         raise ValueError(f"k: expected shape {qa.shape} like q, got {ka.shape}")
@@ -388,43 +440,38 @@ def chunk_gated_delta_rule(
         raise ValueError(f"v: need H, HV >= 1 and 1 <= K, V <= {MAX_HEAD_DIM} (H={H}, HV={HV}, K={K}, V={V})")
     if HV % H != 0 or HV > 65535:
         raise ValueError(f"v: value heads HV = {HV} must be a multiple of H = {H} and at most 65535")
-    for a in (ga, ba):
+    for name, a in (("g", ga), ("beta", ba)):
         if a.shape != (B, T, HV):
-            raise ValueError(f"{a.name}: expected shape [B, T, HV] = {(B, T, HV)}, got {a.shape}")
-    for a in (ka, va):
+            raise ValueError(f"{name}: expected shape [B, T, HV] = {(B, T, HV)}, got {a.shape}")
+    for name, a in (("k", ka), ("v", va)):
         if a.dtype != qa.dtype:
-            raise ValueError(f"{a.name}: expected dtype {qa.dtype} like q, got {a.dtype}")
-    for a in (ga, ba):
+            raise ValueError(f"{name}: expected dtype {qa.dtype} like q, got {a.dtype}")
+    for name, a in (("g", ga), ("beta", ba)):
         if a.dtype not in ("float32", qa.dtype):
-            raise ValueError(f"{a.name}: expected float32 or q's dtype {qa.dtype}, got {a.dtype}")
+            raise ValueError(f"{name}: expected float32 or q's dtype {qa.dtype}, got {a.dtype}")
     if scale is None:
         scale = K**-0.5
     elif not math.isfinite(scale):
         raise ValueError(f"scale: must be finite, got {scale}")
-    a_log = _head_params("A_log", A_log, HV, device)
-    d_bias = _head_params("dt_bias", dt_bias, HV, device)
+    a_log, d_bias = _head_params("A_log", A_log, HV, device), _head_params("dt_bias", dt_bias, HV, device)
     gate_flags = (_G_IS_T if ga.dtype != "float32" else 0) | (_BETA_IS_T if ba.dtype != "float32" else 0)
     gate_flags |= _GATE_IN_KERNEL if use_gate_in_kernel else 0
     gate_flags |= (_BETA_SIGMOID if use_beta_sigmoid_in_kernel else 0) | (_NEG_EIGVAL if allow_neg_eigval else 0)
 
     bounds = _bounds(cu_seqlens, B, T)
     N = bounds.size - 1
-    chunk_start, chunk_len, seq_chunk_off = chunk_tables(bounds, chunk_size)
-    NC = int(chunk_start.size)
-
-    init = None
+    init = 0
     if initial_state is not None:
-        init = _Arg("initial_state", initial_state, device)
+        ia = _Input("initial_state", initial_state, device)
         want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-        if init.shape != want or init.dtype != "float32":
+        if ia.shape != want or ia.dtype != "float32":
             layout = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
-            raise ValueError(f"initial_state: expected float32 {layout} = {want}, got {init.dtype} {init.shape}")
+            raise ValueError(f"initial_state: expected float32 {layout} = {want}, got {ia.dtype} {ia.shape}")
+        init = ia.ptr
 
-    # the caller's stream: torch's current stream for torch tensors, CuPy's current one otherwise
-    stream = ts.external_stream(ts.torch_stream(device)) if qa.torch else cupy.cuda.get_current_stream()
     tensor_cores = qa.dtype != "float32" if use_tensor_cores is None else bool(use_tensor_cores)
     warps = None if fused is False else fused_warps(qa.dtype, chunk_size, K, V, tensor_cores)
-    if warps is not None and any(a.array.data.ptr % 16 for a in (qa, ka, va)):
+    if warps is not None and any(a.ptr % 16 for a in (qa, ka, va)):
         warps = None  # the fused path copies 16-byte pieces
     if fused and warps is None:
         raise ValueError(
@@ -447,289 +494,148 @@ def chunk_gated_delta_rule(
         elif k_split == 2 and (K % 32 or V % 32):
             raise ValueError(f"k_split: 2 needs K % 32 == 0 and V % 32 == 0 (got K={K}, V={V})")
         warps = 2 if k_split == 2 else warps  # two slabs of two warps: one CTA per SM (shared memory)
+
+    like = q if ts.is_torch(q) else None  # outputs and scratch in the kind of q (torch in, torch out)
+    stream = ts.launch_stream(like is not None, device)
+    tables = _device_tables(np.ascontiguousarray(bounds, np.int64), chunk_size, stream, device)
+    NC = tables.NC
+    o = _empty(like, (B, T, HV, V), qa.dtype)
+    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    final_state = _empty(like, final_shape, "float32") if output_final_state else None
+    call = _Call(
+        q=qa.ptr,
+        k=ka.ptr,
+        v=va.ptr,
+        g=ga.ptr,
+        beta=ba.ptr,
+        a_log=a_log,
+        dt_bias=d_bias,
+        initial_state=init,
+        o=ts.pointer(o),
+        final_state=0 if final_state is None else ts.pointer(final_state),
+        tables=tables.acquire(stream),
+        heads=(H, HV, K, V),
+        dtype=qa.dtype,
+        scale=float(scale),
+        gate_flags=gate_flags,
+        l2norm=int(use_qk_l2norm_in_kernel),
+        state_v_first=int(state_v_first),
+        N=N,
+        NC=NC,
+        C=chunk_size,
+        like=like,
+        stream=stream,
+        device=device,
+    )
     global last_kernels
     if warps is None:
         last_kernels = "three-kernel"
+        _run(call, tensor_cores)
     else:
         last_kernels = "fused wgmma sm_90a" if wgmma else f"fused mma.sync <{warps}, {k_split or 1}>"
-    with stream:
-        fused_run = functools.partial(_run_fused, warps=warps, k_split=k_split or 1, wgmma=bool(wgmma))
-        run = _run if warps is None else fused_run
-        o, final_state = run(
-            qa,
-            ka,
-            va,
-            ga,
-            ba,
-            float(scale),
-            init,
-            output_final_state,
-            use_qk_l2norm_in_kernel,
-            state_v_first,
-            chunk_size,
-            chunk_start,
-            chunk_len,
-            seq_chunk_off,
-            N,
-            NC,
-            tensor_cores,
-            gate_flags,
-            a_log,
-            d_bias,
-        )
-
-    if qa.torch:
-        import torch
-
-        o = torch.from_dlpack(o)
-        if qa.dtype == "bfloat16":
-            o = o.view(torch.bfloat16)
-        if final_state is not None:
-            final_state = torch.from_dlpack(final_state)
+        _run_fused(call, warps, k_split or 1, bool(wgmma))
+    tables.release(stream)
     return o, final_state
 
 
-def _allocator():
-    """``empty(shape, fill, dtype)``: uninitialised CuPy memory, or filled with ``fill`` while
+def _empty(like: Any, shape: tuple, dtype: str):
+    """Uninitialised memory in the kind of ``like`` (torch, else CuPy), filled with NaN while
     ``_debug_poison`` is set, so that an element no kernel writes shows up."""
-    import cupy
-
-    return cupy.full if _debug_poison else (lambda shape, _fill, dtype: cupy.empty(shape, dtype))
-
-
-def _outputs_and_tables(qa, va, init, N, state_v_first, output_final_state, tables):
-    """What both paths launch with: ``o`` (q's dtype; int16 holds bf16 bits, poisoned with the NaN
-    pattern -1), ``final_state`` (a 1-element placeholder when not asked for), the chunk tables on the
-    device and the initial-state argument (a placeholder when absent)."""
-    import cupy
-
-    empty = _allocator()
-    B, T, _, K = qa.shape
-    HV, V = va.shape[2:]
-    o = empty((B, T, HV, V), np.nan if qa.array.dtype.kind == "f" else -1, qa.array.dtype)
-    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-    final_state = empty(final_shape, np.nan, cupy.float32) if output_final_state else cupy.empty((1,), cupy.float32)
-    init_array = init.array if init is not None else cupy.empty((1,), cupy.float32)
-    return o, final_state, tuple(cupy.asarray(t) for t in tables), init_array
+    code = {"float32": ts.F32, "float16": ts.F16, "bfloat16": ts.BF16}[dtype]
+    x = ts.empty(like, shape, code)
+    if _debug_poison:
+        if like is not None:
+            x.fill_(float("nan"))
+        else:
+            x.fill(np.nan)
+    return x
 
 
-def _run(
-    qa,
-    ka,
-    va,
-    ga,
-    ba,
-    scale,
-    init,
-    output_final_state,
-    l2norm,
-    state_v_first,
-    C,
-    chunk_start,
-    chunk_len,
-    seq_chunk_off,
-    N,
-    NC,
-    tensor_cores=False,
-    gate_flags=0,
-    a_log=None,
-    d_bias=None,
-):
-    """Allocate outputs and scratch on the current device and stream, and run the three kernels."""
-    import cupy
+class _Call(NamedTuple):
+    """One call, resolved: device pointers, sizes and options, as the kernels take them."""
 
-    B, T, H, K = qa.shape
-    HV, V = va.shape[2:]
-    intra, state, output = _kernels(_CTYPES[qa.dtype], C, tensor_cores)
+    q: int
+    k: int
+    v: int
+    g: int
+    beta: int
+    a_log: int
+    dt_bias: int
+    initial_state: int  # 0: none
+    o: int
+    final_state: int  # 0: not asked for
+    tables: tuple[int, int, int]  # chunk_start, chunk_len, seq_chunk_off
+    heads: tuple[int, int, int, int]  # H, HV, K, V
+    dtype: str
+    scale: float
+    gate_flags: int
+    l2norm: int
+    state_v_first: int
+    N: int
+    NC: int
+    C: int
+    like: Any
+    stream: int
+    device: int
+
+
+def _run(c: _Call, tensor_cores: bool) -> None:
+    """The three-kernel path: fp32 scratch W, U, Kd, gates, per-chunk states and v_new (from the
+    allocator of ``c.like``), then intra, state and output on ``c.stream``."""
+    H, HV, K, V = c.heads
+    C, NC, dev = c.C, c.NC, c.device
+    intra, state, output = _kernels(_CTYPES[c.dtype], C, tensor_cores)
     smem_intra, smem_state, smem_output = _smem_bytes(C, K, V, tensor_cores)
-    empty = _allocator()
-    nan = np.nan
-    o, final_state, (d_start, d_len, d_off), init_array = _outputs_and_tables(
-        qa, va, init, N, state_v_first, output_final_state, (chunk_start, chunk_len, seq_chunk_off)
-    )
-    w = empty((NC, HV, C, K), nan, cupy.float32)
-    u = empty((NC, HV, C, V), nan, cupy.float32)
-    kd = empty((NC, HV, C, K), nan, cupy.float32)
-    gates = empty((NC, HV, 2, C), nan, cupy.float32)
-    states = empty((NC, HV, K, V), nan, cupy.float32)
-    v_new = empty((NC, HV, C, V), nan, cupy.float32)
-    i32 = np.int32
-    null = np.uintp(0)  # a null pointer argument (dt_bias absent, or no in-kernel gate)
-
+    shapes = ((NC, HV, C, K), (NC, HV, C, V), (NC, HV, C, K), (NC, HV, 2, C), (NC, HV, K, V), (NC, HV, C, V))
+    scratch = [_empty(c.like, shape, "float32") for shape in shapes]
+    pw, pu, pkd, pgates, pstates, pvnew = (ts.pointer(x) for x in scratch)
+    start, length, off = c.tables
     if NC > 0:
-        _launch(
-            intra,
-            (NC, HV),
-            (
-                ka.array,
-                va.array,
-                ga.array,
-                ba.array,
-                i32(gate_flags),
-                null if a_log is None else a_log,
-                null if d_bias is None else d_bias,
-                d_start,
-                d_len,
-                i32(H),
-                i32(HV),
-                i32(K),
-                i32(V),
-                i32(l2norm),
-                w,
-                u,
-                kd,
-                gates,
-            ),
-            smem_intra,
-        )
-    if NC > 0 or output_final_state:
-        tiles = -(-V // _STATE_TILE)
-        _launch(
-            state,
-            (N * tiles, HV),
-            (
-                w,
-                u,
-                kd,
-                gates,
-                d_off,
-                init_array,
-                i32(init is not None),
-                i32(state_v_first),
-                i32(HV),
-                i32(K),
-                i32(V),
-                states,
-                v_new,
-                final_state,
-                i32(output_final_state),
-            ),
-            smem_state,
-        )
+        _SIG_INTRA.launch(
+            _handle(intra, smem_intra, dev), (NC, HV), _THREADS, smem_intra, c.stream,
+            c.k, c.v, c.g, c.beta, c.gate_flags, c.a_log, c.dt_bias, start, length, H, HV, K, V, c.l2norm,
+            pw, pu, pkd, pgates,
+        )  # fmt: skip
+    if NC > 0 or c.final_state:
+        _SIG_STATE.launch(
+            _handle(state, smem_state, dev), (c.N * -(-V // _STATE_TILE), HV), _THREADS, smem_state, c.stream,
+            pw, pu, pkd, pgates, off, c.initial_state, int(c.initial_state != 0), c.state_v_first, HV, K, V,
+            pstates, pvnew, c.final_state, int(c.final_state != 0),
+        )  # fmt: skip
     if NC > 0:
-        _launch(
-            output,
-            (NC, HV),
-            (
-                qa.array,
-                ka.array,
-                ga.array,
-                i32(gate_flags),
-                null if a_log is None else a_log,
-                null if d_bias is None else d_bias,
-                d_start,
-                d_len,
-                states,
-                v_new,
-                gates,
-                i32(H),
-                i32(HV),
-                i32(K),
-                i32(V),
-                i32(l2norm),
-                np.float32(scale),
-                o,
-            ),
-            smem_output,
-        )
-    return o, final_state if output_final_state else None
+        _SIG_OUTPUT.launch(
+            _handle(output, smem_output, dev), (NC, HV), _THREADS, smem_output, c.stream,
+            c.q, c.k, c.g, c.gate_flags, c.a_log, c.dt_bias, start, length, pstates, pvnew, pgates,
+            H, HV, K, V, c.l2norm, c.scale, c.o,
+        )  # fmt: skip
+    del scratch  # returned to the allocator in stream order
 
 
-def _run_fused(
-    qa,
-    ka,
-    va,
-    ga,
-    ba,
-    scale,
-    init,
-    output_final_state,
-    l2norm,
-    state_v_first,
-    C,
-    chunk_start,
-    chunk_len,
-    seq_chunk_off,
-    N,
-    NC,
-    tensor_cores=True,
-    gate_flags=0,
-    a_log=None,
-    d_bias=None,
-    *,
-    warps: int,
-    k_split: int = 1,
-    wgmma: bool = False,
-):
+def _run_fused(c: _Call, warps: int, k_split: int, wgmma: bool) -> None:
     """The fused bf16 path: prep (parallel over chunks) then state + output (sequential per sequence),
     the state kernel on mma.sync (``warps`` slabs of 16 columns, ``k_split`` warps each) or on wgmma."""
-    import cupy
-
-    del tensor_cores  # always: the fused path is the tensor-core path
-    B, T, H, K = qa.shape
-    HV, V = va.shape[2:]
+    H, HV, K, V = c.heads
+    C, NC, dev = c.C, c.NC, c.device
     prep, state = _fused_kernels(warps, k_split)
     smem_prep, smem_state = _fused_smem_bytes(K, warps, k_split, wgmma)
     columns, threads = 16 * warps, 32 * warps * k_split
     if wgmma:
-        state = sm90a_module().get_function(f"gdn_fused_state_sm90_k{K}")
+        state = _wgmma_kernel(K)
         columns, threads = _WGMMA_COLUMNS, 192  # a consumer warpgroup and two producer warps
-    empty = _allocator()
-    o, final_state, (d_start, d_len, d_off), init_array = _outputs_and_tables(
-        qa, va, init, N, state_v_first, output_final_state, (chunk_start, chunk_len, seq_chunk_off)
-    )
-    mats = empty((NC, HV, 4, C, C), -1, cupy.int16)  # bf16 bits: T'hi, T'lo, P'hi, P'lo; -1 is a NaN
-    vecs = empty((NC, HV, 4, C), np.nan, cupy.float32)  # a, c, d, G
-    i32, null = np.int32, np.uintp(0)
+    mats = _empty(c.like, (NC, HV, 4, C, C), "bfloat16")  # T'hi, T'lo, P'hi, P'lo
+    vecs = _empty(c.like, (NC, HV, 4, C), "float32")  # a, c, d, G
+    pmats, pvecs = ts.pointer(mats), ts.pointer(vecs)
+    start, length, off = c.tables
     if NC > 0:
-        _launch(
-            prep,
-            (NC, HV),
-            (
-                qa.array,
-                ka.array,
-                ga.array,
-                ba.array,
-                i32(gate_flags),
-                null if a_log is None else a_log,
-                null if d_bias is None else d_bias,
-                d_start,
-                d_len,
-                i32(H),
-                i32(HV),
-                i32(K),
-                i32(l2norm),
-                np.float32(scale),
-                mats,
-                vecs,
-            ),
-            smem_prep,
-        )
-    if NC > 0 or output_final_state:
-        _launch(
-            state,
-            (N * (V // columns), HV),
-            (
-                qa.array,
-                ka.array,
-                va.array,
-                mats,
-                vecs,
-                d_start,
-                d_len,
-                d_off,
-                init_array,
-                i32(init is not None),
-                i32(state_v_first),
-                i32(H),
-                i32(HV),
-                i32(K),
-                i32(V),
-                o,
-                final_state,
-                i32(output_final_state),
-            ),
-            smem_state,
-            threads=threads,
-        )
-    return o, final_state if output_final_state else None
+        _SIG_PREP.launch(
+            _handle(prep, smem_prep, dev), (NC, HV), _THREADS, smem_prep, c.stream,
+            c.q, c.k, c.g, c.beta, c.gate_flags, c.a_log, c.dt_bias, start, length, H, HV, K, c.l2norm, c.scale,
+            pmats, pvecs,
+        )  # fmt: skip
+    if NC > 0 or c.final_state:
+        _SIG_FUSED_STATE.launch(
+            _handle(state, smem_state, dev), (c.N * (V // columns), HV), threads, smem_state, c.stream,
+            c.q, c.k, c.v, pmats, pvecs, start, length, off, c.initial_state, int(c.initial_state != 0),
+            c.state_v_first, H, HV, K, V, c.o, c.final_state, int(c.final_state != 0),
+        )  # fmt: skip
+    del mats, vecs  # returned to the allocator in stream order

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 import sys
 import threading
 from typing import Any
@@ -236,6 +237,30 @@ def empty(like_torch: Any, shape: tuple, code: int):
 
 def pointer(x: Any) -> int:
     return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
+
+
+class Signature:
+    """A kernel's parameter list for ``cuLaunchKernel``: one struct code per parameter (``P`` pointer,
+    ``i`` int32, ``f`` float32), packed with C alignment into a per-thread buffer whose per-parameter
+    addresses form ``kernelParams``. The driver copies the values at launch, so the buffer is reused;
+    a launch costs one ``pack_into`` and one driver call (CuPy's ``RawKernel.__call__`` converts every
+    argument on every call)."""
+
+    def __init__(self, codes: str) -> None:
+        self.struct = struct.Struct("@" + codes)
+        # offset of parameter i: the aligned size of the first i + 1 codes, less the size of the last
+        self.offsets = [struct.calcsize("@" + codes[: i + 1]) - struct.calcsize(c) for i, c in enumerate(codes)]
+        self._local = threading.local()
+
+    def launch(self, fn: int, grid: tuple[int, int], threads: int, smem: int, stream: int, *args: Any) -> None:
+        """Launch CUfunction ``fn`` on ``grid`` x ``threads`` with ``smem`` bytes of dynamic shared memory."""
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            buf = np.zeros(max(1, -(-self.struct.size // 8)), np.uint64)
+            argv = np.array([buf.ctypes.data + o for o in self.offsets], np.uint64)
+            bufs = self._local.bufs = (buf, argv, argv.ctypes.data)
+        self.struct.pack_into(bufs[0], 0, *args)
+        (_CUPY or cupy()).cuda.driver.launchKernel(fn, grid[0], grid[1], 1, threads, 1, 1, smem, stream, bufs[2], 0)
 
 
 # --------------------------------------------------------------------------- metadata on the host

@@ -504,3 +504,17 @@ def test_bad_arguments(chunk, cp, change, name):
     args = {n: cp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in args.items()}
     with pytest.raises(ValueError, match=f"^{name}:"):
         chunk.chunk_gated_delta_rule(**args)
+
+
+def test_chunk_tables_cached_by_content_on_any_stream(chunk, cp):
+    """The launcher keeps the chunk tables of each cu_seqlens content on the device: calls that
+    alternate two offsets of one T, on two streams, each match the oracle (a table reused for the
+    wrong offsets, or read before its upload finished, would not)."""
+    cases = [make_case(31, T=150, H=1, HV=2, cu_seqlens=cu, with_state=True) for cu in ([0, 17, 64, 150], [0, 80, 150])]
+    refs = [run_oracle(case) for case in cases]
+    for stream in (cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)):
+        with stream:
+            for case, (o_ref, s_ref) in zip(cases * 2, refs * 2):
+                o, s = run_gpu(chunk, cp, case)
+                assert rel_rms(o, o_ref) < FP32_TOL, f"o rel RMS {rel_rms(o, o_ref):.2e}"
+                assert rel_rms(s, s_ref) < FP32_TOL, f"state rel RMS {rel_rms(s, s_ref):.2e}"

@@ -377,3 +377,30 @@ def test_fused_prep_shared_memory_gives_four_ctas():
     assert 4 * (prep + 1024) <= 228 * 1024, prep
     assert prep == 64 * 8 + 4 * 64 * 4 + 64 * 65 * 4 + 2 * 64 * (FUSED_MAX_K + 8) * 2
 
+
+def test_kernel_signature_offsets_follow_c_alignment():
+    """cuLaunchKernel reads each parameter at its C-aligned offset: a pointer after an int skips 4 bytes."""
+    from cupy_kernels.tensors import Signature
+
+    sig = Signature("PiPfi")
+    assert sig.offsets == [0, 8, 16, 24, 28]
+    buf = bytearray(sig.struct.size)
+    sig.struct.pack_into(buf, 0, 2**40 + 3, -7, 2**33, 0.5, 9)
+    got = [struct.unpack_from(code, buf, off)[0] for code, off in zip("QiQfi", sig.offsets)]
+    assert got == [2**40 + 3, -7, 2**33, 0.5, 9]
+
+
+def test_chunk_tables_pack_into_one_buffer():
+    """The three chunk tables travel in one int64 upload; each reads back at its offset and type."""
+    from cupy_kernels.chunk import chunk_tables, pack_tables
+
+    for bounds in ([0, 1, 64, 128, 193, 193, 200], [0, 4096], [0, 0], [0, 63, 64, 65]):
+        bounds = np.asarray(bounds, np.int64)
+        packed, (o_start, o_len, o_off), NC = pack_tables(bounds, 64)
+        start, length, off = chunk_tables(bounds, 64)
+        raw = packed.tobytes()
+        assert NC == start.size
+        assert o_start % 8 == 0 and o_len % 8 == 0 and o_off % 8 == 0
+        np.testing.assert_array_equal(np.frombuffer(raw, np.int64, NC, o_start), start)
+        np.testing.assert_array_equal(np.frombuffer(raw, np.int32, NC, o_len), length)
+        np.testing.assert_array_equal(np.frombuffer(raw, np.int32, off.size, o_off), off)

@@ -5,8 +5,8 @@ serving (no ``cu_seqlens`` for a single sequence), with the final state written.
 
 - time: CUDA-event medians after warm-up, device time of the whole call including launches;
 - extra memory: the peak of device memory the call allocates beyond its inputs (outputs and
-  scratch), from each library's allocator: CuPy's pool through a memory hook for ours, torch's
-  peak statistics for FLA;
+  scratch), measured the same way for both: torch's peak statistics plus CuPy's pool through a
+  memory hook (ours allocates through torch for torch inputs, its small chunk tables through CuPy);
 - accuracy: relative RMS of the output and of the final state against the float64 oracle
   (``core.reference``), on two sampled value heads (the first and the last: heads do not
   interact, so a head's oracle needs only its own inputs).
@@ -67,8 +67,9 @@ def _inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed
     )
 
 
-def _peak_bytes_ours(fn: Callable[[], Any]) -> int:
-    """Peak bytes held in CuPy's memory pool while ``fn`` runs and its outputs are held (a CuPy memory hook)."""
+def _peak_bytes(torch, fn: Callable[[], Any]) -> int:
+    """Peak device bytes ``fn`` allocates beyond its inputs while it runs and its outputs are held:
+    torch's peak statistics plus CuPy's pool (a memory hook), so either library's allocations count."""
     from cupy.cuda import memory_hook
 
     class Peak(memory_hook.MemoryHook):
@@ -83,21 +84,14 @@ def _peak_bytes_ours(fn: Callable[[], Any]) -> int:
             self.current -= kw["mem_size"]
 
     hook = Peak()
-    with hook:
-        out = fn()
-        del out  # outputs count while they are held, as for FLA
-    return hook.peak
-
-
-def _peak_bytes_torch(torch, fn: Callable[[], Any]) -> int:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return int(peak)
+    with hook:
+        out = fn()
+        torch.cuda.synchronize()
+        del out  # outputs count while they are held
+    return int(torch.cuda.max_memory_allocated() - base + hook.peak)
 
 
 def _rel_rms(x: np.ndarray, ref: np.ndarray) -> float:
@@ -180,7 +174,7 @@ def prefill_bench(
         )
         row["ours_ms"] = _time_ms(run_ours, torch.cuda.synchronize, warmup, reps)
         row["ours_kernels"] = chunk.last_kernels
-        row["ours_peak_bytes"] = _peak_bytes_ours(run_ours)
+        row["ours_peak_bytes"] = _peak_bytes(torch, run_ours)
         outs = {"ours": run_ours()}
         row["fla_ms"] = row["fla_peak_bytes"] = row["ratio"] = None
         if fla is not None:
@@ -189,7 +183,7 @@ def prefill_bench(
                 return fla(*args, output_final_state=True, cu_seqlens=cu)
 
             row["fla_ms"] = _time_ms(run_fla, torch.cuda.synchronize, warmup, reps)
-            row["fla_peak_bytes"] = _peak_bytes_torch(torch, run_fla)
+            row["fla_peak_bytes"] = _peak_bytes(torch, run_fla)
             row["ratio"] = row["ours_ms"] / row["fla_ms"]
             outs["fla"] = run_fla()
         errors = _oracle_errors(x, heads, H, HV, outs)
