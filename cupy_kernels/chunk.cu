@@ -752,7 +752,7 @@ __global__ void __launch_bounds__(gdn_chunk::kThreads)
 // whose exact bf16 operands (k, q) are used as they are, so only fp32 operands pay for a split:
 //
 //   gdn_fused_prep    one CTA per (chunk, value head), fully parallel. With rk, rq the l2norm row
-//                     scales (1 without l2norm), G = cumsum(g), Gamma the segment-sum decays:
+//                     scales (1 without l2norm), G = cumsum(g) in fp64, Gamma_ij = exp(G_i - G_j):
 //                     A = tril(beta_i rk_i rk_j (K K^T)_ij Gamma_ij, -1), T = (I + A)^-1,
 //                     T' = T diag(beta), P' = scale rq_i rk_j (Q K^T)_ij Gamma_ij (j <= i), written
 //                     as bf16 hi / lo pairs [4][C][C] (T'hi, T'lo, P'hi, P'lo), and the row vectors
