@@ -175,17 +175,17 @@ def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
 
 
 class _Input:
-    """One input read in place (:func:`tensors.read`): its pointer, shape and dtype name. Float
-    inputs only, contiguous (the launcher never copies silently)."""
+    """One input read in place (:func:`tensors.read`): its pointer, shape, dtype code and name.
+    Float inputs only, contiguous (the launcher never copies silently)."""
 
-    __slots__ = ("ptr", "shape", "dtype")
+    __slots__ = ("ptr", "shape", "code", "dtype")
 
     def __init__(self, name: str, x: Any, device: int):
         ptr, shape, strides, code = ts.elements(ts.read(x, name, device))
         if code not in (ts.F32, ts.F16, ts.BF16):
             raise ValueError(f"{name}: expected float32, float16 or bfloat16, got {ts.CODE_NAME.get(code, code)}")
         ts.check_contiguous(name, (ptr, shape, strides, code))
-        self.ptr, self.shape, self.dtype = ptr, tuple(shape), ts.CODE_NAME[code]
+        self.ptr, self.shape, self.code, self.dtype = ptr, tuple(shape), code, ts.CODE_NAME[code]
 
 
 def _bounds(cu_seqlens: Any, B: int, T: int) -> np.ndarray:
@@ -275,7 +275,7 @@ _HANDLES: dict[tuple[int, int], tuple[Any, int, int]] = {}
 
 def _handle(kernel: Any, smem: int, device: int) -> int:
     """The CUfunction of a compiled kernel on ``device``, opted in (once per size) to ``smem`` bytes of
-    dynamic shared memory beyond the 48 KiB default, with all of L1 as shared memory (room for two CTAs)."""
+    dynamic shared memory beyond the 48 KiB default, with all of L1 as shared memory (more CTAs per SM)."""
     got = _HANDLES.get((id(kernel), device))
     if got is None or got[2] < smem:
         if smem > 48 * 1024:
@@ -502,9 +502,9 @@ def chunk_gated_delta_rule(
     stream = ts.launch_stream(like is not None, device)
     tables = _device_tables(np.ascontiguousarray(bounds, np.int64), chunk_size, stream, device)
     NC = tables.NC
-    o = _empty(like, (B, T, HV, V), qa.dtype)
+    o = _empty(like, (B, T, HV, V), qa.code)
     final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-    final_state = _empty(like, final_shape, "float32") if output_final_state else None
+    final_state = _empty(like, final_shape, ts.F32) if output_final_state else None
     call = _Call(
         q=qa.ptr,
         k=ka.ptr,
@@ -541,10 +541,9 @@ def chunk_gated_delta_rule(
     return o, final_state
 
 
-def _empty(like: Any, shape: tuple, dtype: str):
-    """Uninitialised memory in the kind of ``like`` (torch, else CuPy), filled with NaN while
-    ``_debug_poison`` is set, so that an element no kernel writes shows up."""
-    code = {"float32": ts.F32, "float16": ts.F16, "bfloat16": ts.BF16}[dtype]
+def _empty(like: Any, shape: tuple, code: int):
+    """Uninitialised memory of dtype ``code`` in the kind of ``like`` (torch, else CuPy), filled with
+    NaN while ``_debug_poison`` is set, so that an element no kernel writes shows up."""
     x = ts.empty(like, shape, code)
     if _debug_poison:
         if like is not None:
@@ -590,7 +589,7 @@ def _run(c: _Call, tensor_cores: bool) -> None:
     intra, state, output = _kernels(_CTYPES[c.dtype], C, tensor_cores)
     smem_intra, smem_state, smem_output = _smem_bytes(C, K, V, tensor_cores)
     shapes = ((NC, HV, C, K), (NC, HV, C, V), (NC, HV, C, K), (NC, HV, 2, C), (NC, HV, K, V), (NC, HV, C, V))
-    scratch = [_empty(c.like, shape, "float32") for shape in shapes]
+    scratch = [_empty(c.like, shape, ts.F32) for shape in shapes]
     pw, pu, pkd, pgates, pstates, pvnew = (ts.pointer(x) for x in scratch)
     start, length, off = c.tables
     if NC > 0:
@@ -625,8 +624,8 @@ def _run_fused(c: _Call, warps: int, k_split: int, wgmma: bool) -> None:
     if wgmma:
         state = _wgmma_kernel(K)
         columns, threads = _WGMMA_COLUMNS, 192  # a consumer warpgroup and two producer warps
-    mats = _empty(c.like, (NC, HV, 4, C, C), "bfloat16")  # T'hi, T'lo, P'hi, P'lo
-    vecs = _empty(c.like, (NC, HV, 4, C), "float32")  # a, c, d, G
+    mats = _empty(c.like, (NC, HV, 4, C, C), ts.BF16)  # T'hi, T'lo, P'hi, P'lo
+    vecs = _empty(c.like, (NC, HV, 4, C), ts.F32)  # a, c, d, G
     pmats, pvecs = ts.pointer(mats), ts.pointer(vecs)
     start, length, off = c.tables
     if NC > 0:
