@@ -212,10 +212,12 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         rows.append(row)
         save("running")
         if row.caught_by is not None:
-            margin = console.margin(row.caught_by.failure.measurement)
+            failure = row.caught_by.failure
+            margin = console.margin(failure.measurement)
+            cause = f"cause {row.cause_verdict}" + (f" ({failure.cause_model})" if failure.cause_model else "")
             print(
-                f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s, {margin}): "
-                f"{row.caught_by.failure.message[:80]}",
+                f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s, {margin}; {cause}): "
+                f"{failure.message[:80]}",
                 flush=True,
             )
         else:
@@ -233,7 +235,11 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         raise
     save("complete")
     caught = sum(row.caught_by is not None for row in rows)
-    print(f"{caught} of {len(rows)} planted bugs caught")
+    verdicts = [row.cause_verdict for row in rows]
+    print(
+        f"{caught} of {len(rows)} planted bugs caught; named causes: {verdicts.count('right')} right, "
+        f"{verdicts.count('wrong')} wrong, {verdicts.count('none')} none"
+    )
     return 0 if caught == len(rows) else 1
 
 
@@ -242,6 +248,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"replay {args.case} ({r.property}) with {r.impl.name}: {r.status}{': ' + r.message if r.message else ''}")
     if r.measurement is not None and r.measurement.bound:
         print(f"  error {r.measurement.error:.3g}, bound {r.measurement.bound:.3g} ({r.measurement.detail})")
+    if r.kind:
+        print(f"  kind: {r.kind}" + ("" if r.cause else " (no known mistake reproduces it)"))
     if r.cause:
         print(f"  likely cause: {r.cause}")
     if args.diagnose:

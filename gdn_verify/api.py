@@ -369,7 +369,9 @@ def replay(
         convention, array = "native", None  # built-ins know their own array type and forms
     impl = implementation(impl, array, convention)
     outcome = replay_case(problem, meta.get("params", {}), impl, prop)
-    return ReplayResult(outcome.status, outcome.message, outcome.measurement, outcome.cause, impl, name, problem)
+    return ReplayResult(
+        outcome.status, outcome.message, outcome.measurement, outcome.cause, outcome.kind, impl, name, problem
+    )
 
 
 def fuzz(
@@ -521,10 +523,12 @@ def selftest_document(
                 caught=row.caught_by is not None,
                 caught_by=caught,
                 margin=row.margin,
+                cause=row.cause_verdict,
                 seconds=round(row.seconds, 2),
             )
         )
     caught_count = sum(row.caught_by is not None for row in rows)
+    causes = {f"cause_{v}": sum(row.cause_verdict == v for row in rows) for v in ("right", "wrong", "none")}
     return dict(
         _header("selftest", status, command, "numpy"),
         impl="planted",
@@ -532,7 +536,7 @@ def selftest_document(
         dtype=dtype,
         seed=seed,
         timeout=timeout,
-        totals=dict(bugs=len(bugs), caught=caught_count, missed=len(bugs) - caught_count),
+        totals=dict(bugs=len(bugs), caught=caught_count, missed=len(bugs) - caught_count, **causes),
         bugs=bugs,
     )
 

@@ -114,6 +114,8 @@ def format_failure(r: PropertyResult, replay: str | None) -> str:
     lines = [f"{f.status.upper()} {r.name}: {f.message}", f"  {example}: {f.problem.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
+    if f.kind:
+        lines.append(f"  kind: {f.kind}" + ("" if f.cause else " (no known mistake reproduces it)"))
     if f.cause:
         lines.append(f"  likely cause: {f.cause}")
     if f.traceback:

@@ -21,7 +21,13 @@ from gdn_verify.core.shapes import ShapeClass
 CHUNK_SIZES = (16, 32, 64)
 AWKWARD_DIMS = (1, 3, 60, 100, 128)
 SMALL_DIMS = (2, 4, 8, 16, 32)
-GATE_REGIMES = ("none", "mild", "moderate", "strong", "spikes", "strong_run", "mixed")
+# "tiny" and "retention" (tiny decays, then a stretch with no writes, beta = 0) are the long, nearly
+# undamped memories where a state or decay rounded to 16 bits drifts and an allowed rounding does not:
+# exp(g) for |g| < 2^-9 (float16: 2^-12) rounds to 1, so such a kernel forgets nothing.
+GATE_REGIMES = ("none", "mild", "moderate", "strong", "spikes", "strong_run", "mixed", "tiny", "retention")
+# Rows of q and k under l2norm: as drawn, some all-zero (padding), or some tiny (norm 10^-4.5 to
+# 10^-2.5, where the epsilon of x / sqrt(||x||^2 + 1e-6) decides the result).
+ROW_KINDS = ("plain", "zero", "tiny")
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,8 @@ def gate_values(rng: np.random.Generator, shape: tuple[int, ...], regime: str) -
         return -rng.uniform(0.0, 3.0, shape)
     if regime == "strong":
         return -rng.uniform(20.0, 60.0, shape)
+    if regime in ("tiny", "retention"):
+        return -(10.0 ** rng.uniform(-4.0, -2.5, shape))
     T = shape[-2]
     if regime == "spikes":  # saturated single tokens
         g = mild.copy()
@@ -300,7 +308,7 @@ def problems(
         B, T, cu = draw(layouts(**layout_kw, varlen=c.varlen, min_sequences=2 if varlen else 1))
         regime = draw(st.sampled_from(gate_regimes))
         l2norm = c.l2norm
-        zero_rows = l2norm and draw(st.booleans())
+        rows = draw(st.sampled_from(ROW_KINDS)) if l2norm else "plain"
         state_kind = draw(st.sampled_from(("zero", "random", "large"))) if c.initial_state else "absent"
         scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
     else:
@@ -309,7 +317,7 @@ def problems(
         B, T, cu = draw(layouts(**layout_kw, varlen=varlen))
         regime = draw(st.sampled_from(gate_regimes))
         l2norm = draw(st.booleans())
-        zero_rows = l2norm and draw(st.booleans())
+        rows = draw(st.sampled_from(ROW_KINDS)) if l2norm else "plain"
         state_kind = draw(st.sampled_from(("absent", "zero", "random", "large")))
         scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
         dtype_name = limits.dtype if limits.dtype is not None else draw(st.sampled_from(tuple(DTYPES)))
@@ -320,13 +328,16 @@ def problems(
     k = rng.standard_normal((B, T, H, K)) * (rng.uniform(0.1, 3.0) if l2norm else 1.0)
     if not l2norm:
         k = unit_rows(rng, (B, T, H, K))
-    if zero_rows and T:  # padding tokens are zeros: l2norm must map them to zero, not NaN
-        rows = rng.integers(0, T, size=max(1, T // 8))
-        q[:, rows] = 0.0
-        k[:, rows] = 0.0
+    if rows != "plain" and T:  # padding tokens are zeros: l2norm must map them to zero, not NaN
+        picked = rng.integers(0, T, size=max(1, T // 8))
+        size = 0.0 if rows == "zero" else 10.0 ** rng.uniform(-4.5, -2.5, (1, len(picked), 1, 1))
+        q[:, picked] *= size / np.linalg.norm(q[:, picked], axis=-1, keepdims=True).clip(1e-30)
+        k[:, picked] *= size / np.linalg.norm(k[:, picked], axis=-1, keepdims=True).clip(1e-30)
     v = rng.standard_normal((B, T, HV, V))
     g = gate_values(rng, (B, T, HV), regime)
     beta = beta_values(rng, (B, T, HV))
+    if regime == "retention" and T:  # writes up to a random token, then none: the memory is only read
+        beta[:, int(rng.integers(1, max(2, T // 3))) :] = 0.0
     N = B if cu is None else len(cu) - 1
     state_scale = {"absent": None, "zero": 0.0, "random": 1.0, "large": 100.0}[state_kind]
     initial_state = None
@@ -345,7 +356,7 @@ def problems(
         cu_seqlens=cu,
         use_qk_l2norm_in_kernel=l2norm,
         state_v_first=v_first,
-        notes=dict(gate_regime=regime, state=state_kind),
+        notes=dict(gate_regime=regime, state=state_kind, rows=rows),
     )
     return problem.astype(DTYPES[dtype_name])
 

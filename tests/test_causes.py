@@ -12,7 +12,7 @@ from gdn_verify.api import check
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Measurement
-from gdn_verify.implementations import numpy_impl, resolve
+from gdn_verify.implementations import numpy_impl, planted, resolve
 from gdn_verify.implementations.planted import state_across_sequences
 from gdn_verify.runners import causes
 
@@ -53,7 +53,7 @@ def plugin(fn) -> Implementation:
 
 
 def explain(impl: Implementation, p: Problem, params: dict | None = None, prop: str = "matches_reference") -> str:
-    return causes.explain(impl, p, params or {}, prop, "error > tolerance", FAILED)
+    return causes.explain(impl, p, params or {}, prop, "error > tolerance", FAILED).text
 
 
 # The TF32 variant, end to end --------------------------------------------------------------------
@@ -268,3 +268,58 @@ def test_verdict_thresholds():
     assert causes.pattern(a, a + rng.standard_normal(500)) is not None  # correlation 0.7, size 1.4x
     assert causes.pattern(a, rng.standard_normal(500)) is None
     assert causes.pattern(a[:4], a[:4]) is None  # 4 elements: any correlation could be chance
+
+
+# Right or silent: a cause must hold beyond the minimal example ------------------------------------
+def no_memory(**kw):
+    """A kernel that loses its state before every token (no model describes it)."""
+    return numpy_impl.recurrent_gated_delta_rule(**{**kw, "g": np.full_like(np.asarray(kw["g"]), -80.0)})
+
+
+def test_a_degenerate_minimal_example_cannot_pick_a_model_that_only_coincides_there():
+    # With all-zero gates, "decay g instead of exp(g)" is decay 0: exactly a kernel that loses its state.
+    p = problem(state=False).replace(g=np.zeros((1, 40, 2), np.float32))
+    obs = causes.observe(plugin(no_memory), causes.probes(p, {}, "matches_reference")[0])
+    missing_exp = next(m for m in causes.MODELS if m.name == "gate_without_exp")
+    assert causes.judge(missing_exp, obs) is not None  # it reproduces the minimal example exactly...
+    assert explain(plugin(no_memory), p) == ""  # ...and is refuted by other gates: no cause is named
+
+
+def test_a_cause_must_explain_the_failures_seen_before_shrinking():
+    def beta_twice_when_short(**kw):  # beta twice up to 100 tokens, beta ignored beyond
+        if np.shape(kw["q"])[1] <= 100:
+            return planted.BUGS["beta_twice"][1](**kw)
+        return numpy_impl.recurrent_gated_delta_rule(**{**kw, "beta": np.ones_like(kw["beta"])})
+
+    shrunk = problem(T=40)
+    before = problem(T=120, seed=3)
+    impl = plugin(beta_twice_when_short)
+    failed = Measurement(1.0, 1e-5)
+    alone = causes.explain(impl, shrunk, {}, "matches_reference", "error > tolerance", failed)
+    assert alone.model == "beta_twice"
+    confirmed = causes.explain(impl, shrunk, {}, "matches_reference", "error > tolerance", failed, others=[before])
+    assert confirmed.text == ""
+
+
+@pytest.mark.parametrize(
+    "bug, kind",
+    [("bf16_state", "precision loss"), ("beta_twice", "logic error"), ("gate_without_exp", "logic error")],
+)
+def test_a_named_cause_classes_the_failure(bug, kind):
+    cause = causes.explain(resolve(f"planted:{bug}"), problem(), {}, "matches_reference", "error > tolerance", FAILED)
+    assert cause.kind == kind and cause.model
+
+
+def test_an_unexplained_failure_is_classed_by_its_size():
+    def noisy_by(size):
+        def run(**kw):
+            o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+            rng = np.random.default_rng(0)
+            return (o * (1 + size * rng.standard_normal(o.shape))).astype(o.dtype), state
+
+        return run
+
+    small = causes.explain(plugin(noisy_by(3e-4)), problem(), {}, "matches_reference", "error > tolerance", FAILED)
+    large = causes.explain(plugin(noisy_by(0.3)), problem(), {}, "matches_reference", "error > tolerance", FAILED)
+    assert (small.text, small.kind) == ("", "precision loss")  # within what a bfloat16 kernel may make
+    assert (large.text, large.kind) == ("", "logic error")

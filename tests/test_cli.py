@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -181,3 +182,28 @@ def test_bench_checks_its_output_paths_before_measuring(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "json" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_plugin_with_the_readme_signature_is_told_which_keyword_it_lacks(tmp_path):
+    # Exactly FLA's signature as the README gives it: no state_v_first, no in-kernel gate options.
+    (tmp_path / "fla_signature.py").write_text(
+        "from gdn_verify.implementations import numpy_impl\n\n\n"
+        "def gdn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,\n"
+        "        use_qk_l2norm_in_kernel=False, cu_seqlens=None):\n"
+        "    return numpy_impl.chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state,\n"
+        "                                             output_final_state, use_qk_l2norm_in_kernel, cu_seqlens)\n"
+    )
+    out = tmp_path / "r.json"
+    result = cli(
+        "check", "--impl", "fla_signature:gdn", "--max-examples", "30", "--seed", "2", "--json", str(out),
+        "--properties", "state_layout,in_kernel_gate,in_kernel_beta_sigmoid,matches_reference", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["state_layout"]["note"].startswith("needs state_v_first= (not in")
+    assert rows["in_kernel_gate"]["note"].startswith("needs use_gate_in_kernel=, A_log=, dt_bias=")
+    assert rows["in_kernel_beta_sigmoid"]["status"] == "unsupported"
+    dropped = rows["matches_reference"]["unsupported_reasons"]
+    assert set(dropped) == {"needs state_v_first="} and dropped["needs state_v_first="] > 0
+    assert f"examples unsupported (needs state_v_first=: {dropped['needs state_v_first=']})" in result.stdout
+    assert "raised NotImplementedError" not in result.stdout

@@ -9,6 +9,7 @@ such kernels pass with the cause named, and the term does not hide TF32 products
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -163,3 +164,79 @@ def test_a_two_token_span_after_a_spike_is_covered_whatever_the_signs():
     for seed in range(8):  # every draw of the signs
         assert tolerance.condition(problem, reference, seed=seed).gate[2] > 1e3
     check_matches_reference(resolve("numpy-chunk-fla"), problem, {})
+
+
+# Block scales (issue: a small block is judged on what the inputs could produce) --------------------
+def one_token_sequences(q_dot_k: float, seed: int = 0, N: int = 5) -> Problem:
+    """N one-token sequences (lengths 1), l2norm, zero gates; in sequence 2 the query is at ``q_dot_k``
+    (cosine) to its key, so its exact output is that small a fraction of what it could be."""
+    rng = np.random.default_rng(seed)
+    K, V = 16, 8
+    q = rng.standard_normal((1, N, 1, K))
+    k = rng.standard_normal((1, N, 1, K))
+    unit_k = k[0, 2, 0] / np.linalg.norm(k[0, 2, 0])
+    orth = q[0, 2, 0] - (q[0, 2, 0] @ unit_k) * unit_k
+    q[0, 2, 0] = np.sqrt(1 - q_dot_k**2) * orth / np.linalg.norm(orth) + q_dot_k * unit_k
+    return Problem(
+        q=q,
+        k=k,
+        v=rng.standard_normal((1, N, 2, V)),
+        g=np.zeros((1, N, 2)),
+        beta=rng.uniform(0.5, 1.0, (1, N, 2)),
+        cu_seqlens=np.arange(N + 1),
+        use_qk_l2norm_in_kernel=True,
+    ).astype(ml_dtypes.bfloat16)
+
+
+def test_a_cancelling_block_is_judged_on_its_scale_not_its_own_norm():
+    # FLA's case (2026-11-25): one (token, head) block with q . k ~ 0, its l2-normalised q/k stored in
+    # bfloat16; the whole output was within the bound, that block 27x over it on its own norm.
+    from gdn_verify.implementations.precision import BY_NAME
+
+    problem = one_token_sequences(q_dot_k=2e-3)
+    reference = numpy_oracle(problem)
+    bound = tolerance.tolerance(problem, tolerance.condition(problem, reference))
+    o, _ = BY_NAME["qk"].run(**problem.kwargs())
+    own = tolerance.measure(o, None, reference[0], None, problem)
+    natural = tolerance.measure(o, None, reference[0], None, problem, bound.scales)
+    assert own.output_rms > 3 * bound.output_rms  # the false alarm the block scale removes
+    assert natural.output_rms < 0.5 * bound.output_rms
+
+
+def test_a_bug_confined_to_the_cancelling_block_is_still_caught():
+    # The same block computed with the other sequence's state (a carried state in one block): an error
+    # of the size of what the block could produce, far over the bound on that scale.
+    problem = one_token_sequences(q_dot_k=2e-3)
+    reference = numpy_oracle(problem)
+    bound = tolerance.tolerance(problem, tolerance.condition(problem, reference))
+    wrong = np.array(reference[0])
+    q = np.asarray(problem.q, np.float64)[0, 2, 0]
+    q /= np.linalg.norm(q)
+    k1 = np.asarray(problem.k, np.float64)[0, 1, 0]
+    k1 /= np.linalg.norm(k1)
+    v1 = np.asarray(problem.v, np.float64)[0, 1]
+    beta1 = np.asarray(problem.beta, np.float64)[0, 1]
+    wrong[0, 2] += 16**-0.5 * (q @ k1) * beta1[:, None] * v1  # sequence 1's state leaks into sequence 2
+    errors = tolerance.measure(wrong, None, reference[0], None, problem, bound.scales)
+    assert errors.output_rms > 10 * bound.output_rms
+    assert errors.worst_token[0] == 2
+
+
+def test_truncating_tf32_reproduces_fla_float32_on_its_committed_case():
+    # FLA 0.6's float32 chunked kernel on one token (H100, 2026-11-22): output 2.4e-3, state 9.57e-4
+    # relative; with TRITON_F32_DEFAULT=ieee it passed. A tensor core given float32 registers reads
+    # them cut to TF32 toward zero; rounding to nearest instead gives 3.2e-4 and 1.8e-4.
+    from pathlib import Path
+
+    from gdn_verify.implementations.numpy_impl import chunk_fla_gated_delta_rule, truncate_to_tf32
+
+    case = Path(__file__).resolve().parents[1] / "reports/fla-2026-11-22-logs/matches_reference-e4018bfc58.npz"
+    problem, _ = Problem.load(case)
+    ref_o, ref_s = numpy_oracle(problem)
+    o, s = chunk_fla_gated_delta_rule(**problem.kwargs(), tf32=True)
+    assert np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o) == pytest.approx(2.4e-3, rel=0.05)
+    assert np.linalg.norm(s - ref_s) / np.linalg.norm(ref_s) == pytest.approx(9.57e-4, rel=0.05)
+    o, _ = chunk_fla_gated_delta_rule(**problem.kwargs(), tf32="rna")
+    assert np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o) < 5e-4
+    x = np.array([1 + 2**-10 + 2**-11, -(1 + 2**-11), 3.0], np.float32)
+    assert truncate_to_tf32(x).tolist() == [1 + 2**-10, -1.0, 3.0]

@@ -131,6 +131,18 @@ class Implementation:
                     "impl", f"{self.name} cannot take the {_convention(form)} arguments: {problem}"
                 )
 
+    def missing_keywords(self, keywords: tuple[str, ...]) -> list[str]:
+        """Which of ``keywords`` the default native form's signature cannot take (none when it
+        takes ``**kwargs`` or its signature cannot be read: those show at the call)."""
+        try:
+            params = inspect.signature(self.forms[self.default_form]).parameters.values()
+        except (TypeError, ValueError, NotImplementedError):
+            return []
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return []
+        names = {p.name for p in params}
+        return [k for k in keywords if k not in names]
+
     def run(self, problem: Problem, form: str | None = None, options: dict[str, Any] | None = None) -> Result:
         """Call the implementation on ``problem`` and bring the outputs back to NumPy.
 
@@ -151,7 +163,7 @@ class Implementation:
         except TypeError as exc:
             rejected = [name for name in ("state_v_first", *(options or {})) if f"'{name}'" in str(exc)]
             if rejected:
-                raise NotImplementedError(f"{rejected[0]} is not accepted") from exc
+                raise NotImplementedError(f"needs {rejected[0]}=") from exc
             raise
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ContractError(f"expected a pair (o, final_state), got {type(out).__name__}")

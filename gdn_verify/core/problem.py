@@ -133,9 +133,9 @@ class Problem:
         parts = [
             f"B={s['B']} T={s['T']} H={s['H']} HV={s['HV']} K={s['K']} V={s['V']} dtype={dtype_name(self.dtype)}",
             f"lengths={self.lengths.tolist()}" + (" (cu_seqlens)" if self.cu_seqlens is not None else " (batched)"),
-            f"g in [{g.min(initial=0):.4g}, {g.max(initial=0):.4g}]"
-            f" ({int((g <= -20).sum())} strong <= -20, {int((g == 0).sum())} zero)",
-            f"beta in [{beta.min(initial=0):.3g}, {beta.max(initial=0):.3g}]",
+            (f"g in [{g.min():.4g}, {g.max():.4g}]" if g.size else "g: none")
+            + f" ({int((g <= -20).sum())} strong <= -20, {int((g == 0).sum())} zero)",
+            (f"beta in [{beta.min():.3g}, {beta.max():.3g}]" if beta.size else "beta: none"),
             f"scale={self.scale!r} l2norm={self.use_qk_l2norm_in_kernel}",
             "initial_state="
             + ("None" if self.initial_state is None else f"norm {np.linalg.norm(self.initial_state):.3g}"),

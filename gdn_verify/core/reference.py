@@ -24,14 +24,35 @@ import numpy as np
 from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
 from gdn_verify.core.gating import gates_from_raw
 
+# The intermediates of the chunked form that a production kernel stores or feeds to a tensor-core
+# product, by name: ``chunk_core`` (float64) and ``numpy_impl.chunk_fla_core`` (float32) pass each
+# through their ``hook(name, x)``, which is how the tolerance model perturbs them and how the
+# precision-contract models round them (``gdn_verify.core.tolerance``, ``docs/precision.md``).
+#   kkt_operand  beta_i k_i, the left operand of the k k^T product
+#   inverse      T = (I + A)^-1
+#   wu_operands  beta exp(G) k and beta v, the right operands of W = T (.) and U = T (.)
+#   wu           W and U
+#   h            the state entering a chunk, as an operand of W h and q h
+#   v_new        U - W h, as the operand of the intra-chunk output product
+#   attn         (q k^T) * exp(G_i - G_j), the operand of the intra-chunk output product
+#   v_new_decayed  v_new * exp(G_last - G_j), the operand of the state update k^T (.)
+STAGES = ("kkt_operand", "inverse", "wu_operands", "wu", "h", "v_new", "attn", "v_new_decayed")
+
+
+def _no_hook(name: str, x: np.ndarray) -> np.ndarray:
+    return x
+
 
 def _finish(packed: Packed, o: np.ndarray, state: np.ndarray, output_final_state: bool):
     final_state = export_state(packed, state) if output_final_state else None
     return unpack_output(packed, o), final_state
 
 
-def recurrent_core(p: Packed) -> tuple[np.ndarray, np.ndarray]:
-    """Token-by-token recurrence on a packed problem: ``(o [N, L, HV, V], S [N, HV, K, V])``."""
+def recurrent_core(p: Packed, norms: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token-by-token recurrence on a packed problem: ``(o [N, L, HV, V], S [N, HV, K, V])``.
+
+    ``norms``: an ``[N, L, HV]`` array to fill with the state's Frobenius norm after each token.
+    """
     S = p.initial_state.copy()
     N, L, HV, V = p.v.shape
     o = np.empty((N, L, HV, V), S.dtype)
@@ -42,6 +63,8 @@ def recurrent_core(p: Packed) -> tuple[np.ndarray, np.ndarray]:
         u = p.beta[:, t, :, None] * (p.v[:, t] - (k_t @ S)[:, :, 0])
         S += k_t.swapaxes(-1, -2) * u[:, :, None, :]
         o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
+        if norms is not None:
+            norms[:, t] = np.sqrt(np.einsum("nhkv,nhkv->nh", S, S))
     return o, S
 
 
@@ -67,12 +90,14 @@ def unit_lower_inverse(A: np.ndarray) -> np.ndarray:
     return T
 
 
-def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8) -> tuple[np.ndarray, np.ndarray]:
+def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_hook) -> tuple[np.ndarray, np.ndarray]:
     """WY/UT chunked form on a packed problem whose length is a multiple of ``chunk_size``.
 
     Work is batched over blocks of ``chunks_per_block`` chunks: the intra-chunk part (gates,
     ``(I + A)^-1``, W, U) and the output are batched matrix products over the block, and only
-    the state passing loops over chunks. Bounded blocks keep temporaries in cache.
+    the state passing loops over chunks. Bounded blocks keep temporaries in cache. ``hook(name,
+    x)`` sees each intermediate of :data:`STAGES` (arrays ``[N, HV, ...]``) and returns what the
+    algorithm goes on with.
     """
     N, L, HV, V = p.v.shape
     C, n_chunks = chunk_size, L // chunk_size
@@ -91,19 +116,22 @@ def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8) -> tuple[n
         G = np.cumsum(g, axis=-1)  # [N, HV, n, C]
         D = segment_sums(g)
         Gamma = np.where(causal, np.exp(np.where(causal, D, 0.0)), 0.0).astype(q.dtype)
-        A = np.tril(beta[..., :, None] * (k @ k.swapaxes(-1, -2)) * Gamma, -1)
-        T = unit_lower_inverse(A)
-        W = T @ ((beta * np.exp(G))[..., None] * k)  # [N, HV, n, C, K]
-        U = T @ (beta[..., None] * v)  # [N, HV, n, C, V]
-        k_to_end = (k * np.exp(D[..., -1, :, None])).swapaxes(-1, -2)  # k_j exp(G_last - G_j), [.., K, C]
+        A = np.tril((hook("kkt_operand", beta[..., :, None] * k) @ k.swapaxes(-1, -2)) * Gamma, -1)
+        T = hook("inverse", unit_lower_inverse(A))
+        W = hook("wu", T @ hook("wu_operands", (beta * np.exp(G))[..., None] * k))  # [N, HV, n, C, K]
+        U = hook("wu", T @ hook("wu_operands", beta[..., None] * v))  # [N, HV, n, C, V]
+        attn = hook("attn", (q @ k.swapaxes(-1, -2)) * Gamma)
+        to_end = np.exp(D[..., -1, :, None])  # exp(G_last - G_j), [..., C, 1]
         decay_chunk = np.exp(G[..., -1])
-        chunk_states = np.empty(W.shape[:3] + S.shape[-2:], S.dtype)  # state entering each chunk
+        chunk_states = np.empty(W.shape[:3] + S.shape[-2:], S.dtype)  # state entering each chunk (as used)
         v_new = np.empty_like(U)
         for c in range(count):
-            chunk_states[:, :, c] = S
-            v_new[:, :, c] = U[:, :, c] - W[:, :, c] @ S
-            S = decay_chunk[:, :, c, None, None] * S + k_to_end[:, :, c] @ v_new[:, :, c]
-        o_block = p.scale * (np.exp(G)[..., None] * (q @ chunk_states) + ((q @ k.swapaxes(-1, -2)) * Gamma) @ v_new)
+            h = hook("h", S)
+            chunk_states[:, :, c] = h
+            v_new[:, :, c] = U[:, :, c] - W[:, :, c] @ h
+            update = hook("v_new_decayed", v_new[:, :, c] * to_end[:, :, c])
+            S = decay_chunk[:, :, c, None, None] * S + k[:, :, c].swapaxes(-1, -2) @ update
+        o_block = p.scale * (np.exp(G)[..., None] * (q @ chunk_states) + attn @ hook("v_new", v_new))
         block_of(o, first, count)[...] = o_block
     return o, S
 

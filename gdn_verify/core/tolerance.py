@@ -2,32 +2,64 @@
 
 Metrics (all relative, all maxima so that one bad sequence, head or token is not averaged away):
 
-- ``output_rms``: over (sequence, value head) blocks, ``||o - o_ref||_F / ||o_ref||_F``;
-- ``output_token``: over (token, value head), ``||o_t - o_ref_t||_2`` divided by the RMS token norm
-  of its block (a token's own norm can be ~0, e.g. a zero query row);
-- ``state``: over (sequence, value head), ``||S - S_ref||_F / ||S_ref||_F``.
-Denominators are floored at 1e-3 of the problem-wide typical magnitude so an all-zero block
-(zero queries, a sequence of length 0) is compared absolutely rather than divided by zero.
+- ``output_rms``: over (sequence, value head) blocks, ``||o - o_ref||_F`` over the block's scale;
+- ``output_token``: over (token, value head), ``||o_t - o_ref_t||_2`` over the same block scale;
+- ``state``: over (sequence, value head), ``||S - S_ref||_F`` over the block's state scale.
 
-Tolerance model. Inputs are exact (the oracle sees the same rounded inputs), so error comes
-from (1) rounding the output to its dtype, at most ``u_out`` per element, and (2) arithmetic
-in working precision: the convention's state is float32, so ``u_work = 2^-24`` whatever the
-input dtype, plus rounding of intermediates to the input dtype (``u_in``), which kernels such
-as FLA's chunked path do. Arithmetic error reaches the output through the problem's
-sensitivity, estimated by the condition number ``kappa``: the relative change of the oracle's
-outputs under a random relative perturbation of every input by ``eps`` (so cancellation,
-long undamped memory and large cumulative gates raise it). Per-step state rounding adds up
-like a random walk over the memory length, which the perturbation of every token's inputs
-already exercises, and a dot product of length n contributes ``sqrt(n)`` units; the longest
-run over the key dimension ``K`` (state products) or over a chunk of up to ``MAX_CHUNK``
-tokens (the WY/UT form), so ``n = max(K, MAX_CHUNK)``::
+**Scales: what the inputs could produce, not what they happened to.** A correct kernel's error
+at token ``t`` is ``scale (dS_t^T q_t + S_t^T dq_t)``: rounding errors spread over every
+direction of the state, so they have the size of the *typical* output of a query of this norm
+against this state, ``m_t = scale |q_t| ||S_t||_F / sqrt(K)`` (the RMS of ``|S_t^T q|`` over
+query directions), whatever ``|o_t|`` is. A query nearly orthogonal to the memory gives a tiny
+exact output that the rounding error of any correct kernel dwarfs (seen on FLA's kernel: one
+one-token block with ``q . k ~ 0`` at 27 times the bound while the whole output was within
+it). So a block is judged on ``max(RMS |o_ref_t|, RMS m_t)`` (:class:`Scales`, from the exact
+state norms of :func:`natural_scales`), and the final state on the largest norm the state had,
+decayed to the end, ``max_t ||S_t|| exp(G_end - G_t)`` (the initial state included): the
+delta rule erases, and the erased part's rounding stays. A real mistake still shows: it errs
+by the size of what it computes wrongly, which is the scale itself. Denominators are floored
+at ``FLOOR`` of the problem-wide magnitude so that an all-zero block (zero queries, a sequence
+of length 0) is compared absolutely. Problems too large for the NumPy state norms (more than
+``SCALE_BUDGET`` state elements times tokens) fall back to the blocks' own norms.
 
-    output_rms   <= u_out + (C_IN * u_in + C_WORK * sqrt(n) * u_work) * kappa_rms
-    output_token <= TOKEN_FACTOR * (u_out + (same) * kappa_token)
-    state        <=          (C_IN * u_in + C_WORK * sqrt(n) * u_work) * kappa_state
+**The bound: one derived term per source of error** (the precision contract,
+``docs/precision.md``, lists which roundings a correct kernel may make and which it may not).
+Inputs are exact (the oracle sees the same rounded inputs), so error comes from
 
-Each metric has its own condition estimate; ``TOKEN_FACTOR`` covers the maximum of many
-per-token errors against their RMS (about sqrt(2 ln n) for n tokens, 4.4 at n = 4096).
+1. rounding the output to its dtype: at most ``u_out`` of the scale;
+2. each *allowed rounding* ``r`` of :data:`ROUNDINGS`: intermediates that a production kernel
+   stores, or feeds to a tensor-core product, in the input dtype, once per chunk (the
+   l2-normalised q/k; the product operands; W, U, the chunk-start state and v_new). Its term is
+   ``u_in kappa_r``: ``kappa_r`` is the metric's change per unit relative perturbation of
+   exactly those intermediates in the float64 chunked oracle (``reference.chunk_core``'s hook,
+   C = ``MAX_CHUNK``), random signs at full amplitude, i.e. the corners of the box
+   ``|d| <= u |x|`` that rounding to nearest lands in (its RMS is ``1/sqrt(3)`` of a corner's);
+   the larger of ``PROBES`` draws, so that one draw's cancellation cannot shrink it;
+3. float32 arithmetic (accumulation, the float32 carried state): ``C_WORK sqrt(n) u_work
+   kappa``, with ``kappa`` the response to a relative perturbation of every input, ``n =
+   max(K, MAX_CHUNK)`` the longest dot product, ``C_WORK`` calibrated once on the correct
+   float32 implementations;
+4. the float32 decay factors: a kernel computes ``exp(g)`` in float32 every token (or every
+   chunk), each with a relative error up to ``C_EXP`` ulps that can have the same sign every
+   token (a fast ``exp`` is biased), so over a long undamped memory the errors add coherently:
+   ``C_EXP u_work kappa_decay``, where ``kappa_decay`` is the response to shifting every
+   nonzero gate by the same amount (FLA's float32 recurrent kernel drifts so by 2.6e-5 of its
+   state over 4096 tokens of retention on an H100);
+5. the float32 chunk-local gate cumsum (below).
+
+::
+
+    output_rms   <= u_out + sum_r u_in kappa_r + C_WORK sqrt(n) u_work kappa + C_EXP u_work kappa_decay + gate
+    output_token <= TOKEN_FACTOR * (same)
+    state        <=         sum_r u_in kappa_r + C_WORK sqrt(n) u_work kappa + C_EXP u_work kappa_decay + gate
+
+``TOKEN_FACTOR`` covers the maximum of many per-token errors against their RMS (about
+``sqrt(2 ln n)`` for n tokens, 4.4 at n = 4096). What is *not* in the bound: a carried state
+rounded to 16 bits (every token or every chunk), gates or beta rounded inside the state update,
+a missing or wrong l2norm epsilon; the properties draw the problems that expose them (long
+retention with no writes, tiny rows) and ``benchmarks/precision_contract.py`` measures the
+margins of both sides. Problems too large for the NumPy probes give each rounding the input
+perturbation's ``kappa`` instead (the earlier, uniform model).
 
 Algorithm-aware term: the float32 chunk-local gate cumsum. The uniform model above assumes
 each gate factor is computed to a few units of roundoff. Production chunked kernels (FLA,
@@ -65,41 +97,70 @@ matter for saturated gates inside a chunk. :class:`Tolerance` keeps them apart f
 uniform bound, and ``Tolerance.note`` names the cause (``|cumsum|`` up to X, where) when an
 error lies between the uniform and the full bound.
 
-``C_IN``, ``C_WORK`` and ``TOKEN_FACTOR`` were set once from the model above and checked on
-the correct float32 NumPy implementations (token loop, chunk 16 and 64; all gate regimes;
-float32, float16 and bfloat16 inputs; K from 4 to 128; large initial states):
-``benchmarks/calibrate_tolerance.py`` prints the largest error / bound seen, 0.07 (float32) and
-0.12 (16-bit inputs, where output rounding dominates), while a kernel rounding its state to
-bfloat16 every token lands 870 to 1250 times over the bound with float32 inputs and 7 to 15
-times with float16 inputs. The calibration also runs the FLA-style chunked models
-(``numpy-chunk-fla`` etc., float32 chunk-local cumsum) and the TF32 one, which must land
-above the bound. ``tests/test_properties.py`` and ``tests/test_tolerance.py`` assert both
-sides. The constants are not adjusted per test.
+``C_WORK`` and ``TOKEN_FACTOR`` were set once from the model above and checked on the correct
+float32 NumPy implementations (token loop, chunk 16 and 64; all gate regimes; K from 4 to 128;
+large initial states): ``benchmarks/calibrate_tolerance.py`` prints the largest error / bound.
+The rounding terms have no constant to set. ``tests/test_precision_contract.py``,
+``tests/test_properties.py`` and ``tests/test_tolerance.py`` assert both sides. The constants
+are not adjusted per test.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import ml_dtypes
 import numpy as np
 
+from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
 from gdn_verify.core.oracle import Oracle, numpy_oracle
 from gdn_verify.core.problem import Problem
+from gdn_verify.core.reference import STAGES, chunk_core, recurrent_core
 
-C_IN = 2.0
 C_WORK = 16.0
 TOKEN_FACTOR = 8.0
 MAX_CHUNK = 64
 C_GATE = float(max(np.sqrt(MAX_CHUNK), 2 * np.log2(MAX_CHUNK)))  # 12: see the module docstring
+C_EXP = 4.0  # ulps of a float32 exp(g): CUDA's fast exp (ex2.approx of g log2 e) errs by up to about 2^-22
 PERTURBATION = 2.0**-30
+PROBES = 2  # draws per rounding; the larger response counts
 FLOOR = 1e-3
 UNIT_ROUNDOFF_FP32 = 2.0**-24
+# Largest problem (state elements x padded tokens) whose scales and rounding responses are computed
+# with NumPy (about a second); larger ones fall back to the blocks' own norms and the uniform model.
+SCALE_BUDGET = 1 << 28
+
+# The allowed roundings of the precision contract, each a group of the chunked form's
+# intermediates (``reference.STAGES``; "qk" is the l2-normalised q and k) rounded to the input
+# dtype once per chunk. Each gets its own term in the bound.
+ROUNDINGS: dict[str, tuple[str, ...]] = {
+    "qk": ("qk",),
+    "operands": ("kkt_operand", "inverse", "wu_operands", "attn", "v_new_decayed"),
+    "stored": ("wu", "h", "v_new"),
+    # The same intermediates' absolute error where they underflow: rounding to a dtype is
+    # x (1 + d) + e with |d| <= u and |e| <= half its smallest subnormal (float16: 2^-25), so a
+    # float16 kernel flushes a decayed write of 1e-25 to zero. Negligible for the other dtypes.
+    "underflow": ("qk", *STAGES),
+}
+ROUNDING_TEXT = {
+    "qk": "l2-normalised q/k stored in the input dtype",
+    "operands": "tensor-core product operands in the input dtype",
+    "stored": "W, U, chunk-start states and v_new stored in the input dtype",
+    "underflow": "underflow of the intermediates stored in the input dtype",
+}
+UNDERFLOW_NEGLIGIBLE = 1e-30  # below this half-subnormal (bfloat16 2^-134, float32 2^-150) no term
+assert set(STAGES) == {stage for group in ROUNDINGS.values() for stage in group} - {"qk"}
 
 
 def unit_roundoff(dtype) -> float:
     """Half the machine epsilon: float64 2^-53, float32 2^-24, float16 2^-11, bfloat16 2^-8."""
     return float(ml_dtypes.finfo(np.dtype(dtype)).eps) / 2
+
+
+def underflow_unit(dtype) -> float:
+    """Half the smallest subnormal: the largest absolute error of rounding a tiny value to ``dtype``."""
+    return float(ml_dtypes.finfo(np.dtype(dtype)).smallest_subnormal) / 2
 
 
 @dataclass(frozen=True)
@@ -114,7 +175,20 @@ class Errors:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class Scales:
+    """Natural magnitudes the metrics divide by (see the module docstring).
+
+    ``token [B*T, HV]``: ``scale |q_t| ||S_t||_F / sqrt(K)`` per token; ``state [N, HV]``: the
+    largest norm the state had, decayed to the end.
+    """
+
+    token: np.ndarray
+    state: np.ndarray
+    of: int = 0  # id() of the problem they were computed for
+
+
+@dataclass(frozen=True, eq=False)
 class Kappa:
     """Condition numbers of ``output_rms``, ``output_token`` and ``state`` (see :func:`condition`)."""
 
@@ -123,17 +197,23 @@ class Kappa:
     state: float
     # Sensitivity to the float32 chunk-local gate cumsum's rounding (0 without gates).
     gate: tuple[float, ...] = (0.0, 0.0, 0.0)
+    # Sensitivity to every nonzero gate shifted alike: float32 decay factors rounded the same way.
+    decay: tuple[float, ...] = (0.0, 0.0, 0.0)
+    # Per allowed rounding (ROUNDINGS): the three metrics' response to it; None: not measured.
+    rounding: dict[str, tuple[float, float, float]] | None = None
+    scales: Scales | None = None
 
 
 METRICS = ("output_rms", "output_token", "state")
 ABOVE_UNIFORM = "within the algorithm-aware bound but above the uniform one"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Tolerance:
     """Bounds per metric: ``output_rms``, ``output_token`` and ``state`` are what the checks
     enforce, the uniform model plus ``algorithm``, the algorithm-aware part (float32 chunk-local
-    gate cumsum), whose cause ``cause`` names in one line."""
+    gate cumsum), whose cause ``cause`` names in one line. ``terms``: the bound's named parts,
+    each ``(name, (rms, token, state))``; ``scales``: what the metrics divide by."""
 
     output_rms: float
     output_token: float
@@ -142,21 +222,28 @@ class Tolerance:
     kappa_state: float
     algorithm: tuple[float, ...] = (0.0, 0.0, 0.0)
     cause: str = ""
+    terms: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    scales: Scales | None = None
 
     def uniform(self, name: str) -> float:
         """The uniform model's bound for metric ``name`` (without the algorithm-aware part)."""
         return getattr(self, name) - self.algorithm[METRICS.index(name)]
 
     def scaled(self, factor: float) -> Tolerance:
-        return Tolerance(
-            self.output_rms * factor,
-            self.output_token * factor,
-            self.state * factor,
-            self.kappa_output,
-            self.kappa_state,
-            tuple(x * factor for x in self.algorithm),
-            self.cause,
+        return dataclasses.replace(
+            self,
+            output_rms=self.output_rms * factor,
+            output_token=self.output_token * factor,
+            state=self.state * factor,
+            algorithm=tuple(x * factor for x in self.algorithm),
+            terms=tuple((name, tuple(x * factor for x in values)) for name, values in self.terms),
         )
+
+    def breakdown(self, name: str) -> str:
+        """The bound of metric ``name`` as the sum of its named terms, largest first."""
+        i = METRICS.index(name)
+        parts = sorted(((values[i], term) for term, values in self.terms if values[i] > 0), reverse=True)
+        return " + ".join(f"{value:.2g} {term}" for value, term in parts)
 
     def violations(self, errors: Errors) -> list[str]:
         """Human-readable list of the metrics that exceed their bound (empty when within)."""
@@ -185,29 +272,36 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return num / np.maximum(den, np.finfo(np.float64).tiny)
 
 
-def token_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """``[B*T, HV]``: ``||o_t - ref_t||`` over the RMS token norm of its (sequence, value head) block.
+def token_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray, magnitude: np.ndarray | None = None) -> np.ndarray:
+    """``[B*T, HV]``: ``||o_t - ref_t||`` over its (sequence, value head) block's scale.
 
-    The denominator is floored at ``FLOOR`` times the problem-wide RMS token norm, so an all-zero
-    block is compared absolutely. NaN in ``o`` stays NaN.
+    The scale is the larger of the block's RMS token norm and the RMS of ``magnitude`` (``[B*T,
+    HV]``, :attr:`Scales.token`) over the block, floored at ``FLOOR`` times the problem-wide
+    RMS, so an all-zero block is compared absolutely. NaN in ``o`` stays NaN.
     """
     HV, V = ref.shape[2], ref.shape[3]
     o = np.asarray(o, np.float64).reshape(-1, HV, V)
     ref = np.asarray(ref, np.float64).reshape(-1, HV, V)
     diff = np.linalg.norm(o - ref, axis=-1)
     norm = np.linalg.norm(ref, axis=-1)
-    typical = np.sqrt(np.mean(norm**2)) if norm.size else 0.0
+    if magnitude is not None:
+        norm_sq = np.maximum(norm**2, np.asarray(magnitude, np.float64).reshape(norm.shape) ** 2)
+    else:
+        norm_sq = norm**2
+    typical = np.sqrt(np.mean(norm_sq)) if norm.size else 0.0
     out = np.zeros_like(diff)
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
-            block = np.sqrt(np.mean(norm[start:end] ** 2, axis=0))
+            block = np.sqrt(np.maximum(np.mean(norm[start:end] ** 2, axis=0), np.mean(norm_sq[start:end], axis=0)))
             out[start:end] = _safe_ratio(diff[start:end], np.maximum(block, FLOOR * typical))
     return out
 
 
-def output_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> tuple[float, float, tuple[int, int] | None]:
+def output_errors(
+    o: np.ndarray, ref: np.ndarray, bounds: np.ndarray, magnitude: np.ndarray | None = None
+) -> tuple[float, float, tuple[int, int] | None]:
     """``(output_rms, output_token, worst (token, head))`` for ``o, ref`` ``[B, T, HV, V]``."""
-    tok = token_errors(o, ref, bounds)
+    tok = token_errors(o, ref, bounds, magnitude)
     if tok.size == 0:
         return 0.0, 0.0, None
     if np.isnan(tok).any():
@@ -223,12 +317,16 @@ def output_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray) -> tuple[f
     return rms, float(tok[t, h]), (int(t), int(h))
 
 
-def state_errors(state: np.ndarray, ref: np.ndarray, initial_state=None) -> tuple[float, tuple[int, int] | None]:
+def state_errors(
+    state: np.ndarray, ref: np.ndarray, initial_state=None, magnitude: np.ndarray | None = None
+) -> tuple[float, tuple[int, int] | None]:
     """Worst relative Frobenius error over (sequence, value head) blocks of ``[N, HV, *, *]``.
 
-    Relative to the larger of the final and the initial state: the delta rule can erase a
-    large initial state, and every correct algorithm carries error of the size of the
-    state it started from (the chunked form computes ``S0 - K^T W S0`` by cancellation).
+    Relative to the larger of the final state and ``magnitude`` (``[N, HV]``,
+    :attr:`Scales.state`: the largest the state was, decayed to the end); without it, to the
+    larger of the final and the initial state. The delta rule can erase a large state, and
+    every correct algorithm carries error of the size of what it erased (the chunked form
+    computes ``S0 - K^T W S0`` by cancellation).
     """
     state = np.asarray(state, np.float64)
     ref = np.asarray(ref, np.float64)
@@ -236,7 +334,9 @@ def state_errors(state: np.ndarray, ref: np.ndarray, initial_state=None) -> tupl
         return 0.0, None
     diff = np.linalg.norm(state - ref, axis=(-2, -1))
     norm = np.linalg.norm(ref, axis=(-2, -1))
-    if initial_state is not None:
+    if magnitude is not None:
+        norm = np.maximum(norm, np.asarray(magnitude, np.float64).reshape(norm.shape))
+    elif initial_state is not None:
         norm = np.maximum(norm, np.linalg.norm(np.asarray(initial_state, np.float64), axis=(-2, -1)))
     den = np.maximum(norm, FLOOR * np.sqrt(np.mean(norm**2)))
     rel = _safe_ratio(diff, den)
@@ -247,14 +347,65 @@ def state_errors(state: np.ndarray, ref: np.ndarray, initial_state=None) -> tupl
     return float(rel[n, h]), (int(n), int(h))
 
 
-def measure(o, final_state, ref_o, ref_state, problem: Problem) -> Errors:
-    """Errors of an implementation's outputs against the oracle's, both as NumPy arrays."""
-    rms, token, where = output_errors(o, ref_o, problem.bounds)
+def measure(o, final_state, ref_o, ref_state, problem: Problem, scales: Scales | None = None) -> Errors:
+    """Errors of an implementation's outputs against the oracle's, both as NumPy arrays.
+
+    ``scales`` (:func:`natural_scales`, carried by a :class:`Tolerance`): what each block is
+    judged on; None: the blocks' own norms.
+    """
+    token = None if scales is None else scales.token
+    rms, worst_token, where = output_errors(o, ref_o, problem.bounds, token)
     if ref_state is None or final_state is None:
         state, seq = 0.0, None
     else:
-        state, seq = state_errors(final_state, ref_state, problem.initial_state)
-    return Errors(rms, token, state, where, seq)
+        natural = None if scales is None else scales.state
+        state, seq = state_errors(final_state, ref_state, problem.initial_state, natural)
+    return Errors(rms, worst_token, state, where, seq)
+
+
+def _packed(problem: Problem, pad: int = 1) -> Packed:
+    """The problem packed in float64 with l2norm applied (the k-first state)."""
+    kw = problem.kwargs()
+    kw.pop("output_final_state")
+    kw["state_v_first"] = problem.state_v_first
+    return pack(**kw, dtype=np.float64, pad_to_multiple=pad)
+
+
+def _affordable(problem: Problem) -> bool:
+    s = problem.shape
+    padded = s["N"] * (int(problem.lengths.max(initial=0)) + MAX_CHUNK)
+    return padded * s["HV"] * s["K"] * s["V"] <= SCALE_BUDGET
+
+
+def natural_scales(problem: Problem) -> Scales | None:
+    """The :class:`Scales` of ``problem`` from its exact state norms; None when too large for NumPy."""
+    if not _affordable(problem):
+        return None
+    p = _packed(problem)
+    N, L, HV, _ = p.v.shape
+    norms = np.zeros((N, L, HV))
+    recurrent_core(p, norms)
+    K = p.q.shape[-1]
+    magnitude = p.scale * np.linalg.norm(p.q, axis=-1) * norms / np.sqrt(K)  # [N, L, HV]
+    B, T = problem.q.shape[:2]
+    flat = np.zeros((B * T, HV))
+    valid = p.token_index >= 0
+    flat[p.token_index[valid]] = magnitude[valid]
+    # The state: max over t of ||S_t|| exp(G_end - G_t), with the initial state as t = -1.
+    G = np.cumsum(p.g, axis=1)  # padding has g = 0, so G_end is G at the padded end
+    with np.errstate(divide="ignore"):
+        log_norms = np.concatenate([np.log(np.linalg.norm(p.initial_state, axis=(-2, -1)))[:, None], np.log(norms)], 1)
+    decay_to_end = np.concatenate([G[:, -1:], G[:, -1:] - G], axis=1)
+    state = np.exp(np.max(log_norms + decay_to_end, axis=1))
+    return Scales(flat, state, id(problem))
+
+
+def scales_for(problem: Problem, bound: Tolerance) -> Scales | None:
+    """The scales to judge ``problem`` on with ``bound``: the bound's own when it was computed for
+    this problem, else ``problem``'s own (a property that holds one sequence of a pack, a split or
+    a related call to one problem's bound: each is judged on what its own inputs could produce)."""
+    s = bound.scales
+    return s if s is not None and s.of == id(problem) else natural_scales(problem)
 
 
 def chunk_gate_sums(problem: Problem) -> np.ndarray:
@@ -291,6 +442,68 @@ def gate_cumsum_cause(problem: Problem) -> str:
     )
 
 
+def rounding_condition(
+    problem: Problem, reference: tuple[np.ndarray, np.ndarray], scales: Scales | None, rng: np.random.Generator
+) -> dict[str, tuple[float, float, float]]:
+    """Each allowed rounding's response: the three metrics' relative change per unit relative
+    perturbation of its intermediates (random signs, the larger of ``PROBES`` draws).
+
+    All draws run as one float64 ``chunk_core`` call over copies of the problem stacked along the
+    sequence axis; each copy perturbs one rounding's intermediates through the hook.
+    """
+    eta = underflow_unit(problem.dtype)
+    names = [
+        name
+        for name in ROUNDINGS
+        if (name != "qk" or problem.use_qk_l2norm_in_kernel) and (name != "underflow" or eta > UNDERFLOW_NEGLIGIBLE)
+    ]
+    # Sequences shorter than a chunk are one chunk of the next power of two: padding tokens (beta = 0,
+    # g = 0) make zero intermediates, so the response is the same as at MAX_CHUNK, and cheaper.
+    longest = int(problem.lengths.max(initial=1))
+    C = min(MAX_CHUNK, 1 << max(1, (longest - 1).bit_length()))
+    p = _packed(problem, C)
+    N = p.v.shape[0]
+    copies = [name for name in names for _ in range(PROBES)]
+    owner = np.repeat(np.arange(len(copies)), N)  # copy of each stacked sequence
+
+    def perturb(x: np.ndarray, stage: str) -> np.ndarray:
+        out = x
+        for absolute in (False, True):  # relative (x (1 + d)) and, for "underflow", absolute (x + e)
+            chosen = np.array([stage in ROUNDINGS[name] and (name == "underflow") == absolute for name in copies])
+            rows = np.flatnonzero(chosen[owner])
+            if not rows.size:
+                continue
+            out = out.copy() if out is x else out
+            signs = rng.integers(0, 2, size=(rows.size,) + x.shape[1:], dtype=np.int8) * 2.0 - 1.0
+            if absolute:
+                out[rows] += PERTURBATION * eta * signs
+            else:
+                out[rows] *= 1.0 + PERTURBATION * signs
+        return out
+
+    def stack(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([x] * len(copies))
+
+    stacked = dataclasses.replace(
+        p,
+        q=perturb(stack(p.q), "qk"),
+        k=perturb(stack(p.k), "qk"),
+        v=stack(p.v),
+        g=stack(p.g),
+        beta=stack(p.beta),
+        initial_state=stack(p.initial_state),
+    )
+    o, S = chunk_core(stacked, C, hook=lambda stage, x: perturb(x, stage))
+    out: dict[str, np.ndarray] = {name: np.zeros(3) for name in names}
+    for i, name in enumerate(copies):
+        part = slice(i * N, (i + 1) * N)
+        o_i = unpack_output(p, o[part])
+        s_i = export_state(p, S[part])
+        errors = measure(o_i, s_i, reference[0], reference[1], problem, scales)
+        out[name] = np.maximum(out[name], [getattr(errors, m) / PERTURBATION for m in METRICS])
+    return {name: (float(x[0]), float(x[1]), float(x[2])) for name, x in out.items()}
+
+
 def condition(
     problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: int = 0, oracle: Oracle = numpy_oracle
 ) -> Kappa:
@@ -299,9 +512,11 @@ def condition(
     The oracle (default: the NumPy one) is rerun on inputs multiplied
     elementwise by ``1 + PERTURBATION * r`` with random signs ``r``, and the relative change of
     each metric is divided by ``PERTURBATION``. ``Kappa.gate`` is measured the same way with
-    each gate shifted by ``PERTURBATION * r * a`` (``a`` from :func:`chunk_gate_sums`).
+    each gate shifted by ``PERTURBATION * r * a`` (``a`` from :func:`chunk_gate_sums`), and
+    ``Kappa.rounding`` by :func:`rounding_condition` (None for problems too large for NumPy).
     """
     rng = np.random.default_rng(seed)
+    scales = natural_scales(problem)
 
     def nudge(x):
         if x is None:
@@ -315,11 +530,12 @@ def condition(
     if problem.scale is not None:
         nudged = nudged.replace(scale=problem.scale * (1.0 + PERTURBATION))
     o2, s2 = oracle(nudged)
-    errors = measure(o2, s2, reference[0], reference[1], problem)
+    errors = measure(o2, s2, reference[0], reference[1], problem, scales)
     rms, token, state = (max(1.0, getattr(errors, name) / PERTURBATION) for name in METRICS)
+    rounding = rounding_condition(problem, reference, scales, rng) if _affordable(problem) else None
     a = chunk_gate_sums(problem)
     if not a.size or a.max() == 0:
-        return Kappa(rms, token, state)
+        return Kappa(rms, token, state, rounding=rounding, scales=scales)
     # Two draws, the second with every other token's sign flipped: a gate factor spanning two
     # tokens sees r_i a_i + r_j a_j, which one random draw cancels half the time (seen: a -1e4
     # spike followed by two gates); the flipped draw then adds them. Longer spans add like the
@@ -327,11 +543,19 @@ def condition(
     signs = rng.choice([-1.0, 1.0], a.shape)
     flip = np.where(np.arange(a.shape[1]) % 2 == 0, 1.0, -1.0)[None, :, None]
     gate = np.zeros(len(METRICS))
+    g = np.asarray(problem.g, np.float64)
     for r in (signs, signs * flip):
-        shifted = problem.replace(g=np.asarray(problem.g, np.float64) + PERTURBATION * r * a)
-        errors = measure(*oracle(shifted), reference[0], reference[1], problem)
+        errors = measure(
+            *oracle(problem.replace(g=g + PERTURBATION * r * a)), reference[0], reference[1], problem, scales
+        )
         gate = np.maximum(gate, [getattr(errors, name) / PERTURBATION for name in METRICS])
-    return Kappa(rms, token, state, gate=tuple(float(x) for x in gate))
+    # Every nonzero gate shifted the same way: a per-token exp(g) with the same relative error each
+    # token (exp(0) = 1 exactly in any kernel), the coherent worst case over a long memory.
+    errors = measure(
+        *oracle(problem.replace(g=g + PERTURBATION * (g != 0))), reference[0], reference[1], problem, scales
+    )
+    decay = tuple(float(getattr(errors, name) / PERTURBATION) for name in METRICS)
+    return Kappa(rms, token, state, gate=tuple(float(x) for x in gate), rounding=rounding, scales=scales, decay=decay)
 
 
 def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
@@ -339,14 +563,30 @@ def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
     dot_length = max(problem.q.shape[-1], MAX_CHUNK)
     u_in = unit_roundoff(problem.dtype)
     u_out = unit_roundoff(output_dtype if output_dtype is not None else problem.dtype)
-    arithmetic = C_IN * u_in + C_WORK * np.sqrt(dot_length) * UNIT_ROUNDOFF_FP32
-    uniform = (
-        u_out + arithmetic * kappa.output_rms,
-        TOKEN_FACTOR * (u_out + arithmetic * kappa.output_token),
-        arithmetic * kappa.state,
-    )
-    gate = C_GATE * UNIT_ROUNDOFF_FP32
-    extra = (gate * kappa.gate[0], TOKEN_FACTOR * gate * kappa.gate[1], gate * kappa.gate[2])
+    plain = np.array([kappa.output_rms, kappa.output_token, kappa.state])
+    terms: list[tuple[str, np.ndarray]] = [("output rounding", np.array([u_out, u_out, 0.0]))]
+    if kappa.rounding is None:  # too large for the NumPy probes: every rounding answers like the inputs
+        responses = {
+            name: plain
+            for name in ROUNDINGS
+            if name != "underflow" and (name != "qk" or problem.use_qk_l2norm_in_kernel)
+        }
+    else:
+        responses = {name: np.array(values) for name, values in kappa.rounding.items()}
+    # A response is per unit relative perturbation (times u_in: the rounding's size), or for
+    # "underflow" per absolute perturbation of underflow_unit (times 1).
+    terms += [
+        (ROUNDING_TEXT[name], (1.0 if name == "underflow" else u_in) * response) for name, response in responses.items()
+    ]
+    terms.append(("float32 arithmetic", C_WORK * np.sqrt(dot_length) * UNIT_ROUNDOFF_FP32 * plain))
+    if any(kappa.decay):
+        terms.append(("float32 decay factors", C_EXP * UNIT_ROUNDOFF_FP32 * np.array(kappa.decay)))
+    gate = C_GATE * UNIT_ROUNDOFF_FP32 * np.array(kappa.gate)
+    per_metric = np.array([1.0, TOKEN_FACTOR, 1.0])
+    uniform = sum(values for _, values in terms) * per_metric
+    extra = gate * per_metric
+    if gate.any():
+        terms.append(("float32 chunk-local gate cumsum", gate))
     return Tolerance(
         output_rms=float(uniform[0] + extra[0]),
         output_token=float(uniform[1] + extra[1]),
@@ -354,5 +594,7 @@ def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
         kappa_output=float(kappa.output_rms),
         kappa_state=float(kappa.state),
         algorithm=(float(extra[0]), float(extra[1]), float(extra[2])),
-        cause=gate_cumsum_cause(problem) if any(extra) else "",
+        cause=gate_cumsum_cause(problem) if extra.any() else "",
+        terms=tuple((name, tuple(float(x) for x in values * per_metric)) for name, values in terms),
+        scales=kappa.scales,
     )

@@ -3,7 +3,8 @@
 Built-in: ``numpy`` (float32 NumPy, chunked and recurrent forms and the speculative-decoding
 form), ``numpy-chunk``, ``numpy-chunk16``, ``numpy-recurrent``, models of the production chunked
 algorithm (``numpy-chunk-fla`` and its C=32/16 variants with a float32 chunk-local gate cumsum,
-``numpy-chunk-cumsum64``, and ``numpy-chunk-tf32`` with TF32 products), ``oracle``, ``planted:BUG``
+``numpy-chunk-cumsum64``, ``numpy-chunk-fla16`` with FLA's 16-bit roundings, and ``numpy-chunk-tf32``
+with TF32 products), ``oracle``, ``planted:BUG``
 (``planted.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``),
 FlashInfer (``flashinfer.py``) and vLLM's kernel files (``vllm.py``). A plug-in's function is its native form, or with
 ``convention="spec"`` its speculative-decoding form. :func:`choose_oracle` is the one place that
@@ -28,7 +29,7 @@ from gdn_verify.core.implementation import (
     Result,
 )
 from gdn_verify.core.oracle import Oracle, from_implementation, numpy_oracle
-from gdn_verify.implementations import numpy_impl, spec
+from gdn_verify.implementations import numpy_impl, precision, spec
 
 CONVENTIONS = ("native", "spec")
 
@@ -77,6 +78,12 @@ BUILTIN: dict[str, Callable[[], Implementation]] = {
     "numpy-chunk32-fla": _fla_style("numpy-chunk32-fla", 32),
     "numpy-chunk16-fla": _fla_style("numpy-chunk16-fla", 16),
     "numpy-chunk-cumsum64": _fla_style("numpy-chunk-cumsum64", 64, np.float64),
+    # FLA's 16-bit choices (docs/precision.md): every allowed rounding in the input dtype, C=64.
+    "numpy-chunk-fla16": lambda: Implementation(
+        "numpy-chunk-fla16",
+        {"chunk": precision.fla_rounded()},
+        description="FLA's chunked algorithm with every allowed rounding of the precision contract in the input dtype",
+    ),
     # A known precision loss: must fail float32 matches_reference.
     "numpy-chunk-tf32": _fla_style("numpy-chunk-tf32", 64, tf32=True, what=", TF32 matrix products"),
     "oracle": lambda: Implementation(

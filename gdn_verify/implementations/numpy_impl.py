@@ -11,9 +11,12 @@ tolerance model is calibrated so that it passes. It also takes FLA's in-kernel g
 write it, for checking that the tolerance model accepts the rounding those algorithms incur:
 a chunk-local gate cumsum ``G`` (float32 in production, ``cumsum_dtype``), every gate factor
 as ``exp`` of a difference of that cumsum (``exp(G_i - G_j)``, ``exp(G_i)``, ``exp(G_C - G_j)``),
-``(I + A)^-1`` by forward substitution, ragged chunks zero-padded. ``tf32=True`` rounds the
-operands of every matrix product to TF32 (10 explicit mantissa bits, as tensor cores do when
-TF32 is allowed) and accumulates in float32: a known precision loss the checks must report.
+``(I + A)^-1`` by forward substitution, ragged chunks zero-padded. ``tf32=True`` cuts the
+operands of every matrix product to TF32 (10 explicit mantissa bits) toward zero, as a tensor core
+does with float32 registers it is handed unconverted (Triton's default ``tl.dot`` on float32;
+``tf32="rna"`` rounds them to nearest like ``cvt.rna``), and accumulates in float32: a known
+precision loss the checks must report. Cutting reproduces FLA 0.6's float32 error on the
+committed one-token case to three digits (0.0024 output, 9.57e-4 state; rounding gives 3.2e-4).
 """
 
 from __future__ import annotations
@@ -39,10 +42,26 @@ def round_to_tf32(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(x), rounded, x)
 
 
-def _tf32_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def truncate_to_tf32(x: np.ndarray) -> np.ndarray:
+    """Float32 values cut to TF32 toward zero: what a tensor core reads from a float32 register it
+    is given unconverted (its low 13 mantissa bits ignored), as Triton's default ``tl.dot`` on
+    float32 does on Hopper. Returned as float32; Inf and NaN pass through."""
+    x = np.ascontiguousarray(x, np.float32)
+    cut = (x.view(np.uint32) & np.uint32(~((1 << (23 - TF32_MANTISSA_BITS)) - 1) & 0xFFFFFFFF)).view(np.float32)
+    return np.where(np.isfinite(x), cut, x)
+
+
+def _tf32_matmul(a: np.ndarray, b: np.ndarray, convert=truncate_to_tf32) -> np.ndarray:
     # Products of two TF32 numbers are exact in float32 (11 + 11 significant bits <= 24), so a
-    # float32 matmul of rounded operands is a TF32 tensor-core product with float32 accumulation.
-    return np.matmul(round_to_tf32(a), round_to_tf32(b))
+    # float32 matmul of cut operands is a TF32 tensor-core product with float32 accumulation.
+    return np.matmul(convert(a), convert(b))
+
+
+def _rna_tf32_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _tf32_matmul(a, b, round_to_tf32)
+
+
+TF32_MODES = {"truncate": _tf32_matmul, "rna": _rna_tf32_matmul}
 
 
 def _forward_substitution(A: np.ndarray, matmul) -> np.ndarray:
@@ -54,14 +73,23 @@ def _forward_substitution(A: np.ndarray, matmul) -> np.ndarray:
     return T
 
 
-def chunk_fla_core(p, chunk_size: int, cumsum_dtype=np.float32, tf32: bool = False):
+def _no_hook(name: str, x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def chunk_fla_core(
+    p, chunk_size: int, cumsum_dtype=np.float32, tf32: bool | str = False, hook=_no_hook, carried_dtype=None
+):
     """The chunked (WY/UT) form with FLA's gate handling on a packed float32 problem.
 
     Per chunk: ``G = cumsum(g)`` in ``cumsum_dtype`` restarting at the chunk start, gate factors
     ``exp(G_i - G_j)`` (masked to ``i >= j`` before the ``exp``), ``exp(G_i)`` and
-    ``exp(G_last - G_j)``, all evaluated in float32. Returns ``(o [N, L, HV, V], S [N, HV, K, V])``.
+    ``exp(G_last - G_j)``, all evaluated in float32. ``hook(name, x)`` sees each intermediate of
+    ``reference.STAGES`` (the precision models round them there); ``carried_dtype``: the carried
+    state is rounded to it at every chunk boundary (a forbidden rounding; None keeps float32).
+    Returns ``(o [N, L, HV, V], S [N, HV, K, V])``.
     """
-    matmul = _tf32_matmul if tf32 else np.matmul
+    matmul = TF32_MODES["truncate" if tf32 is True else tf32] if tf32 else np.matmul
     f32 = np.float32
     N, L, HV, V = p.v.shape
     C, n = chunk_size, L // chunk_size
@@ -76,18 +104,25 @@ def chunk_fla_core(p, chunk_size: int, cumsum_dtype=np.float32, tf32: bool = Fal
     gamma = np.where(causal, np.exp(diff), f32(0))  # exp(G_i - G_j), i >= j
     decay = np.exp(G.astype(f32))  # exp(G_i): from the chunk start to token i
     to_end = np.exp((G[..., -1:] - G).astype(f32))  # exp(G_last - G_j)
-    A = np.tril(beta[..., :, None] * matmul(k, k.swapaxes(-1, -2)) * gamma, -1)
-    T = _forward_substitution(A, matmul)
-    W = matmul(T, (beta * decay)[..., None] * k)  # [N, HV, n, C, K]
-    U = matmul(T, beta[..., None] * v)  # [N, HV, n, C, V]
-    attn = matmul(q, k.swapaxes(-1, -2)) * gamma
-    k_to_end = (k * to_end[..., None]).swapaxes(-1, -2)  # [N, HV, n, K, C]
+    # As FLA: beta scales k k^T after the product, and (I + A)^-1 is a float32 substitution (scalar
+    # arithmetic in its diagonal blocks, not a tensor-core product: TF32 does not touch it).
+    A = np.tril(beta[..., :, None] * matmul(hook("kkt_operand", k), k.swapaxes(-1, -2)) * gamma, -1)
+    T = hook("inverse", _forward_substitution(A, np.matmul))
+    W = hook("wu", matmul(T, hook("wu_operands", (beta * decay)[..., None] * k)))  # [N, HV, n, C, K]
+    U = hook("wu", matmul(T, hook("wu_operands", beta[..., None] * v)))  # [N, HV, n, C, V]
+    attn = hook("attn", matmul(q, k.swapaxes(-1, -2)) * gamma)
     S = p.initial_state.astype(f32)
     o = np.empty((N, HV, n, C, V), f32)
     for c in range(n):
-        v_new = U[:, :, c] - matmul(W[:, :, c], S)
-        o[:, :, c] = p.scale * (decay[:, :, c, :, None] * matmul(q[:, :, c], S) + matmul(attn[:, :, c], v_new))
-        S = decay[:, :, c, -1, None, None] * S + matmul(k_to_end[:, :, c], v_new)
+        h = hook("h", S)
+        v_new = U[:, :, c] - matmul(W[:, :, c], h)
+        o[:, :, c] = p.scale * (
+            decay[:, :, c, :, None] * matmul(q[:, :, c], h) + matmul(attn[:, :, c], hook("v_new", v_new))
+        )
+        update = hook("v_new_decayed", v_new * to_end[:, :, c, :, None])
+        S = decay[:, :, c, -1, None, None] * S + matmul(k[:, :, c].swapaxes(-1, -2), update)
+        if carried_dtype is not None:
+            S = S.astype(carried_dtype).astype(f32)
     return np.moveaxis(o, 1, 3).reshape(N, L, HV, V), S
 
 
@@ -203,6 +238,8 @@ def chunk_fla_gated_delta_rule(
     chunk_size=64,
     cumsum_dtype=np.float32,
     tf32=False,
+    hook=None,
+    carried_dtype=None,
     use_gate_in_kernel=False,
     A_log=None,
     dt_bias=None,
@@ -212,14 +249,16 @@ def chunk_fla_gated_delta_rule(
     """Float32 chunked form as production kernels write it (see :func:`chunk_fla_core`).
 
     ``cumsum_dtype``: float32 as in FLA/FlashInfer/vLLM, float64 to take the cumsum's rounding
-    out; ``tf32``: operands of every matrix product rounded to TF32.
+    out; ``tf32``: operands of every matrix product cut to TF32 (``"rna"``: rounded); ``hook``, ``carried_dtype``:
+    the roundings of the precision contract's models (``gdn_verify.implementations.precision``).
     """
     args = dict(locals())
-    del args["cumsum_dtype"], args["tf32"]  # the core below carries them
+    for name in ("cumsum_dtype", "tf32", "hook", "carried_dtype"):
+        del args[name]  # the core below carries them
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size: 16, 32 or 64, got {chunk_size!r}")
 
     def core(p, C):
-        return chunk_fla_core(p, C, np.dtype(cumsum_dtype), tf32)
+        return chunk_fla_core(p, C, np.dtype(cumsum_dtype), tf32, hook or _no_hook, carried_dtype)
 
     return _run(**args, core=core)

@@ -13,7 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from gdn_verify.core.conventions import export_state, pack, unpack_output
+from gdn_verify.core.conventions import export_state, l2norm, pack, unpack_output
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.reference import segment_sums, unit_lower_inverse
 from gdn_verify.implementations import numpy_impl
@@ -42,28 +42,49 @@ def _finish(p, o, S, kw):
     return unpack_output(p, o).astype(np.asarray(kw["v"]).dtype), final_state
 
 
+def sixteen_bits(dtype) -> np.dtype:
+    """The 16-bit type a kernel with ``dtype`` inputs would round to: the input dtype itself when
+    it has 16 bits, else bfloat16 (the usual half type of a float32 kernel)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.itemsize == 2 else np.dtype(ml_dtypes.bfloat16)
+
+
+def _round(x: np.ndarray, dtype) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
+
+
 # Token-loop switches that round the state after every token: to bfloat16, float16, or (None)
-# the input dtype. Only bf16_state is a planted bug; the others are error models of
-# gdn_verify.runners.causes.
-ROUNDED_STATE: dict[str, Any] = {"bf16_state": ml_dtypes.bfloat16, "fp16_state": np.float16, "input_dtype_state": None}
+# 16 bits (sixteen_bits of the input dtype). Only bf16_state is a planted bug; the others are
+# error models of gdn_verify.runners.causes and forbidden models of the precision contract.
+ROUNDED_STATE: dict[str, Any] = {"bf16_state": ml_dtypes.bfloat16, "fp16_state": np.float16, "state16": None}
 
 
 def token_loop(bug: str, **kw):
     """Float32 token loop with one arithmetic bug switched on (also the error models' switches
-    ``alpha_as_g``, ``fp16_state``, ``input_dtype_state``)."""
+    ``alpha_as_g``, ``fp16_state``, and the precision contract's ``state16``, ``decay16``
+    (the decay factor ``exp(g)`` rounded to 16 bits) and ``beta16`` (beta rounded to 16 bits
+    inside the update)."""
     p = _packed(kw)
     S = p.initial_state.copy()
     N, L, HV, V = p.v.shape
     o = np.empty((N, L, HV, V), np.float32)
+    half = sixteen_bits(np.asarray(kw["v"]).dtype)
     for t in range(L):
         if bug == "gate_without_exp":
             decay = p.g[:, t]
         elif bug == "alpha_as_g":  # exp applied to a decay that is already linear: exp(exp(g))
             with np.errstate(over="ignore"):
                 decay = np.exp(np.exp(p.g[:, t]))
+        elif bug == "decay16":
+            decay = _round(np.exp(p.g[:, t]), half)
+        elif bug == "log_of_log_gate":  # a linear-decay kernel's log(alpha + 1e-10) of a log-space g
+            with np.errstate(invalid="ignore"):
+                decay = np.exp(np.log(p.g[:, t] + np.float32(1e-10)))
         else:
             decay = np.exp(p.g[:, t])
         beta = p.beta[:, t, :, None] ** (2 if bug == "beta_twice" else 1)
+        if bug == "beta16":
+            beta = _round(beta, half)
         k_t = p.k[:, t, :, None, :]
         if bug == "output_before_update":
             o[:, t] = p.scale * (p.q[:, t, :, None, :] @ (S * decay[..., None, None]))[:, :, 0]
@@ -74,7 +95,7 @@ def token_loop(bug: str, **kw):
         if bug == "decay_after_update":
             S = S * decay[..., None, None]
         if bug in ROUNDED_STATE:
-            S = S.astype(ROUNDED_STATE[bug] or np.asarray(kw["v"]).dtype).astype(np.float32)
+            S = _round(S, ROUNDED_STATE[bug] or half)
         if bug != "output_before_update":
             o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
     return _finish(p, o, S, kw)
@@ -95,16 +116,23 @@ def chunk_loop(bug: str, chunk_size: int = 16, **kw):
         with np.errstate(all="ignore"):
             if bug == "gamma_ratio_of_exps":  # 0/0 once exp(G) underflows
                 gamma = np.exp(G)[..., :, None] / np.exp(G)[..., None, :]
+            elif bug == "safe_exp_as_causal_mask":  # exp(where(d <= 0, d, -inf)) as the only mask
+                d = G[..., :, None] - G[..., None, :]
+                gamma = np.exp(np.where(d <= 0, d, -np.inf))
             else:
                 gamma = np.exp(segment_sums(g))
-        gamma = np.where(causal, gamma, 0.0).astype(np.float32)
+        mask = np.ones((C, C), bool) if bug == "safe_exp_as_causal_mask" else causal
+        gamma = np.where(mask, gamma, 0.0).astype(np.float32)
         A = np.tril(beta[..., None] * (k @ k.swapaxes(-1, -2)) * gamma, -1)
         T = unit_lower_inverse(A)
         W = T @ ((beta * np.exp(G))[..., None] * k)
-        U = T @ (beta[..., None] * v)
+        U = T @ ((beta * np.exp(G) if bug == "wy_decay_on_u" else beta)[..., None] * v)
         v_new = U - W @ S
         o_chunk = p.scale * (np.exp(G)[..., None] * (q @ S) + ((q @ k.swapaxes(-1, -2)) * gamma) @ v_new)
         o[:, start : start + C] = np.moveaxis(o_chunk, 1, 2)
+        if bug == "ragged_gate_from_padding":  # the cumsum's padded tail staged as 0: G_last = 0
+            padding = (p.token_index[:, start : start + C] < 0)[:, None, :]
+            G = np.where(padding, 0.0, G)
         decay_last = 1.0 if bug == "chunk_state_without_decay" else np.exp(G[..., -1])[..., None, None]
         S = decay_last * S + (k * np.exp(G[..., -1:] - G)[..., None]).swapaxes(-1, -2) @ v_new
     return _finish(p, o, S, kw)
@@ -224,6 +252,98 @@ def nondeterministic(**kw):
     return o, s
 
 
+def _prenormalized(normalize: Callable[[np.ndarray], np.ndarray]) -> Callable[..., tuple]:
+    """With l2norm asked for, q and k normalised by ``normalize`` (float32) instead of the kernel's own."""
+
+    def run(**kw):
+        if not kw.get("use_qk_l2norm_in_kernel"):
+            return numpy_impl.chunk_gated_delta_rule(**kw)
+        q, k = (normalize(np.asarray(kw[name], np.float32)) for name in ("q", "k"))
+        return numpy_impl.chunk_gated_delta_rule(**{**kw, "q": q, "k": k, "use_qk_l2norm_in_kernel": False})
+
+    return run
+
+
+def l2norm_eps_outside_sqrt(x: np.ndarray) -> np.ndarray:
+    """``x / (||x|| + 1e-6)``: the epsilon added to the norm, not inside the square root."""
+    return x / (np.linalg.norm(x, axis=-1, keepdims=True) + np.float32(1e-6))
+
+
+def l2norm_as_rmsnorm(x: np.ndarray) -> np.ndarray:
+    """``x / sqrt(mean(x^2) + 1e-6)``: an RMS norm, so ``||x_hat|| = sqrt(K)``."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6))
+
+
+def qk_l2norm_ignored(**kw):
+    """``use_qk_l2norm_in_kernel=True`` is accepted but q and k are used as given."""
+    return numpy_impl.chunk_gated_delta_rule(**{**kw, "use_qk_l2norm_in_kernel": False})
+
+
+def gate_cumsum_bf16(**kw):
+    """FLA's chunked form with its chunk-local gate cumsum in bfloat16."""
+    return numpy_impl.chunk_fla_gated_delta_rule(**kw, cumsum_dtype=ml_dtypes.bfloat16)
+
+
+def initial_state_ignored_varlen(**kw):
+    """With ``cu_seqlens`` the initial state is not read (every sequence starts from zero)."""
+    if kw.get("cu_seqlens") is None:
+        return numpy_impl.chunk_gated_delta_rule(**kw)
+    return numpy_impl.chunk_gated_delta_rule(**{**kw, "initial_state": None})
+
+
+def empty_sequence_state_zeroed(**kw):
+    """A sequence of length 0 returns a zero final state instead of its initial state."""
+    o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+    if state is not None:
+        B, T = np.shape(kw["q"])[:2]
+        cu = kw.get("cu_seqlens")
+        lengths = np.diff(np.asarray(cu)) if cu is not None else np.full(B, T)
+        state = np.array(state)
+        state[lengths == 0] = 0.0
+    return o, state
+
+
+def key_dim_tail_truncated(**kw):
+    """Key dims past the last full 32-wide tile are dropped (``32 * (K // 32)`` of them kept, K > 32)."""
+    K = np.shape(kw["q"])[-1]
+    kept = 32 * (K // 32) if K > 32 else K
+    if kept == K:
+        return numpy_impl.chunk_gated_delta_rule(**kw)
+    q, k = (np.asarray(kw[name], np.float32) for name in ("q", "k"))
+    if kw.get("use_qk_l2norm_in_kernel"):  # normalised over the whole row, then truncated
+        q, k = l2norm(q), l2norm(k)
+    state = kw.get("initial_state")
+    v_first = kw.get("state_v_first", False)
+    if state is not None:
+        state = np.asarray(state)[..., :kept] if v_first else np.asarray(state)[..., :kept, :]
+    o, out = numpy_impl.chunk_gated_delta_rule(
+        **{
+            **kw,
+            "q": q[..., :kept],
+            "k": k[..., :kept],
+            "initial_state": state,
+            "use_qk_l2norm_in_kernel": False,
+            "scale": K**-0.5 if kw.get("scale") is None else kw["scale"],
+        }
+    )
+    if out is not None:  # the dropped rows keep their initial state (zero without one)
+        full = np.zeros(out.shape[:-1] + (K,) if v_first else out.shape[:-2] + (K, out.shape[-1]), np.float32)
+        if kw.get("initial_state") is not None:
+            full[...] = kw["initial_state"]
+        if v_first:
+            full[..., :kept] = out
+        else:
+            full[..., :kept, :] = out
+        out = full
+    return o, out
+
+
+def scale_from_value_dim(**kw):
+    """The default scale is ``V ** -0.5`` instead of ``K ** -0.5``."""
+    V = np.shape(kw["v"])[-1]
+    return numpy_impl.chunk_gated_delta_rule(**{**kw, "scale": V**-0.5 if kw.get("scale") is None else kw["scale"]})
+
+
 def _loop(fn, bug):
     return lambda **kw: fn(bug, **kw)
 
@@ -259,10 +379,79 @@ BUGS: dict[str, tuple[str, Callable]] = {
     "gate_bias_ignored": ("use_gate_in_kernel drops dt_bias", gate_bias_ignored),
     "neg_eigval_ignored": ("allow_neg_eigval is accepted but ignored", neg_eigval_ignored),
     "nondeterministic": ("results change between identical calls", nondeterministic),
+    # Bug classes reported in FLA, vLLM, FlashInfer, SGLang, llama.cpp and others (docs/causes.md).
+    "l2norm_eps_outside_sqrt": (
+        "l2norm as x / (||x|| + eps) instead of x / sqrt(||x||^2 + eps)",
+        _prenormalized(l2norm_eps_outside_sqrt),
+    ),
+    "l2norm_as_rmsnorm": ("l2norm computed as an RMS norm (mean instead of sum)", _prenormalized(l2norm_as_rmsnorm)),
+    "qk_l2norm_ignored": ("use_qk_l2norm_in_kernel is accepted but ignored", qk_l2norm_ignored),
+    "beta_rounded_bf16": ("beta rounded to bfloat16 inside the update", _loop(token_loop, "beta16")),
+    "gate_cumsum_bf16": ("the chunk-local gate cumsum kept in bfloat16", gate_cumsum_bf16),
+    "log_of_log_gate": (
+        "log-space g passed to a kernel that takes log(alpha): decay exp(log(g + 1e-10))",
+        _loop(token_loop, "log_of_log_gate"),
+    ),
+    "initial_state_ignored_varlen": ("with cu_seqlens the initial state is ignored", initial_state_ignored_varlen),
+    "empty_sequence_state_zeroed": ("a sequence of length 0 returns a zero final state", empty_sequence_state_zeroed),
+    "ragged_gate_from_padding": (
+        "a ragged last chunk takes G_last from its zero-staged padding",
+        _loop(chunk_loop, "ragged_gate_from_padding"),
+    ),
+    "key_dim_tail_truncated": ("key dims past the last full 32-wide tile are dropped", key_dim_tail_truncated),
+    "wy_decay_on_u": ("the WY form applies exp(G) to U as well as W", _loop(chunk_loop, "wy_decay_on_u")),
+    "scale_from_value_dim": ("the default scale is V^-0.5 instead of K^-0.5", scale_from_value_dim),
+    "safe_exp_as_causal_mask": (
+        "exp(where(d <= 0, d, -inf)) as the only causal mask: g = 0 lets the future in",
+        _loop(chunk_loop, "safe_exp_as_causal_mask"),
+    ),
     "spec_reads_first_slot": (
         "speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
         spec_reads_first_slot,
     ),
+}
+
+
+# The error models of gdn_verify.runners.causes that name each bug rightly (by model name; a bug
+# caught by an exact contract or in the speculative-decoding form has no numeric cause to name).
+RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
+    "gate_without_exp": ("gate_without_exp",),
+    "decay_after_update": ("decay_after_update",),
+    # The same observable mistake in two forms: o_t misses token t's own update (exactly, any C).
+    "output_before_update": (
+        "output_before_update",
+        "intra_chunk_excludes_diagonal_c16",
+        "intra_chunk_excludes_diagonal_c64",
+    ),
+    "beta_twice": ("beta_twice",),
+    "bf16_state": ("bf16_state", "state16"),
+    "wrong_gva_mapping": ("wrong_gva_mapping",),
+    "state_across_sequences": ("state_across_sequences",),
+    "off_by_one_final_state": ("off_by_one_final_state",),
+    "ragged_chunk_reads_next": ("ragged_chunk_reads_next_c16",),
+    "gamma_ratio_of_exps": ("gamma_ratio_of_exps",),
+    "chunk_state_without_decay": ("chunk_state_without_decay_c16",),
+    "intra_chunk_excludes_diagonal": ("intra_chunk_excludes_diagonal_c16", "output_before_update"),
+    "nan_on_zero_rows": ("nan_on_zero_rows",),
+    "scale_ignored": ("scale_ignored",),
+    "state_layout_ignored": ("state_layout_ignored",),
+    "gate_bias_ignored": ("gate_bias_ignored",),
+    "neg_eigval_ignored": ("neg_eigval_ignored",),
+    "nondeterministic": (),
+    "spec_reads_first_slot": (),
+    "l2norm_eps_outside_sqrt": ("l2norm_eps_outside_sqrt", "l2norm_without_eps"),
+    "l2norm_as_rmsnorm": ("l2norm_as_rmsnorm",),
+    "qk_l2norm_ignored": ("qk_l2norm_ignored",),
+    "beta_rounded_bf16": ("beta16",),
+    "gate_cumsum_bf16": ("cumsum16",),
+    "log_of_log_gate": ("log_of_log_gate",),
+    "initial_state_ignored_varlen": ("initial_state_ignored",),
+    "empty_sequence_state_zeroed": ("empty_sequence_state_zeroed",),
+    "ragged_gate_from_padding": ("ragged_gate_from_padding_c16",),
+    "key_dim_tail_truncated": ("key_dim_tail_truncated",),
+    "wy_decay_on_u": ("wy_decay_on_u_c16",),
+    "scale_from_value_dim": ("scale_from_value_dim",),
+    "safe_exp_as_causal_mask": ("safe_exp_as_causal_mask_c16",),
 }
 
 

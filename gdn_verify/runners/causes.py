@@ -21,7 +21,7 @@ speculative-decoding form are not explained.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,11 +29,11 @@ import numpy as np
 from gdn_verify.core import gating, reference
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.conventions import l2norm
-from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.implementation import Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement, as64
-from gdn_verify.implementations import numpy_impl, planted
+from gdn_verify.core.verdict import Measurement, as64, output_contract_violations
+from gdn_verify.implementations import numpy_impl, planted, precision
 
 # A model explains a failure when the error left against it is at most REPRODUCES of the
 # error against the oracle (on every metric that failed), or at most WITHIN_REPRODUCES while
@@ -49,6 +49,16 @@ LOCALIZED_SHARE = 0.9
 CORRELATION = 0.5
 SIZE = 2.0
 MAX_TOKENS = 1 << 14  # larger minimal problems (long fuzz campaigns on a GPU) are not explained
+# A candidate model must also agree with the implementation on FRESH other examples of the failing
+# shape class (every other one FRESH_EXTRA tokens longer per sequence) and on the failing examples
+# seen before shrinking; where the implementation passes, the model must stay within CONTRADICTS
+# times the bound of it (a logic mistake errs by far more; a rounding model by about the bound).
+FRESH = 4
+FRESH_EXTRA = 23
+CONTRADICTS = 4.0
+# An unexplained failure within PRECISION_SLACK times a bfloat16-everything tolerance is classed
+# as a precision loss (see classify()).
+PRECISION_SLACK = 3.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class ErrorModel:
     experiment: str
     run: Callable[..., tuple]
     options: bool = False
+    kind: str = "logic error"  # or "precision loss": a forbidden rounding (or TF32)
 
 
 def _loop(bug: str) -> Callable[..., tuple]:
@@ -87,89 +98,110 @@ def _float32(**changes) -> Callable[..., tuple]:
     return run
 
 
-def _fla(chunk_size: int, tf32: bool = False, input_dtype_cumsum: bool = False) -> Callable[..., tuple]:
+def _fla(chunk_size: int, tf32: bool = False) -> Callable[..., tuple]:
     def run(**kw):
-        cumsum = np.asarray(kw["v"]).dtype if input_dtype_cumsum else np.float32
-        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=chunk_size, cumsum_dtype=cumsum, tf32=tf32)
+        return numpy_impl.chunk_fla_gated_delta_rule(**kw, chunk_size=chunk_size, tf32=tf32)
 
     return run
 
 
 def _tf32_inputs(**kw):
-    """The float64 oracle on q, k (l2-normalised first when asked) and v rounded to TF32."""
+    """The float64 oracle on q, k (l2-normalised first when asked) and v cut to TF32."""
     q, k = (np.asarray(kw[name], np.float32) for name in ("q", "k"))
     if kw.get("use_qk_l2norm_in_kernel"):
         q, k = l2norm(q), l2norm(k)
     rounded = {
-        "q": numpy_impl.round_to_tf32(q),
-        "k": numpy_impl.round_to_tf32(k),
-        "v": numpy_impl.round_to_tf32(np.asarray(kw["v"], np.float32)),
+        "q": numpy_impl.truncate_to_tf32(q),
+        "k": numpy_impl.truncate_to_tf32(k),
+        "v": numpy_impl.truncate_to_tf32(np.asarray(kw["v"], np.float32)),
     }
     o, state = reference.recurrent_gated_delta_rule(**{**kw, **rounded, "use_qk_l2norm_in_kernel": False})
     final_state = None if state is None else np.asarray(state, np.float32)
     return np.asarray(o).astype(np.asarray(kw["v"]).dtype), final_state
 
 
-def _normalize_like_torch(x):
-    # torch.nn.functional.normalize: x / max(||x||, 1e-12), no epsilon inside the square root.
-    x = np.asarray(x, np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), np.float32(1e-12))
-
-
-def _l2norm_without_eps(**kw):
-    if not kw.get("use_qk_l2norm_in_kernel"):
-        return numpy_impl.chunk_gated_delta_rule(**kw)
-    q, k = _normalize_like_torch(kw["q"]), _normalize_like_torch(kw["k"])
-    return numpy_impl.chunk_gated_delta_rule(**{**kw, "q": q, "k": k, "use_qk_l2norm_in_kernel": False})
-
-
 def _bug(name: str) -> Callable[..., tuple]:
     return planted.BUGS[name][1]
 
 
+PRECISION = "precision loss"
+
+
+def _precision(name: str) -> Callable[..., tuple]:
+    return precision.BY_NAME[name].run
+
+
 MODELS: tuple[ErrorModel, ...] = (
-    # Precision losses.
+    # Precision losses: TF32 and the forbidden roundings of the precision contract.
     ErrorModel(
         "tf32_products",
         "TF32 matrix products",
         "the FLA-style chunked algorithm with the operands of every matrix product rounded to TF32",
         _fla(64, tf32=True),
+        kind=PRECISION,
     ),
     ErrorModel(
         "tf32_inputs",
         "TF32 matrix products",
         "the oracle's algorithm with q, k and v rounded to TF32",
         _tf32_inputs,
+        kind=PRECISION,
     ),
     ErrorModel(
         "bf16_state",
         "a bfloat16 state",
         "a float32 token loop rounding its state to bfloat16 every token",
         _loop("bf16_state"),
+        kind=PRECISION,
     ),
     ErrorModel(
         "fp16_state",
         "a float16 state",
         "a float32 token loop rounding its state to float16 every token",
         _loop("fp16_state"),
+        kind=PRECISION,
     ),
     ErrorModel(
-        "input_dtype_state",
-        "intermediates rounded to the input dtype",
-        "a float32 token loop rounding its state to the input dtype every token",
-        _loop("input_dtype_state"),
+        "state16",
+        "a carried state rounded to 16 bits",
+        "a float32 token loop rounding its state to 16 bits (the input dtype, or bfloat16) every token",
+        _loop("state16"),
+        kind=PRECISION,
+    ),
+    ErrorModel(
+        "state16_chunk",
+        "a carried state rounded to 16 bits at every chunk boundary",
+        "FLA's chunked algorithm (C=64) rounding its carried state to 16 bits after each chunk",
+        _precision("state16_chunk"),
+        kind=PRECISION,
+    ),
+    ErrorModel(
+        "decay16",
+        "the decay factor exp(g) rounded to 16 bits",
+        "a float32 token loop rounding exp(g) to 16 bits before it multiplies the state",
+        _loop("decay16"),
+        kind=PRECISION,
+    ),
+    ErrorModel(
+        "beta16",
+        "beta rounded to 16 bits inside the update",
+        "a float32 token loop rounding beta to 16 bits",
+        _loop("beta16"),
+        kind=PRECISION,
     ),
     ErrorModel(
         "cumsum_float32",
         "float32 chunk-local gate cumsum cancellation",
         "the FLA-style chunked algorithm (C=64) with its gate cumsum in float32",
         _fla(64),
+        kind=PRECISION,
     ),
     ErrorModel(
-        "cumsum_input_dtype",
-        "a gate cumsum in the input dtype",
-        "the FLA-style chunked algorithm (C=64) with its gate cumsum in the input dtype",
-        _fla(64, input_dtype_cumsum=True),
+        "cumsum16",
+        "a gate cumsum in 16 bits",
+        "the FLA-style chunked algorithm (C=64) with its gate cumsum in 16 bits",
+        _precision("cumsum16"),
+        kind=PRECISION,
     ),
     # Gate and beta conventions.
     ErrorModel(
@@ -180,6 +212,12 @@ MODELS: tuple[ErrorModel, ...] = (
     ),
     ErrorModel(
         "alpha_as_g", "exp applied to a linear decay (alpha used as g)", "decay exp(exp(g))", _loop("alpha_as_g")
+    ),
+    ErrorModel(
+        "log_of_log_gate",
+        "log-space g given to a kernel that takes a linear decay (log(alpha) of a log)",
+        "decay exp(log(g + 1e-10))",
+        _loop("log_of_log_gate"),
     ),
     ErrorModel("beta_twice", "beta applied twice", "beta^2 in place of beta", _bug("beta_twice")),
     ErrorModel(
@@ -211,13 +249,43 @@ MODELS: tuple[ErrorModel, ...] = (
         _float32(scale=lambda kw: 1.0 if kw.get("scale") is None else kw["scale"]),
     ),
     ErrorModel(
+        "scale_from_value_dim",
+        "the scale default taken from the value size (V^-0.5 instead of K^-0.5)",
+        "scale = V^-0.5 when None is passed",
+        _bug("scale_from_value_dim"),
+    ),
+    ErrorModel(
         "initial_state_ignored", "the initial state ignored", "initial_state = None", _float32(initial_state=None)
+    ),
+    ErrorModel(
+        "empty_sequence_state_zeroed",
+        "a sequence of length 0 returning a zero final state instead of its initial state",
+        "the final state of every empty sequence zeroed",
+        _bug("empty_sequence_state_zeroed"),
     ),
     ErrorModel(
         "l2norm_without_eps",
         "the l2norm epsilon missing (x / max(||x||, 1e-12) instead of x / sqrt(||x||^2 + 1e-6))",
         "q and k normalised like torch's F.normalize",
-        _l2norm_without_eps,
+        _precision("l2norm_no_eps"),
+    ),
+    ErrorModel(
+        "l2norm_eps_outside_sqrt",
+        "the l2norm epsilon outside the square root (x / (||x|| + 1e-6))",
+        "q and k normalised as x / (||x|| + 1e-6)",
+        _bug("l2norm_eps_outside_sqrt"),
+    ),
+    ErrorModel(
+        "l2norm_as_rmsnorm",
+        "the l2norm computed as an RMS norm (mean of squares: ||q||, ||k|| = sqrt(K))",
+        "q and k normalised as x / sqrt(mean(x^2) + 1e-6)",
+        _bug("l2norm_as_rmsnorm"),
+    ),
+    ErrorModel(
+        "qk_l2norm_ignored",
+        "use_qk_l2norm_in_kernel ignored (q and k used unnormalised)",
+        "use_qk_l2norm_in_kernel=False",
+        _float32(use_qk_l2norm_in_kernel=False),
     ),
     ErrorModel(
         "nan_on_zero_rows",
@@ -245,7 +313,7 @@ MODELS: tuple[ErrorModel, ...] = (
         _bug("neg_eigval_ignored"),
         options=True,
     ),
-    # Varlen, final state and head mapping.
+    # Varlen, final state, head mapping and tiling.
     ErrorModel(
         "state_across_sequences",
         "varlen boundary: the state carried into the next sequence",
@@ -273,6 +341,12 @@ MODELS: tuple[ErrorModel, ...] = (
         "q/k head h % H",
         _bug("wrong_gva_mapping"),
     ),
+    ErrorModel(
+        "key_dim_tail_truncated",
+        "key dims past the last full 32-wide tile dropped",
+        "only the first 32 * (K // 32) key dims used",
+        _bug("key_dim_tail_truncated"),
+    ),
     # Chunked-form mistakes.
     *(
         model
@@ -289,6 +363,24 @@ MODELS: tuple[ErrorModel, ...] = (
                 f"the intra-chunk causal mask dropping the current token (C={C})",
                 f"a chunked loop (C={C}) with a strictly lower intra-chunk mask",
                 _chunk_loop("intra_chunk_excludes_diagonal", C),
+            ),
+            ErrorModel(
+                f"ragged_gate_from_padding_c{C}",
+                f"a ragged last chunk (C={C}) taking its total gate from zero-staged padding (G_last = 0)",
+                f"a chunked loop (C={C}) with G_last = 0 in each sequence's ragged last chunk",
+                _chunk_loop("ragged_gate_from_padding", C),
+            ),
+            ErrorModel(
+                f"wy_decay_on_u_c{C}",
+                f"the WY form applying exp(G) to U as well as W (C={C})",
+                f"a chunked loop (C={C}) with U = T (beta exp(G) v)",
+                _chunk_loop("wy_decay_on_u", C),
+            ),
+            ErrorModel(
+                f"safe_exp_as_causal_mask_c{C}",
+                f"exp(where(d <= 0, d, -inf)) as the only causal mask: with g = 0 future tokens leak in (C={C})",
+                f"a chunked loop (C={C}) without the triangular mask",
+                _chunk_loop("safe_exp_as_causal_mask", C),
             ),
         )
     ),
@@ -342,9 +434,9 @@ def _k_first(state, problem: Problem):
     return None if state is None else (state.swapaxes(-1, -2) if problem.state_v_first else state)
 
 
-def _errors(o, state, ref: tuple, problem: Problem) -> tol.Errors:
+def _errors(o, state, ref: tuple, problem: Problem, scales: tol.Scales | None) -> tol.Errors:
     ref_state = _k_first(ref[1], problem) if problem.output_final_state else None
-    return tol.measure(o, None if ref_state is None else _k_first(state, problem), ref[0], ref_state, problem)
+    return tol.measure(o, None if ref_state is None else _k_first(state, problem), ref[0], ref_state, problem, scales)
 
 
 def _nonfinite(o, state) -> tuple[np.ndarray, np.ndarray]:
@@ -487,80 +579,202 @@ def _run_model(model: ErrorModel, probe: Probe) -> tuple | None:
         return None
 
 
-def explain_probe(impl: Implementation, probe: Probe) -> Finding | None:
-    """The best explaining model for ``impl`` on one probe (None: the probe passes, or nothing explains it)."""
+@dataclass(frozen=True)
+class Observation:
+    """The implementation on one probe, against the oracle: what every model is compared with."""
+
+    probe: Probe
+    result: Result
+    ref: tuple
+    bound: tol.Tolerance
+    against_oracle: tol.Errors | None  # None when the implementation returned NaN/Inf
+    nonfinite: tuple[np.ndarray, np.ndarray]
+
+    @property
+    def failing(self) -> bool:
+        return self.against_oracle is None or bool(self.bound.violations(self.against_oracle))
+
+
+def observe(impl: Implementation, probe: Probe) -> Observation | None:
+    """Run ``impl`` on ``probe`` and measure it against the oracle (None: the call raised)."""
     ref, bound = _reference(probe.native)
     try:
         with np.errstate(all="ignore"):
             result = impl.run(probe.problem, options=probe.options or None)
     except Exception:  # noqa: BLE001 - the failure itself is already recorded
         return None
-    bad_o, bad_s = _nonfinite(result.o, result.final_state if probe.problem.output_final_state else None)
-    if bad_o.any() or bad_s.any():
-        findings = []
-        for model in MODELS:
-            out = _run_model(model, probe)
-            if out is None:
-                continue
-            mo, ms = _nonfinite(out[0], out[1] if probe.problem.output_final_state else None)
-            if np.array_equal(mo, bad_o) and np.array_equal(ms, bad_s):
-                n = int(bad_o.sum() + bad_s.sum())
-                findings.append(Finding(model, "output_rms", float("nan"), float("nan"), 0.0, nonfinite=n))
-        return findings[0] if findings else None
-    against_oracle = _errors(result.o, result.final_state, ref, probe.native)
-    if not bound.violations(against_oracle):
+    if output_contract_violations(result, probe.problem, shapes_only=True):
+        return None  # wrong shapes: an output-contract failure, not a numeric one
+    bad = _nonfinite(result.o, result.final_state if probe.problem.output_final_state else None)
+    against = (
+        None if bad[0].any() or bad[1].any() else _errors(result.o, result.final_state, ref, probe.native, bound.scales)
+    )
+    return Observation(probe, result, ref, bound, against, bad)
+
+
+def judge(model: ErrorModel, obs: Observation) -> Finding | None:
+    """How ``model`` explains a failing observation (pointwise, in some blocks, by pattern, or the
+    same non-finite elements), or None."""
+    out = _run_model(model, obs.probe)
+    if out is None:
         return None
+    native, result = obs.probe.native, obs.result
+    if obs.against_oracle is None:
+        mo, ms = _nonfinite(out[0], out[1] if obs.probe.problem.output_final_state else None)
+        if np.array_equal(mo, obs.nonfinite[0]) and np.array_equal(ms, obs.nonfinite[1]):
+            n = int(obs.nonfinite[0].sum() + obs.nonfinite[1].sum())
+            return Finding(model, "output_rms", float("nan"), float("nan"), 0.0, nonfinite=n)
+        return None
+    if not all(x is None or np.all(np.isfinite(np.asarray(x, np.float64))) for x in out):
+        return None
+    against_oracle, bound = obs.against_oracle, obs.bound
     ratios = [getattr(against_oracle, n) / getattr(bound, n) if getattr(bound, n) else np.inf for n in tol.METRICS]
     metric = tol.METRICS[int(np.argmax(ratios))]
-    # What the worst-failing metric compares: the outputs, or the final state (k-first).
-    on_state = metric == "state"
+    against_model = _errors(result.o, result.final_state, (as64(out[0]), out[1]), native, bound.scales)
+    ratio = verdict(against_model, against_oracle, bound)
+    if ratio is not None:
+        return Finding(model, metric, getattr(against_model, metric), getattr(against_oracle, metric), ratio)
+    on_state = metric == "state"  # what the worst-failing metric compares: the outputs or the final state
+    if on_state and out[1] is None:
+        return None
 
     def compared(o, state) -> np.ndarray:
-        return np.asarray(_k_first(state, probe.native) if on_state else as64(o), np.float64)
+        return np.asarray(_k_first(state, native) if on_state else as64(o), np.float64)
 
-    exact, ours = compared(*ref), compared(result.o, result.final_state)
-    impl_error = (ours - exact).ravel()
-    impl_blocks = _blocks(ours - exact, probe.native, on_state)
-    scale = float(np.linalg.norm(exact)) or 1.0  # block errors relative to the whole reference, like the metrics
-    pointwise: list[Finding] = []
-    local: list[Finding] = []
-    by_pattern: list[Finding] = []
-    for model in MODELS:
-        out = _run_model(model, probe)
-        if out is None or not all(x is None or np.all(np.isfinite(np.asarray(x, np.float64))) for x in out):
-            continue
-        against_model = _errors(result.o, result.final_state, (as64(out[0]), out[1]), probe.native)
-        ratio = verdict(against_model, against_oracle, bound)
-        if ratio is not None:
-            pointwise.append(
-                Finding(model, metric, getattr(against_model, metric), getattr(against_oracle, metric), ratio)
-            )
-            continue
-        if on_state and out[1] is None:
-            continue
-        theirs = compared(out[0], out[1])
-        found = localized([e for _, e in impl_blocks], [e for _, e in _blocks(ours - theirs, probe.native, on_state)])
-        if found is not None:
-            chosen, ratio = found
-            names = ", ".join(impl_blocks[i][0] for i in chosen)
-            there = float(np.sqrt(sum(float(impl_blocks[i][1] @ impl_blocks[i][1]) for i in chosen))) / scale
-            local.append(Finding(model, metric, ratio * there, there, ratio, where=names))
-            continue
-        matched = pattern(impl_error, (theirs - exact).ravel())
-        if matched is not None:
-            own = getattr(_errors(out[0], out[1], ref, probe.native), metric)
-            by_pattern.append(
-                Finding(model, metric, own, getattr(against_oracle, metric), matched[1], correlation=matched[0])
-            )
+    exact, ours, theirs = compared(*obs.ref), compared(result.o, result.final_state), compared(out[0], out[1])
+    impl_blocks = _blocks(ours - exact, native, on_state)
+    found = localized([e for _, e in impl_blocks], [e for _, e in _blocks(ours - theirs, native, on_state)])
+    if found is not None:
+        chosen, ratio = found
+        names = ", ".join(impl_blocks[i][0] for i in chosen)
+        scale = float(np.linalg.norm(exact)) or 1.0  # block errors relative to the whole reference
+        there = float(np.sqrt(sum(float(impl_blocks[i][1] @ impl_blocks[i][1]) for i in chosen))) / scale
+        return Finding(model, metric, ratio * there, there, ratio, where=names)
+    matched = pattern((ours - exact).ravel(), (theirs - exact).ravel())
+    if matched is None:
+        return None
+    own = getattr(_errors(out[0], out[1], obs.ref, native, bound.scales), metric)
+    return Finding(model, metric, own, getattr(against_oracle, metric), matched[1], correlation=matched[0])
+
+
+def consistent(model: ErrorModel, obs: Observation) -> bool:
+    """Whether ``model`` agrees with the implementation on another example: it explains the failure
+    there, or (where the implementation passes) it predicts no clear failure either."""
+    if obs.failing:
+        return judge(model, obs) is not None
+    out = _run_model(model, obs.probe)
+    if out is None or not all(x is None or np.all(np.isfinite(np.asarray(x, np.float64))) for x in out):
+        return False
+    against_model = _errors(
+        obs.result.o, obs.result.final_state, (as64(out[0]), out[1]), obs.probe.native, obs.bound.scales
+    )
+    return not obs.bound.scaled(CONTRADICTS).violations(against_model)
+
+
+def _best(findings: list[Finding]) -> Finding | None:
+    """Pointwise reproductions first (models that coincide named together), then block-wise, then by pattern."""
+    pointwise = [f for f in findings if f.correlation is None and not f.where]
     if pointwise:
         best = min(pointwise, key=lambda f: f.reproduction)
         # Mistakes that coincide on this example (dropping the intra-chunk diagonal is reading
         # the state before the update when T = 1) are named together, not picked by list order.
         same = [f.model.cause for f in pointwise if f is not best and f.reproduction <= 1.01 * best.reproduction]
         return dataclasses.replace(best, alike=tuple(dict.fromkeys(c for c in same if c != best.model.cause)))
+    local = [f for f in findings if f.where]
     if local:
         return min(local, key=lambda f: f.reproduction)
+    by_pattern = [f for f in findings if f.correlation is not None]
     return max(by_pattern, key=lambda f: f.correlation or 0.0) if by_pattern else None
+
+
+def fresh_examples(problem: Problem, params: dict, count: int = FRESH, seed: int = 0) -> list[Problem]:
+    """Other examples of the failing shape class: the same heads, sizes, dtype, flags, layout and
+    scale, with new values, and every other one with each sequence ``FRESH_EXTRA`` tokens longer.
+
+    Gates are mild or moderate, token by token (raw N(0, 2) inputs with in-kernel gate options),
+    beta from [0.1, 0.9] (logits with the in-kernel sigmoid), keys unit rows (unless l2norm does
+    it), a random initial state where there was one: none of the degenerate values (all-zero
+    gates, T = 0) on which different mistakes coincide.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        extra = FRESH_EXTRA if i % 2 else 0
+        lengths = problem.lengths + extra
+        s = problem.shape
+        if problem.cu_seqlens is not None:
+            B, T, cu = 1, int(lengths.sum()), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        else:
+            B, T, cu = s["B"], s["T"] + extra, None
+        k = rng.standard_normal((B, T, s["H"], s["K"]))
+        if not problem.use_qk_l2norm_in_kernel:
+            k /= np.linalg.norm(k, axis=-1, keepdims=True)
+        raw_gates = bool(gating.options_from_params(params))
+        shape = (B, T, s["HV"])
+        # Mild gates (decay near 1) mixed with moderate ones (-0.5 to -3): missing exp (decay = g)
+        # and a lost state coincide on the first, not on the second.
+        mixed = np.where(
+            rng.uniform(size=shape) < 0.5, np.log(rng.uniform(0.9, 1.0, shape)), -rng.uniform(0.5, 3.0, shape)
+        )
+        g = rng.normal(0.0, 2.0, shape) if raw_gates else mixed
+        beta = (
+            rng.normal(0.0, 2.0, (B, T, s["HV"]))
+            if params.get("beta_logits")
+            else rng.uniform(0.1, 0.9, (B, T, s["HV"]))
+        )
+        state = None
+        if problem.initial_state is not None:
+            state = rng.standard_normal(problem.initial_state.shape).astype(np.float32)
+        fresh = problem.replace(
+            q=rng.standard_normal((B, T, s["H"], s["K"])),
+            k=k,
+            v=rng.standard_normal((B, T, s["HV"], s["V"])),
+            g=g,
+            beta=beta,
+            initial_state=state,
+            cu_seqlens=cu,
+        )
+        out.append(fresh.astype(problem.dtype))
+    return out
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A named cause: ``text`` (the console's ``likely cause:`` line), the error model's ``model``
+    name, ``kind`` ("logic error" or "precision loss") and how many failing examples it explains.
+    ``kind`` alone (no model): the failure's class from its size (see :func:`classify`)."""
+
+    text: str = ""
+    model: str = ""
+    kind: str = ""
+    examples: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.text)
+
+
+def classify(obs: Observation) -> str:
+    """A failure no model explains: "precision loss" when its error is within ``PRECISION_SLACK``
+    times what a correct *bfloat16* kernel may make on this problem (the tolerance with the output
+    and every allowed rounding at bfloat16's unit roundoff), else "logic error" (NaN included).
+
+    A wrong formula errs by the size of what it computes wrongly, far above that; a precision loss
+    (a rounding to 16 bits somewhere it should not be) lands within a few times it.
+    """
+    if obs.against_oracle is None:
+        return "logic error"
+    u16 = tol.unit_roundoff("bfloat16")
+    u_in = tol.unit_roundoff(obs.probe.native.dtype)
+    budget = np.zeros(3)
+    for name, values in obs.bound.terms:
+        factor = 1.0
+        if name == "output rounding" and values[0] > 0:
+            factor = u16 / values[0]
+        elif name in tol.ROUNDING_TEXT.values():
+            factor = u16 / u_in
+        budget += np.array(values) * max(factor, 1.0)
+    errors = np.array([getattr(obs.against_oracle, m) for m in tol.METRICS])
+    return "logic error" if np.any(errors > PRECISION_SLACK * budget) else "precision loss"
 
 
 def _reference(problem: Problem) -> tuple[tuple, tol.Tolerance]:
@@ -586,19 +800,43 @@ def explain(
     message: str,
     measurement: Measurement | None,
     form: str = "native",
-) -> str:
-    """One line naming the likely cause of a failure of ``prop`` on the minimal ``problem``, or ``""``.
+    others: Sequence[Problem] = (),
+) -> Cause:
+    """The likely cause of a failure of ``prop`` on the minimal ``problem`` (an empty :class:`Cause`
+    when none is identified; never raises: finding a cause must not cost the verdict).
 
-    Never raises: finding a cause must not cost the verdict.
+    A model is a candidate when it explains the minimal example; it is named only when it is also
+    consistent with every evidence example (``others``, the failing examples before shrinking, and
+    :func:`fresh_examples`): it explains each failure there and predicts none where the
+    implementation passes. So a degenerate minimal example (T = 0, all-zero gates), on which a
+    missing ``exp`` and any lost state coincide, cannot pick a model that only coincides there.
     """
     if not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS:
-        return ""
+        return Cause()
     try:
         with np.errstate(all="ignore"):  # models overflow by design (exp(exp(g)), a state without decay)
-            for probe in probes(problem, params, prop):
-                finding = explain_probe(impl, probe)
-                if finding is not None:
-                    return finding.text()
+            return _explain(impl, problem, params, prop, others)
     except Exception:  # noqa: BLE001 - see the docstring
-        return ""
-    return ""
+        return Cause()
+
+
+def _explain(impl: Implementation, problem: Problem, params: dict, prop: str, others: Sequence[Problem]) -> Cause:
+    first: Observation | None = None
+    evidence: list[Observation] | None = None
+    for probe in probes(problem, params, prop):
+        obs = observe(impl, probe)
+        if obs is None or not obs.failing:
+            continue
+        first = first or obs
+        candidates = [f for model in MODELS if (f := judge(model, obs)) is not None]
+        if not candidates:
+            continue
+        if evidence is None:
+            examples = [p for p in others if p.lengths.sum() <= MAX_TOKENS] + fresh_examples(problem, params)
+            evidence = [o for e in examples for p in probes(e, params, prop) if (o := observe(impl, p)) is not None]
+        confirmed = [f for f in candidates if all(consistent(f.model, e) for e in evidence)]
+        best = _best(confirmed)
+        if best is not None:
+            failing = 1 + sum(e.failing for e in evidence)
+            return Cause(best.text(), best.model.name, best.model.kind, failing)
+    return Cause(kind=classify(first)) if first is not None else Cause()

@@ -2,8 +2,9 @@
 
 :func:`run_property` returns a :class:`PropertyResult` whose ``status`` is one of
 :data:`STATUSES`: ``passed``; ``failed`` (a violation, with the minimal, shrunk example saved as
-a replayable ``.npz`` case); ``unsupported`` (the property does not apply, or the
-implementation raised ``NotImplementedError`` on every example); ``timeout`` (a kernel call
+a replayable ``.npz`` case); ``unsupported`` (the property does not apply, the implementation
+lacks a keyword it needs, or it raised ``NotImplementedError`` on every example; examples dropped
+so are counted per reason); ``timeout`` (a kernel call
 overran the limit of ``gdn_verify.runners.guard``; the example that hung is saved, nothing is
 shrunk); ``error`` (the kernel raised: shrunk like a failure, with the kernel's own traceback);
 ``misuse`` (the kernel cannot take the arguments: :func:`run_check` stops there). Each example
@@ -55,6 +56,8 @@ class Failure:
     status: str = "failed"
     traceback: str | None = None  # the kernel's own traceback (status error)
     cause: str = ""  # likely cause named by gdn_verify.runners.causes ("" when none is identified)
+    cause_model: str = ""  # the error model behind ``cause`` (its name in causes.MODELS)
+    kind: str = ""  # "logic error" or "precision loss" (a numeric failure against the oracle)
 
 
 class _Stop(BaseException):
@@ -72,6 +75,7 @@ class PropertyResult:
     status: str  # one of STATUSES
     examples: int = 0
     unsupported: int = 0
+    unsupported_reasons: dict[str, int] = field(default_factory=dict)  # examples dropped, per reason
     worst: Measurement | None = None
     failure: Failure | None = None
     seconds: float = 0.0
@@ -89,6 +93,7 @@ class PropertyResult:
             examples=self.examples,
             examples_by_status=dict(self.example_counts),
             unsupported=self.unsupported,
+            unsupported_reasons=dict(self.unsupported_reasons),
             seconds=round(self.seconds, 2),
             note=self.note,
         )
@@ -112,6 +117,8 @@ class PropertyResult:
                 case=str(self.failure.case_path.resolve()) if self.failure.case_path else None,
                 traceback=self.failure.traceback,
                 cause=self.failure.cause,
+                cause_model=self.failure.cause_model,
+                kind=self.failure.kind,
             )
         return d
 
@@ -218,6 +225,7 @@ def run_property(
     called = guard.guarded(impl)
     failures: list[Failure] = []
     counts: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
     start = time.perf_counter()
 
     def test(case):
@@ -227,9 +235,10 @@ def run_property(
         result.examples += 1
         try:
             m = prop.check(called, problem, params)
-        except NotImplementedError:
+        except NotImplementedError as exc:
             counts["unsupported"] += 1
             result.unsupported += 1
+            reasons[str(exc) or "raised NotImplementedError"] += 1
             hypothesis.reject()
         except KernelTimeout as exc:
             counts["timeout"] += 1
@@ -296,7 +305,7 @@ def run_property(
                 wrapped()
     except Unsatisfiable:
         result.status = "unsupported"
-        result.note = "the implementation raised NotImplementedError on every example"
+        result.note = f"unsupported on every example: {_reasons(reasons)}"
     except (KernelTimeout, _Stop):  # stopped at once: the example is the one that hung or misused
         result.failure = failures[-1]
         result.status = result.failure.status
@@ -312,16 +321,19 @@ def run_property(
         result.status = result.failure.status
         # The worst error is the failure's (none for a non-numeric one), not the passing examples'.
         result.worst = result.failure.measurement
-        f = result.failure  # named cause: short experiments on the minimal example
+        f = result.failure  # named cause: short experiments on the minimal example, confirmed on others
         if f.status == "failed":
-            f.cause = causes.explain(impl, f.problem, f.params, prop.name, f.message, f.measurement, prop.form)
+            cause = causes.explain(
+                impl, f.problem, f.params, prop.name, f.message, f.measurement, prop.form, _before_shrinking(failures)
+            )
+            f.cause, f.cause_model, f.kind = cause.text, cause.model, cause.kind
         result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     else:
         if result.examples and result.unsupported == result.examples:
             result.status = "unsupported"
-            result.note = "the implementation raised NotImplementedError on every example"
+            result.note = f"unsupported on every example: {_reasons(reasons)}"
         elif result.unsupported:
-            result.note = f"{result.unsupported} of {result.examples} examples unsupported"
+            result.note = f"{result.unsupported} of {result.examples} examples unsupported ({_reasons(reasons)})"
         if result.status == "passed" and result.explained is not None:
             note = f"{result.above_uniform} of {result.examples} examples {result.explained.note}"
             result.note = f"{result.note}; {note}" if result.note else note
@@ -329,9 +341,23 @@ def run_property(
         if own_guard:
             guard.close()
     result.example_counts = {s: counts[s] for s in STATUSES if counts[s]}
+    result.unsupported_reasons = dict(reasons.most_common())
     result.warnings, result.warning = sum(counter.counts.values()), counter.summary()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _reasons(reasons: Counter[str]) -> str:
+    """``needs state_v_first=: 12, raised NotImplementedError: 1``: why examples were unsupported."""
+    return ", ".join(f"{reason}: {n}" for reason, n in reasons.most_common()) or "no reason given"
+
+
+def _before_shrinking(failures: list[Failure], count: int = 2) -> list[Problem]:
+    """Up to ``count`` failing examples met before the minimal one: the first (as drawn) and one
+    halfway through the shrinking, for a cause to be confirmed on."""
+    earlier = [f.problem for f in failures[:-1] if f.status == "failed"]
+    picks = sorted({0, len(earlier) // 2}) if earlier else []
+    return [earlier[i] for i in picks][:count]
 
 
 def run_check(
@@ -370,6 +396,7 @@ class Replay:
     message: str
     measurement: Measurement | None
     cause: str = ""
+    kind: str = ""
 
 
 def replay(problem: Problem, params: dict, impl: Implementation, prop: Property) -> Replay:
@@ -380,5 +407,5 @@ def replay(problem: Problem, params: dict, impl: Implementation, prop: Property)
         return Replay("unsupported", str(exc), None)
     except Violation as exc:
         cause = causes.explain(impl, problem, params, prop.name, str(exc), exc.measurement, prop.form)
-        return Replay("failed", str(exc), exc.measurement, cause)
+        return Replay("failed", str(exc), exc.measurement, cause.text, cause.kind)
     return Replay("passed", "", m)

@@ -22,6 +22,14 @@ class Planted:
     seconds: float
 
     @property
+    def cause_verdict(self) -> str:
+        """The named cause against ``planted.RIGHT_CAUSES``: "right", "wrong", or "none" (silent)."""
+        f = None if self.caught_by is None else self.caught_by.failure
+        if f is None or not f.cause_model:
+            return "none"
+        return "right" if f.cause_model in planted.RIGHT_CAUSES.get(self.bug, ()) else "wrong"
+
+    @property
     def margin(self) -> float | None:
         """How far over its bound the minimal failing example was (error / bound); None if not numeric."""
         r = self.caught_by
