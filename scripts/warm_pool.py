@@ -5,7 +5,7 @@ per class on one core). Compiling all candidates here first, ``PROCESSES`` at a 
 cache (Triton's: ``TRITON_CACHE_DIR``) so that the runs after it plan the full pool from a warm
 cache: what issue 14's two-GPU scaling measurement needs, so that 1 and 2 workers start alike.
 
-    python scripts/warm_pool.py --impl fla-chunk --dtype bfloat16 --processes 8
+    python scripts/warm_pool.py --impl fla-chunk --dtype bfloat16,float16 --processes 16
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ def _compile(impl: str, classes: list[ShapeClass]) -> list[tuple[str, float | st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--impl", default="fla-chunk")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", help="one dtype, or several separated by commas")
     parser.add_argument("--processes", type=int, default=8)
     args = parser.parse_args()
-    candidates = list(pool_candidates(Limits(dtype=args.dtype)))
+    candidates = [c for dtype in args.dtype.split(",") for c in pool_candidates(Limits(dtype=dtype))]
     shares = [candidates[i :: args.processes] for i in range(args.processes)]
     start = time.perf_counter()
     print(f"compiling {len(candidates)} classes of {args.impl} {args.dtype} in {args.processes} processes", flush=True)
