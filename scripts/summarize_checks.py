@@ -4,8 +4,9 @@
 
 Each DIR holds ``check-IMPL-DTYPE-SEED.json`` files (``scripts/gpu_checks.sh`` writes them); a later
 DIR's run of the same implementation, dtype and seed replaces an earlier one's (a rerun on newer
-code). Writes ``checks.json`` (one row per run: verdict, totals, per property the status, worst
-error / bound, failure message, kind and named cause, and the environment) and ``checks.md``.
+code), unless it did not finish and the earlier one did. Writes ``checks.json`` (one row per run:
+verdict, totals, per property the status, worst error / bound, failure message, kind and named
+cause, and the environment) and ``checks.md``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def main() -> None:
     for d in args.dirs:
         for path in sorted(d.glob("check-*.json")):
             r = row(path, labels.get(str(d), str(d)))
-            rows[r["impl"], r["dtype"], r["seed"]] = r
+            old = rows.get((r["impl"], r["dtype"], r["seed"]))
+            if old is None or r["status"] == "complete" or old["status"] != "complete":
+                rows[r["impl"], r["dtype"], r["seed"]] = r  # an unfinished rerun keeps a finished run
     ordered = [rows[k] for k in sorted(rows)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "checks.json").write_text(json.dumps(dict(runs=ordered), indent=1) + "\n")

@@ -252,16 +252,19 @@ def nondeterministic(**kw):
     return o, s
 
 
+def prenormalized(kw: dict, normalize: Callable[[np.ndarray], np.ndarray] = l2norm, dtype=None) -> dict:
+    """``kw`` with q and k normalised by ``normalize`` in float32 (stored in ``dtype``, None: float32)
+    and the in-kernel l2norm off: a kernel with its own l2norm stage. Unchanged without l2norm."""
+    if not kw.get("use_qk_l2norm_in_kernel"):
+        return kw
+    q, k = (normalize(np.asarray(kw[name], np.float32)) for name in ("q", "k"))
+    if dtype is not None:
+        q, k = (x.astype(dtype).astype(np.float32) for x in (q, k))
+    return {**kw, "q": q, "k": k, "use_qk_l2norm_in_kernel": False}
+
+
 def _prenormalized(normalize: Callable[[np.ndarray], np.ndarray]) -> Callable[..., tuple]:
-    """With l2norm asked for, q and k normalised by ``normalize`` (float32) instead of the kernel's own."""
-
-    def run(**kw):
-        if not kw.get("use_qk_l2norm_in_kernel"):
-            return numpy_impl.chunk_gated_delta_rule(**kw)
-        q, k = (normalize(np.asarray(kw[name], np.float32)) for name in ("q", "k"))
-        return numpy_impl.chunk_gated_delta_rule(**{**kw, "q": q, "k": k, "use_qk_l2norm_in_kernel": False})
-
-    return run
+    return lambda **kw: numpy_impl.chunk_gated_delta_rule(**prenormalized(kw, normalize))
 
 
 def l2norm_eps_outside_sqrt(x: np.ndarray) -> np.ndarray:

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gdn_verify.core.conventions import L2NORM_EPS, l2norm
+from gdn_verify.core.conventions import L2NORM_EPS
 from gdn_verify.core.reference import STAGES
 from gdn_verify.implementations import numpy_impl, planted
-from gdn_verify.implementations.planted import sixteen_bits
+from gdn_verify.implementations.planted import prenormalized, sixteen_bits
 
 # Intermediates of each allowed rounding (the same groups as the tolerance model's terms).
 OPERANDS = ("kkt_operand", "inverse", "wu_operands", "attn", "v_new_decayed")
@@ -55,17 +55,6 @@ class RoundingModel:
     description: str
     run: Callable[..., tuple]
     identity_for: tuple[str, ...] = ()
-
-
-def _normalised(kw: dict, dtype, normalize: Callable[[np.ndarray], np.ndarray] = l2norm) -> dict:
-    """``kw`` with q and k l2-normalised in float32 by ``normalize``, stored in ``dtype`` (None:
-    float32) and the in-kernel l2norm switched off; unchanged without l2norm."""
-    if not kw.get("use_qk_l2norm_in_kernel"):
-        return kw
-    q, k = (normalize(np.asarray(kw[name], np.float32)) for name in ("q", "k"))
-    if dtype is not None:
-        q, k = (x.astype(dtype).astype(np.float32) for x in (q, k))
-    return {**kw, "q": q, "k": k, "use_qk_l2norm_in_kernel": False}
 
 
 def fla_rounded(
@@ -90,7 +79,7 @@ def fla_rounded(
             return x.astype(store).astype(np.float32) if store is not None and name in stages else x
 
         return numpy_impl.chunk_fla_gated_delta_rule(
-            **(_normalised(kw, store) if qk else kw),
+            **(prenormalized(kw, dtype=store) if qk else kw),
             chunk_size=chunk_size,
             cumsum_dtype=half if cumsum16 else np.float32,
             tf32=tf32,
@@ -107,7 +96,7 @@ def _normalize_like_torch(x: np.ndarray) -> np.ndarray:
 
 
 def _l2norm_no_eps(**kw):
-    return numpy_impl.chunk_gated_delta_rule(**_normalised(kw, None, _normalize_like_torch))
+    return numpy_impl.chunk_gated_delta_rule(**prenormalized(kw, _normalize_like_torch))
 
 
 def _loop(bug: str) -> Callable[..., tuple]:
