@@ -22,6 +22,7 @@ from gdn_verify import api, console, implementations
 from gdn_verify.core.implementation import ConfigurationError
 from gdn_verify.core.problem import DTYPES
 from gdn_verify.properties import NAMES
+from gdn_verify.runners import sanitize
 from gdn_verify.runners.check import PropertyResult
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, FIRST_CALL_FACTOR, abandoned_calls
 
@@ -105,7 +106,24 @@ def misuse_exit(r: PropertyResult) -> int:
     return 2
 
 
+def cmd_sanitized(args: argparse.Namespace) -> int:
+    """``check --sanitize``: the same check in a child under memcheck; its first error fails the run."""
+    api.implementation(impl_name(args), args.array, args.convention)  # misuse: one line here, not in the child
+    argv = [a for a in args.argv if a != "--sanitize"]
+    print("gdn-verify check under compute-sanitizer memcheck (kernels run 10-100x slower)", flush=True)
+    done = sanitize.run_sanitized(argv)
+    lines = done.output.splitlines()
+    keep = [line for line in lines if not line.startswith(sanitize.PREFIX) or "ERROR SUMMARY" in line]
+    print("\n".join(keep))
+    if not done.clean:
+        print(f"FAILED memcheck: {done.first_error or 'compute-sanitizer reported an error'}")
+        return 1
+    return done.returncode
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.sanitize:
+        return cmd_sanitized(args)
     out = json_path(args)
     display = console.ProgressDisplay()
     impl = api.implementation(impl_name(args), args.array, args.convention)
@@ -161,6 +179,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             progress=progress,
             on_result=on_result,
+            scale=args.scale,
             **({"cases_dir": args.cases} if args.cases else {}),
             **_compile_options(args, display),
         )
@@ -494,6 +513,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-tokens", type=int, help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)"
     )
     check.add_argument("--database", help="directory for Hypothesis's example database (default: none)")
+    check.add_argument(
+        "--scale",
+        action="store_true",
+        help="then the scale tier: problems past the launch-grid and 2^31-element limits, each in a child "
+        "process (GPU only; name scale_<case> in --properties to run some alone)",
+    )
+    check.add_argument(
+        "--sanitize",
+        action="store_true",
+        help="run the check in a child under compute-sanitizer memcheck; its first error is a failure (slow: "
+        "keep --max-examples small)",
+    )
     _compile_option(check)
     check.set_defaults(func=cmd_check)
 

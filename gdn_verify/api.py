@@ -35,11 +35,13 @@ from gdn_verify.core.verdict import Property
 from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
 from gdn_verify.properties.strategies import pool_candidates
 from gdn_verify.runners import fuzz as fuzz_runner
+from gdn_verify.runners import scale as scale_runner
 from gdn_verify.runners import workers as workers_runner
 from gdn_verify.runners.check import (
     CASES_DIR,
     NOT_PASSED,
     STATUSES,
+    Failure,
     Progress,
     PropertyResult,
     Replay,
@@ -48,7 +50,7 @@ from gdn_verify.runners.check import (
 )
 from gdn_verify.runners.check import replay as replay_case
 from gdn_verify.runners.compile import CompileProgress, ShapePlan, plan_shapes
-from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard
+from gdn_verify.runners.guard import DEFAULT_TIMEOUT, FIRST_CALL_FACTOR, Guard
 from gdn_verify.runners.selftest import Planted, run_selftest
 
 SCHEMA_VERSION = "1.0"
@@ -295,6 +297,8 @@ def check(
     on_result: Callable[[PropertyResult], None] | None = None,
     compile_budget: str | float | None = None,
     on_compile: CompileProgress | None = None,
+    scale: bool = False,
+    scale_limits: scale_runner.ScaleLimits | None = None,
 ) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
 
@@ -312,15 +316,20 @@ def check(
     before anything runs.
     ``compile_budget``: seconds (or ``"3m"``, the default) for compiling shape classes up front when a new
     class is expensive (JIT-compiled kernels), ``on_compile(done, planned, seconds)`` its progress.
+    ``scale``: after the properties, the scale tier (``gdn_verify.runners.scale``: problems past the
+    launch-grid and 2^31-element limits, each in a child process; GPU implementations only, unless
+    ``scale_limits`` shrinks the limits). Its cases are results named ``scale_<case>``; naming only
+    such cases in ``properties`` runs the tier alone.
     """
     start = time.perf_counter()
     impl = implementation(impl, array, convention)
     impl.check_signatures()
     dtype = _dtype(dtype, impl)
-    limits, shapes = plan_limits(
-        impl, _limits(impl, dtype, dims, max_tokens), compile_budget, on_compile, _timeout(timeout)
-    )
-    props = select(catalogue(limits), properties, impl)
+    scale_cases, properties = scale_selection(impl, scale, scale_limits, properties)
+    limits, shapes = _limits(impl, dtype, dims, max_tokens), None
+    if properties != []:  # the scale tier alone compiles nothing up front (each child compiles its own case)
+        limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout))
+    props = select(catalogue(limits), properties, impl) if properties != [] else []
     seed = seed if seed is not None else random.randrange(2**31)
     run = RunSettings(
         max_examples=_max_examples(max_examples),
@@ -331,8 +340,112 @@ def check(
     )
     result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout, shapes=shapes)
     result.results = run_check(impl, props, run, progress, on_result)
+    if scale_cases:
+        result.results += _run_scale(impl, dtype, scale_cases, scale_limits, seed, run.timeout, progress, on_result)
     result.seconds = time.perf_counter() - start
     return result
+
+
+SCALE_PREFIX = "scale_"
+
+
+def scale_selection(
+    impl: Implementation, scale: bool, limits: scale_runner.ScaleLimits | None, properties: Sequence[str] | None
+) -> tuple[list[str], list[str] | None]:
+    """(scale cases to run, properties to run: None for all, [] for none) from ``check``'s arguments."""
+    cases = [c.name for c in scale_runner.plan(limits or scale_runner.ScaleLimits())]
+    named = [n.removeprefix(SCALE_PREFIX) for n in properties or () if n.startswith(SCALE_PREFIX)]
+    unknown = [SCALE_PREFIX + n for n in named if n not in cases]
+    if unknown:
+        choices = ", ".join(SCALE_PREFIX + c for c in cases)
+        raise ConfigurationError("properties", f"unknown {', '.join(unknown)}; the scale cases are {choices}")
+    rest = None if properties is None else [n for n in properties if not n.startswith(SCALE_PREFIX)]
+    if not (scale or named):
+        return [], rest
+    if limits is None and impl.array == "numpy":
+        raise ConfigurationError(
+            "scale", f"the scale tier needs a GPU implementation ({impl.name} takes NumPy arrays; problems of GiBs)"
+        )
+    if _scale_name(impl) is None:
+        raise ConfigurationError(
+            "scale",
+            "the scale tier runs each case in a child process: give the implementation by name "
+            "(built-in or MODULE:FUNCTION)",
+        )
+    if named:
+        return [c for c in cases if c in named], (rest or [])
+    return cases, rest
+
+
+def _scale_name(impl: Implementation) -> str | None:
+    """The name a child process resolves ``impl`` by (built-in, planted or ``MODULE:FUNCTION``)."""
+    if impl.name in implementations.names() or impl.name.startswith("planted:"):
+        return impl.name
+    module, _, function = impl.name.partition(":")
+    plugin = impl.description.startswith("plug-in") and module and function.isidentifier()
+    return impl.name if plugin else None
+
+
+def _run_scale(
+    impl: Implementation,
+    dtype: str,
+    cases: list[str],
+    limits: scale_runner.ScaleLimits | None,
+    seed: int,
+    timeout: float | None,
+    progress: Progress | None,
+    on_result: Callable[[PropertyResult], None] | None,
+) -> list[PropertyResult]:
+    """The scale cases, each child given what a first call may take (it compiles afresh)."""
+    results = []
+
+    def started(case: scale_runner.ScaleCase) -> None:
+        if progress is not None:
+            progress(SCALE_PREFIX + case.name, 0, None)
+
+    def finished(outcome: scale_runner.ScaleOutcome) -> None:
+        results.append(scale_result(outcome))
+        if on_result is not None:
+            on_result(results[-1])
+
+    name = _scale_name(impl)
+    assert name is not None  # checked by _scale_selection
+    scale_runner.run_scale(
+        name,
+        dtype,
+        array=impl.array if ":" in name and not name.startswith("planted:") else None,
+        convention="spec" if impl.native_forms == [] else "native",
+        limits=limits or scale_runner.ScaleLimits(),
+        cases=cases,
+        seed=seed,
+        on_case=finished,
+        on_start=started,
+        timeout=FIRST_CALL_FACTOR * timeout if timeout else None,
+    )
+    return results
+
+
+def scale_result(outcome: scale_runner.ScaleOutcome) -> PropertyResult:
+    """A scale case's outcome as a property's result (skipped for memory: unsupported, with the reason)."""
+    status = outcome.status if outcome.status in ("passed", "failed", "timeout") else "unsupported"
+    r = PropertyResult(SCALE_PREFIX + outcome.case, status, examples=1, seconds=outcome.seconds, worst=outcome.worst)
+    if status == "unsupported":
+        r.unsupported, r.unsupported_reasons, r.examples = 1, {outcome.message: 1}, 0
+        r.note = outcome.message
+    elif status in ("failed", "timeout"):
+        r.failure = Failure(
+            outcome.message,
+            None,
+            {},
+            outcome.worst,
+            status=status,
+            traceback=outcome.detail.get("traceback"),
+            description=outcome.describe,
+        )
+    else:
+        stages = ", ".join(f"{name} {t:.1f} s" for name, t in outcome.detail.get("seconds", {}).items())
+        r.note = outcome.describe.split("; crosses ", 1)[-1] + (f" ({stages})" if stages else "")
+    return r
 
 
 @dataclass

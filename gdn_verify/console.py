@@ -111,7 +111,7 @@ def format_failure(r: PropertyResult, replay: str | None) -> str:
     f = r.failure
     assert f is not None
     example = "example that hung" if f.status == "timeout" else "minimal example"
-    lines = [f"{f.status.upper()} {r.name}: {f.message}", f"  {example}: {f.problem.describe()}"]
+    lines = [f"{f.status.upper()} {r.name}: {f.message}", f"  {example}: {f.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
     if f.kind:

@@ -2,7 +2,7 @@
 
 ``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
 [--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
-[--gdn-convention native|spec] [--gdn-timeout SECONDS]`` adds one test item per property
+[--gdn-convention native|spec] [--gdn-timeout SECONDS] [--gdn-scale]`` adds one test item per property
 (``gdn-verify::NAME``), in any folder; an item that fails, times out or on which the kernel
 raised shows the minimal example (the kernel's traceback too) and the replay command, an
 unsupported one is skipped with the reason. A kernel that cannot take the arguments is a usage
@@ -38,6 +38,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gdn-timeout",
         type=float,
         help="seconds a kernel call may take (default 60; the first call of a new shape gets 10x; 0: no limit)",
+    )
+    group.addoption(
+        "--gdn-scale",
+        action="store_true",
+        help="add the scale tier's cases (gdn-verify::scale_<case>; GPU implementations only)",
     )
 
 
@@ -118,7 +123,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     options.setdefault("seed", random.randrange(2**31))
     options.setdefault("dtype", impl.default_dtype)
-    config.stash[_SUITE] = dict(impl=impl, options=options)
+    scale: list[str] = []
+    if config.getoption("gdn_scale"):
+        try:
+            scale, _ = api.scale_selection(impl, True, None, None)
+        except ConfigurationError as exc:
+            raise pytest.UsageError(f"--gdn-scale: {exc.message}") from None
+    config.stash[_SUITE] = dict(impl=impl, options=options, scale=[api.SCALE_PREFIX + name for name in scale])
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -131,10 +142,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         props = api.select(api.catalogue_for(impl, suite["options"]), names.split(",") if names else None, impl)
     except ConfigurationError as exc:
         raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
-    for p in props:
-        items.append(
-            PropertyItem.from_parent(session, name=p.name, nodeid=f"gdn-verify::{p.name}", prop=p.name, suite=suite)
-        )
+    for name in [p.name for p in props] + suite["scale"]:
+        items.append(PropertyItem.from_parent(session, name=name, nodeid=f"gdn-verify::{name}", prop=name, suite=suite))
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -67,6 +68,12 @@ def plugins(tmp_path):
         (["check", "--impl", "numpy", "--dims", "a,b"], "--dims"),
         (["check", "--impl", "numpy", "--array", "torch"], "--array"),
         (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
+        (["check", "--impl", "numpy", "--scale"], "--scale: the scale tier needs a GPU"),
+        pytest.param(
+            ["check", "--impl", "numpy", "--sanitize"],
+            "--sanitize: compute-sanitizer is not on PATH",
+            marks=pytest.mark.skipif(shutil.which("compute-sanitizer") is not None, reason="compute-sanitizer is here"),
+        ),
     ],
 )
 def test_misuse_exits_2_with_one_line(args, message, plugins):

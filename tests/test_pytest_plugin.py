@@ -86,6 +86,8 @@ def test_a_buggy_plugin_fails_with_its_minimal_example(folder):
 def test_misuse_is_a_usage_error(folder):
     done = run_pytest(folder, "--gdn-impl", "kernels:missing")
     assert done.returncode == 4 and "--gdn-impl" in done.stderr and "has no function" in done.stderr
+    done = run_pytest(folder, "--gdn-impl", "numpy", "--gdn-scale")
+    assert done.returncode == 4 and "--gdn-scale: the scale tier needs a GPU" in done.stderr
 
 
 def test_the_fixture_checks_a_kernel_inside_a_users_own_test(folder):

@@ -49,7 +49,7 @@ class Failure:
     """The example a property did not pass on: ``status`` failed, timeout, error or misuse."""
 
     message: str
-    problem: Problem
+    problem: Problem | None  # None where no problem can be kept (a scale case: its description says it)
     params: dict
     measurement: Measurement | None
     case_path: Path | None = None
@@ -58,6 +58,10 @@ class Failure:
     cause: str = ""  # likely cause named by gdn_verify.runners.causes ("" when none is identified)
     cause_model: str = ""  # the error model behind ``cause`` (its name in causes.MODELS)
     kind: str = ""  # "logic error" or "precision loss" (a numeric failure against the oracle)
+    description: str = ""  # the example in words, where ``problem`` is None
+
+    def describe(self) -> str:
+        return self.description if self.problem is None else self.problem.describe()
 
 
 class _Stop(BaseException):
@@ -112,7 +116,7 @@ class PropertyResult:
             d["failure"] = dict(
                 status=self.failure.status,
                 message=self.failure.message,
-                problem=self.failure.problem.describe(),
+                problem=self.failure.describe(),
                 params=self.failure.params,
                 case=str(self.failure.case_path.resolve()) if self.failure.case_path else None,
                 traceback=self.failure.traceback,
@@ -149,16 +153,18 @@ def example_database(location: str) -> hypothesis.database.ExampleDatabase:
 
 
 def save_case(failure: Failure, prop: str, impl: Implementation, cases_dir: Path) -> Path:
-    digest = hashlib.sha1(repr((prop, impl.name, failure.problem.describe(), failure.params)).encode()).hexdigest()
+    problem = failure.problem
+    assert problem is not None  # a property's failures keep their problem
+    digest = hashlib.sha1(repr((prop, impl.name, problem.describe(), failure.params)).encode()).hexdigest()
     path = cases_dir / f"{prop}-{digest[:10]}.npz"
-    return failure.problem.save(
+    return problem.save(
         path,
         property=prop,
         impl=impl.name,
         array=impl.array,
         params=failure.params,
         message=failure.message,
-        dtype=failure.problem.dtype.name,
+        dtype=problem.dtype.name,
     )
 
 
@@ -322,7 +328,7 @@ def run_property(
         # The worst error is the failure's (none for a non-numeric one), not the passing examples'.
         result.worst = result.failure.measurement
         f = result.failure  # named cause: short experiments on the minimal example, confirmed on others
-        if f.status == "failed":
+        if f.status == "failed" and f.problem is not None:
             cause = causes.explain(
                 impl, f.problem, f.params, prop.name, f.message, f.measurement, prop.form, _before_shrinking(failures)
             )
@@ -355,7 +361,7 @@ def _reasons(reasons: Counter[str]) -> str:
 def _before_shrinking(failures: list[Failure], count: int = 2) -> list[Problem]:
     """Up to ``count`` failing examples met before the minimal one: the first (as drawn) and one
     halfway through the shrinking, for a cause to be confirmed on."""
-    earlier = [f.problem for f in failures[:-1] if f.status == "failed"]
+    earlier = [f.problem for f in failures[:-1] if f.status == "failed" and f.problem is not None]
     picks = sorted({0, len(earlier) // 2}) if earlier else []
     return [earlier[i] for i in picks][:count]
 

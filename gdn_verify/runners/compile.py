@@ -20,7 +20,7 @@ from gdn_verify.core.shapes import ShapeClass
 from gdn_verify.runners.guard import KernelTimeout
 
 # A new class costing more than this beyond a repeat call makes per-example shape variety
-# unaffordable: 14 properties of 20-100 examples each would spend minutes compiling.
+# unaffordable: 22 properties of 20-100 examples each would spend minutes compiling.
 EXPENSIVE_SECONDS = 0.5
 # Fewer classes than this cannot cover GVA, K != V, an awkward size, varlen and batched, with and
 # without an initial state and l2norm (see gdn_verify.properties.strategies.pool_candidates).

@@ -1,0 +1,129 @@
+"""The scale tier on CPU: the same cases, judge and child processes, at limits of a few elements."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdn_verify import api
+from gdn_verify.core.implementation import ConfigurationError
+from gdn_verify.runners import scale
+from tests.scale_plugins import LIMITS
+
+CASES = [c.name for c in scale.plan(LIMITS)]
+
+
+def run(name: str, cases: list[str] | None = None) -> dict[str, scale.ScaleOutcome]:
+    outcomes = scale.run_scale(f"tests.scale_plugins:{name}", "float32", array="numpy", limits=LIMITS, cases=cases)
+    return {o.case: o for o in outcomes}
+
+
+def test_every_case_crosses_its_limit():
+    """Each case is just past what it claims to cross (at the default limits: the GPU sizes)."""
+    cases = {c.name: c for c in scale.plan()}
+    d = cases["decode_batch"]
+    assert d.B * d.HV > scale.GRID_LIMIT and d.B * d.HV * d.K * d.V > scale.OFFSET_LIMIT
+    assert len(cases["varlen_many_short"].lengths) * 16 > scale.GRID_LIMIT
+    assert cases["many_chunks"].T // 64 > scale.GRID_LIMIT
+    b = cases["batch_offset"]
+    last = max(b.probes)
+    assert last * b.T * b.H * b.K >= scale.OFFSET_LIMIT and (last - 1) * b.T * b.H * b.K < scale.OFFSET_LIMIT
+    s = cases["long_sequence"]
+    assert (s.T // 64) * s.HV * s.K * s.V > scale.OFFSET_LIMIT
+    assert all(c.device_bytes("bfloat16", 64) < 60 * 2**30 for c in cases.values())  # fits an H100
+
+
+def test_a_correct_kernel_passes_every_case():
+    outcomes = run("correct")
+    assert set(outcomes) == set(CASES)
+    assert {o.status for o in outcomes.values()} == {"passed"}, {o.case: o.message for o in outcomes.values()}
+    assert all(o.worst is not None and o.worst.ratio <= 1 for o in outcomes.values())
+
+
+def test_work_skipped_past_the_grid_is_caught_against_the_oracle():
+    outcomes = run("skips_past_grid", ["decode_batch", "many_chunks"])
+    assert outcomes["decode_batch"].status == "failed"
+    assert "float64 oracle" in outcomes["decode_batch"].message
+    assert outcomes["many_chunks"].status == "passed"  # one sequence, one head: one block
+
+
+def test_wrapped_offsets_are_caught_in_later_samples_and_sequences():
+    outcomes = run("int32_offsets", ["batch_offset", "varlen_offset", "decode_batch"])
+    for name in ("batch_offset", "varlen_offset"):
+        assert outcomes[name].status == "failed", name
+        assert "probed sequences" in outcomes[name].message
+    assert outcomes["decode_batch"].status == "passed"  # 10 tokens: no offset reaches 2^11
+
+
+def test_a_dead_child_is_a_failure_and_the_run_goes_on():
+    outcomes = run("crashes_on_many_sequences", ["decode_batch", "many_chunks"])
+    assert outcomes["decode_batch"].status == "failed"
+    assert "died" in outcomes["decode_batch"].message and "signal 6" in outcomes["decode_batch"].message
+    assert outcomes["many_chunks"].status == "passed"
+
+
+def test_a_launch_error_is_a_failure_with_the_exception():
+    outcomes = run("launch_error", ["decode_batch"])
+    assert outcomes["decode_batch"].status == "failed"
+    assert "invalid configuration argument" in outcomes["decode_batch"].message
+    assert "in launch_error" in outcomes["decode_batch"].detail["traceback"]  # the frame that raised
+
+
+def test_check_runs_named_scale_cases_alone():
+    result = api.check(
+        "tests.scale_plugins:launch_error",
+        array="numpy",
+        properties=["scale_decode_batch", "scale_many_chunks"],
+        scale_limits=LIMITS,
+    )
+    assert [r.name for r in result.results] == ["scale_decode_batch", "scale_many_chunks"]
+    assert [r.status for r in result.results] == ["failed", "passed"]
+    assert "invalid configuration argument" in result.report()
+    assert result.as_dict()["results"][0]["failure"]["problem"].startswith("decode_batch:")
+
+
+def test_scale_misuse_is_a_configuration_error():
+    with pytest.raises(ConfigurationError, match="scale: the scale tier needs a GPU"):
+        api.check("numpy", scale=True)
+    with pytest.raises(ConfigurationError, match="properties: unknown scale_nope"):
+        api.check("numpy", properties=["scale_nope"], scale_limits=LIMITS)
+    with pytest.raises(ConfigurationError, match="child process"):
+        api.check(lambda *a, **k: None, scale=True, scale_limits=LIMITS)
+
+
+MEMCHECK_REPORT = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at decode_kernel+0x1a0 in recurrent.cu:212
+=========     by thread (3,0,0) in block (7,0,0)
+=========     Address 0x7f00001000 is out of bounds
+=========     and is 4 bytes after the nearest allocation at 0x7f00000000 of size 4096 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========     Host Frame: [0x2f2]
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_memchecks_first_error_is_read_from_its_report():
+    from gdn_verify.runners import sanitize
+
+    error = sanitize.first_error("check output\n" + MEMCHECK_REPORT)
+    assert error.startswith("Invalid __global__ write of size 4 bytes; at decode_kernel+0x1a0 in recurrent.cu:212")
+    assert "4 bytes after the nearest allocation" in error and "Host Frame" not in error
+    assert sanitize.first_error("========= ERROR SUMMARY: 0 errors\n") == ""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["cupy", "fla-recurrent"])
+def test_the_torch_path_on_a_gpu_at_small_limits(cp, impl):
+    """The cases as torch tensors on the device, with the float64 GPU oracle, at limits of a few
+    thousand elements: the same code path as the full tier, in seconds."""
+    from gdn_verify import implementations
+
+    try:
+        implementations.resolve(impl)
+    except ConfigurationError as exc:
+        pytest.skip(str(exc))
+    small = scale.ScaleLimits(grid=8, offset=2**14, chunk=64, head_dim=16)
+    outcomes = scale.run_scale(impl, "bfloat16", limits=small, timeout=600)
+    assert {o.status for o in outcomes} == {"passed"}, {o.case: o.message for o in outcomes}
