@@ -11,7 +11,10 @@ cases are drawn in that convention. Properties:
   accepted slot (a start column that would explain wrong outputs is named); every stored slot
   ``ssm_state_indices[n, t]``, ``t < L_n``, holds the oracle state after token ``t``; every
   other slot, the null slot included, is bitwise unchanged (the last slot is always a spare, so
-  a ``-1`` used as an offset is caught); padding output rows as the rules document.
+  a ``-1`` used as an offset is caught); padding output rows as the rules document. When a stored
+  slot is wrong and every stored slot is bitwise unchanged, the message says the caller's pool
+  was not updated. ``run_spec`` and ``check_slots`` take a pool factory (``place``), which is how
+  ``pools.spec_guarded_pool`` hands the kernel a guarded view instead of a fresh pool.
 - ``spec_duplicate_slots``: two live requests store a token's state to the same slot; that slot
   holds one writer's state in every element, everything else as above.
 - ``spec_accepted_bounds``: ``num_accepted_tokens`` at 1 and at ``C`` behave as above; a count of 0
@@ -26,6 +29,8 @@ cases are drawn in that convention. Properties:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -56,16 +61,46 @@ def kfirst(pool: np.ndarray, rules: SpecRules) -> np.ndarray:
 
 
 @st.composite
-def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str = "slots", max_columns: int = 4):
-    """``(problem, params)`` in the convention of ``rules``; distinct slots (but for ``duplicate``), spares included."""
-    dtype = limits.dtype
+def spec_heads(draw, limits: Limits) -> tuple[int, int, int, int, str | None, bool | None]:
+    """``(H, HV, K, V, dtype, l2norm)`` of a speculative-decoding case: from the shape pool when
+    there is one (its dtype and l2norm too), else small sizes (``dtype`` from ``limits``, l2norm None: drawn later)."""
     pool = gs.pool_classes(limits, smallest=True)
     if pool:  # the pool's head counts, sizes, dtype and l2norm (the layout is always varlen with a state)
         c = draw(st.sampled_from(pool))
-        H, HV, K, V, dtype = c.H, c.HV, c.K, c.V, c.dtype
-    else:
-        H, HV = draw(gs.head_counts(limits.replace(max_heads=min(2, limits.max_heads))))
-        K, V = draw(gs.head_dims(limits, max_dim=32))
+        return c.H, c.HV, c.K, c.V, c.dtype, c.l2norm
+    H, HV = draw(gs.head_counts(limits.replace(max_heads=min(2, limits.max_heads))))
+    K, V = draw(gs.head_dims(limits, max_dim=32))
+    return H, HV, K, V, limits.dtype, None
+
+
+def spec_tokens(draw, heads: tuple, segments: list[int]) -> tuple[Problem, np.random.Generator]:
+    """The packed tokens of ``segments`` (lengths, one ``cu_seqlens`` entry each) for ``heads`` from
+    :func:`spec_heads`: ``(problem, rng)``, the generator left for the caller's further draws."""
+    H, HV, K, V, dtype, l2norm = heads
+    regime = draw(st.sampled_from(("none", "mild", "moderate", "mixed")))
+    l2norm = draw(st.booleans()) if l2norm is None else l2norm
+    scale = draw(st.one_of(st.none(), st.just(0.5)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    T = int(sum(segments))
+    k = rng.standard_normal((1, T, H, K))
+    problem = Problem(
+        q=rng.standard_normal((1, T, H, K)),
+        k=k if l2norm else gs.unit_rows(rng, (1, T, H, K)),
+        v=rng.standard_normal((1, T, HV, V)),
+        g=gs.gate_values(rng, (1, T, HV), regime),
+        beta=gs.beta_values(rng, (1, T, HV)),
+        scale=scale,
+        use_qk_l2norm_in_kernel=l2norm,
+        cu_seqlens=np.concatenate([[0], np.cumsum(segments)]).astype(np.int64),
+        notes=dict(gate_regime=regime),
+    ).astype(DTYPES[dtype or draw(st.sampled_from(("float32", "bfloat16")))])
+    return problem, rng
+
+
+@st.composite
+def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str = "slots", max_columns: int = 4):
+    """``(problem, params)`` in the convention of ``rules``; distinct slots (but for ``duplicate``), spares included."""
+    heads = draw(spec_heads(limits))
     low = max(1, rules.min_tokens)
     C = draw(st.integers(max(low, 2 if mode in ("duplicate", "chain") else 1), max(max_columns, low)))
     N = draw(st.integers(3 if mode == "bounds" else (2 if mode == "duplicate" else 1), 4))
@@ -116,23 +151,7 @@ def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str =
     tail = N if mode == "chain" else 0
     if mode == "chain":
         params["accepted_after"] = [draw(st.integers(1, lengths[n])) for n in range(N)]
-    regime = draw(st.sampled_from(("none", "mild", "moderate", "mixed")))
-    l2norm = c.l2norm if pool else draw(st.booleans())
-    scale = draw(st.one_of(st.none(), st.just(0.5)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    T = int(sum(lengths)) + tail
-    k = rng.standard_normal((1, T, H, K))
-    problem = Problem(
-        q=rng.standard_normal((1, T, H, K)),
-        k=k if l2norm else gs.unit_rows(rng, (1, T, H, K)),
-        v=rng.standard_normal((1, T, HV, V)),
-        g=gs.gate_values(rng, (1, T, HV), regime),
-        beta=gs.beta_values(rng, (1, T, HV)),
-        scale=scale,
-        use_qk_l2norm_in_kernel=l2norm,
-        cu_seqlens=np.concatenate([[0], np.cumsum(lengths + [1] * tail)]).astype(np.int64),
-        notes=dict(gate_regime=regime),
-    ).astype(DTYPES[dtype or draw(st.sampled_from(("float32", "bfloat16")))])
+    problem, rng = spec_tokens(draw, heads, lengths + [1] * tail)
     params.update(
         ssm_state_indices=indices.tolist(),
         num_accepted_tokens=list(accepted),
@@ -167,23 +186,36 @@ def call_spec(impl: Implementation, problem: Problem, pool_arg, indices, accepte
     return arrays.to_numpy(o)
 
 
+# A pool factory: ``place(pool, kind) -> (argument, read_back)``. ``pool`` is the NumPy pool in the
+# rules' layout; ``argument`` is what the kernel receives; ``read_back()``, called once after the
+# call, returns the pool as the caller sees it through ``argument`` (as NumPy).
+PoolFactory = Callable[[np.ndarray, str], tuple[Any, Callable[[], np.ndarray]]]
+
+
+def fresh_pool(pool: np.ndarray, kind: str) -> tuple[Any, Callable[[], np.ndarray]]:
+    """The default :data:`PoolFactory`: a contiguous copy of ``pool`` in ``kind``."""
+    arg = _to(pool.copy(), kind)
+    return arg, lambda: np.array(arrays.to_numpy(arg))
+
+
 def run_spec(
-    impl: Implementation, problem: Problem, params: dict, poison: bool = False
+    impl: Implementation, problem: Problem, params: dict, poison: bool = False, place: PoolFactory = fresh_pool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Call the form on a fresh pool; ``(o, pool_before, pool_after, output_given)`` as NumPy.
 
-    With ``poison``, ``output=`` is a NaN-filled buffer in the input dtype.
+    With ``poison``, ``output=`` is a NaN-filled buffer in the input dtype; ``place`` makes the pool
+    argument (a guarded view, say) and reads it back.
     """
     rules = spec_rules_of(impl.extra)
     s = problem.shape
     pool = make_pool(params, s["HV"], s["K"], s["V"], rules.pool_v_first)
-    pool_arg = _to(pool.copy(), impl.array)
+    pool_arg, read_back = place(pool, impl.array)
     given = np.full(problem.v.shape, np.nan, problem.dtype) if poison else None
     output = None if given is None else _to(given.copy(), impl.array)  # given stays as it was
     o = call_spec(impl, problem, pool_arg, params["ssm_state_indices"], params["num_accepted_tokens"], output)
     if output is not None:
         o = arrays.to_numpy(output)  # what the buffer holds is what the contract is about
-    return o, pool, arrays.to_numpy(pool_arg), given
+    return o, pool, read_back(), given
 
 
 def _requests(problem: Problem, n_list, initial: np.ndarray, upto: int | None = None) -> Problem:
@@ -219,8 +251,11 @@ def _check_untouched(before, after, written: set, indices, accepted) -> None:
             )
 
 
-def check_slots(impl: Implementation, problem: Problem, params: dict) -> Measurement:
-    """Run one case and check outputs, stored slots, untouched slots and padding rows."""
+def check_slots(impl: Implementation, problem: Problem, params: dict, place: PoolFactory = fresh_pool) -> Measurement:
+    """Run one case and check outputs, stored slots, untouched slots and padding rows.
+
+    ``place``: how the pool is handed to the kernel and read back (see :func:`run_spec`).
+    """
     rules = spec_rules_of(impl.extra)
     mode = params.get("mode", "slots")
     indices = np.asarray(params["ssm_state_indices"], np.int64)
@@ -229,7 +264,7 @@ def check_slots(impl: Implementation, problem: Problem, params: dict) -> Measure
         _probe_out_of_range(impl, problem, params, rules)
     if mode == "chain":
         return _check_chain(impl, problem, params, rules)
-    o, before, after, given = run_spec(impl, problem, params, poison=mode == "poison")
+    o, before, after, given = run_spec(impl, problem, params, poison=mode == "poison", place=place)
     bounds, lengths = problem.bounds, problem.lengths
     starts = indices[np.arange(len(accepted)), accepted - 1]
     real = [n for n in range(len(lengths)) if not rules.is_padding_slot(int(starts[n]))]
@@ -283,6 +318,7 @@ def check_slots(impl: Implementation, problem: Problem, params: dict) -> Measure
             errs = [(err / max(bound, 1e-300), err, bound)]
         ratio, err, bound = min(errs)
         if not ratio <= 1:
+            _check_pool_updated(before, after, candidates, params.get("layout", "contiguous"))
             n, t = options[0][3], options[0][4]
             what = "holds a state off" if len(options) == 1 else "is shared by two writers and holds neither's state"
             raise Violation(
@@ -292,6 +328,16 @@ def check_slots(impl: Implementation, problem: Problem, params: dict) -> Measure
         if ratio > worst.ratio:
             worst = Measurement(err, bound, "per-token state")
     return worst
+
+
+def _check_pool_updated(before: np.ndarray, after: np.ndarray, stored, layout: str) -> None:
+    """A stored slot is wrong: name the case where no stored slot changed at all (outputs were right)."""
+    if all(before[slot].tobytes() == after[slot].tobytes() for slot in stored):
+        raise Violation(
+            f"the caller's pool was not updated (the kernel updated a copy?): every stored slot "
+            f"({', '.join(str(s) for s in sorted(stored))}) is bitwise unchanged in the {layout} pool layout "
+            "although the outputs are right"
+        )
 
 
 def _probe_out_of_range(impl: Implementation, problem: Problem, params: dict, rules: SpecRules) -> None:

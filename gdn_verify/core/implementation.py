@@ -143,17 +143,26 @@ class Implementation:
         names = {p.name for p in params}
         return [k for k in keywords if k not in names]
 
-    def run(self, problem: Problem, form: str | None = None, options: dict[str, Any] | None = None) -> Result:
+    def run(
+        self,
+        problem: Problem,
+        form: str | None = None,
+        options: dict[str, Any] | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> Result:
         """Call the implementation on ``problem`` and bring the outputs back to NumPy.
 
         ``options``: extra keyword arguments (FLA's in-kernel gate options); NumPy arrays among
         them are converted like the inputs. An option the callable does not accept (a
         ``TypeError`` naming it) raises ``NotImplementedError``: the feature is unsupported.
+        ``arguments``: inputs already in this implementation's array kind (views a property
+        built into guarded buffers), passed as they are instead of the problem's.
         """
         fn = self.forms[form or self.default_form]
         kw = problem.kwargs()
         for name in ("q", "k", "v", "g", "beta", "initial_state"):
             kw[name] = arrays.to_kind(kw[name], self.array)
+        kw.update(arguments or {})
         if kw["cu_seqlens"] is not None:
             kw["cu_seqlens"] = arrays.to_kind(np.asarray(kw["cu_seqlens"], np.int64), self.array)
         for name, value in (options or {}).items():

@@ -95,10 +95,17 @@ def output_contract_violations(result: Result, problem: Problem, shapes_only: bo
     return problems
 
 
-def run_checked(impl: Implementation, problem: Problem, form: str | None = None, options: dict | None = None) -> Result:
-    """Run ``impl``; a wrong output shape or type is a :class:`Violation`, not a crash."""
+def run_checked(
+    impl: Implementation,
+    problem: Problem,
+    form: str | None = None,
+    options: dict | None = None,
+    arguments: dict | None = None,
+) -> Result:
+    """Run ``impl`` (``arguments``: see :meth:`Implementation.run`); a wrong output shape or type
+    is a :class:`Violation`, not a crash."""
     try:
-        result = impl.run(problem, form, options)
+        result = impl.run(problem, form, options, arguments)
     except ContractError as exc:
         raise Violation(f"output contract: {exc}") from None
     shape_problems = output_contract_violations(result, problem, shapes_only=True)
