@@ -9,6 +9,7 @@ a correct translation loses nothing and must match the native oracle to 1e-12.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -163,6 +164,7 @@ def test_decode_translation_matches_the_oracle(case):
 
 def test_decode_leaves_the_callers_state_alone():
     problem = make_problem(lengths=(3, 1))
+    assert problem.initial_state is not None
     before = problem.initial_state.copy()
     native(problem, fi.decode_adapter(standin_decode))
     assert np.array_equal(problem.initial_state, before)
@@ -243,3 +245,67 @@ def test_missing_flashinfer_is_a_configuration_error():
                 factory()
     else:
         pytest.skip("FlashInfer is installed here")
+
+
+def test_cp_prefill_is_given_the_longest_sequence_as_max_seqlen():
+    seen = []
+
+    def standin_cp(max_seqlen=None, **kw):  # chunk_gated_delta_rule(use_cp=True) sizes its grids by it
+        seen.append(max_seqlen)
+        return standin_prefill(**kw)
+
+    for problem, want in ((make_problem(lengths=(5, 0, 70)), 70), (make_problem(varlen=False), 33)):
+        o, state = native(problem, fi.prefill_adapter(standin_cp, max_seqlen=True))
+        want_o, want_state = reference.recurrent_gated_delta_rule(**problem.kwargs())
+        assert_close(o, want_o)
+        assert_close(state, want_state)
+        assert seen.pop() == want
+    native(make_problem(lengths=(0, 0)), fi.prefill_adapter(standin_cp, max_seqlen=True))
+    assert seen == [None], "no tokens: FlashInfer's own default (and its own checks) apply"
+
+
+BF16 = ml_dtypes.bfloat16
+
+
+def standin_decode_bf16(q, k, v, state, A_log, a, dt_bias, b, scale=None, use_qk_l2norm=True):
+    """FlashInfer's bf16-state decode: the oracle's step, the state stored back in bfloat16."""
+    assert state.dtype == BF16, "a bfloat16 state selects the bf16-state kernels"
+    o, new_state = reference.decode_gated_delta_rule(
+        q, k, v, state.astype(np.float64), A_log, a, dt_bias, b, scale=scale, use_qk_l2norm=use_qk_l2norm
+    )
+    state[...] = new_state.astype(BF16)
+    return o, state
+
+
+def test_bf16_state_decode_hands_over_the_state_in_bfloat16():
+    problem = make_problem(lengths=(4, 0, 3), regime="mild")
+    assert problem.initial_state is not None
+    before = problem.initial_state.copy()
+    first: list[np.ndarray] = []
+
+    def watch(**kw):
+        if not first:
+            first.append(kw["state"].copy())
+        return standin_decode_bf16(**kw)
+
+    o, state = native(problem, fi.decode_adapter(watch, state_dtype=BF16))
+    assert np.array_equal(problem.initial_state, before), "the caller's state is not rounded in place"
+    want_first = before.swapaxes(-1, -2)[[0, 2]].astype(BF16)  # k-last, the sequences running at step 0
+    assert first[0].dtype == BF16 and np.array_equal(first[0], want_first)
+    assert state.dtype == BF16 and state.shape == before.shape
+    want_o, want_state = reference.recurrent_gated_delta_rule(**problem.kwargs())
+    # a bfloat16 state (2^-9 relative per store): close to the oracle, but at bfloat16's level only
+    assert_close(o, want_o, tol=2e-2)
+    assert_close(state, want_state, tol=2e-2)
+    _, zero_start = native(
+        problem.replace(initial_state=None), fi.decode_adapter(standin_decode_bf16, state_dtype=BF16)
+    )
+    assert zero_start.dtype == BF16
+
+
+def test_bf16_state_decode_limits_are_reported_as_unsupported():
+    problem = make_problem(K=8, V=8)
+    half = problem.replace(q=problem.q.astype(np.float16))
+    adapter = fi.decode_adapter(fi._bf16_state_limits(standin_decode_bf16), state_dtype=BF16)  # noqa: SLF001
+    with pytest.raises(NotImplementedError, match="K = V = 128"):
+        native(half, adapter)

@@ -103,12 +103,17 @@ LAZY: dict[str, str] = {
     "fla-chunk": "gdn_verify.implementations.fla:fla_chunk",
     "fla-recurrent": "gdn_verify.implementations.fla:fla_recurrent",
     "flashinfer-prefill": "gdn_verify.implementations.flashinfer:flashinfer_prefill",
+    "flashinfer-prefill-cp": "gdn_verify.implementations.flashinfer:flashinfer_prefill_cp",
     "flashinfer-decode": "gdn_verify.implementations.flashinfer:flashinfer_decode",
+    "flashinfer-decode-bf16": "gdn_verify.implementations.flashinfer:flashinfer_decode_bf16",
     "flashinfer-decode-kmajor": "gdn_verify.implementations.flashinfer:flashinfer_decode_kmajor",
     "flashinfer-mtp": "gdn_verify.implementations.flashinfer:flashinfer_mtp",
     "vllm-chunk": "gdn_verify.implementations.vllm:vllm_chunk",
     "vllm-recurrent": "gdn_verify.implementations.vllm:vllm_recurrent",
     "vllm-spec": "gdn_verify.implementations.vllm:vllm_spec",
+    "vllm-sigmoid-spec": "gdn_verify.implementations.vllm:vllm_sigmoid_spec",
+    "vllm-sigmoid-recurrent": "gdn_verify.implementations.vllm:vllm_sigmoid_recurrent",
+    "vllm-packed-decode": "gdn_verify.implementations.vllm:vllm_packed_decode",
 }
 
 

@@ -23,6 +23,13 @@ cast to the input dtype (FlashInfer takes ``a, b`` in float16/bfloat16). Round t
 ``flashinfer-decode-kmajor``: ``gated_delta_rule_decode``, the same steps with the state in
 the native k-first layout ``[B, HV, K, V]`` (no transpose).
 
+``flashinfer-prefill-cp``: the prefill with ``use_cp=True``, the context-parallel kernel
+(``delta_rule_cp_sm90``: SM90, SM100, SM120; head size 128, float16/bfloat16) that ``auto``
+picks for few sequences times heads; same convention as the prefill, plus the ``max_seqlen``
+hint. ``flashinfer-decode-bf16``: the decode above with a bfloat16 ``[B, HV, V, K]`` state
+(``K = V = 128``), which selects FlashInfer's bf16-state kernels (SM90 included): the state is
+read and stored in bfloat16 every token, outside the float32-state precision contract.
+
 ``flashinfer-mtp``: ``gated_delta_rule_mtp``, the speculative-decoding form under
 :data:`FLASHINFER_SPEC` rules: requests of one token count ``L`` as ``[N, L]`` views of the packed
 tokens, the read slot ``initial_state_indices[n] = ssm_state_indices[n, num_accepted[n] - 1]``
@@ -46,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from gdn_verify.core.conventions import FLASHINFER_SPEC
-from gdn_verify.core.implementation import SPEC_FORM, Implementation
+from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations.fla import cuda_library, jit_compiled
 
 RAW_LIMIT = 40.0
@@ -72,6 +79,13 @@ class NumpyOps:
 
     def copy(self, x):
         return np.array(x, copy=True)
+
+    def copy_as(self, x, dtype):
+        """A contiguous copy in ``dtype`` (a copy even where the dtype is already ``dtype``)."""
+        return np.array(x, dtype=dtype, order="C", copy=True)
+
+    def cat(self, xs, axis: int):
+        return np.concatenate(xs, axis=axis)
 
     def zeros(self, shape, like, dtype=None):
         return np.zeros(shape, dtype if dtype is not None else np.asarray(like).dtype)
@@ -106,6 +120,12 @@ class TorchOps(NumpyOps):
 
     def copy(self, x):
         return x.clone()
+
+    def copy_as(self, x, dtype):
+        return x.to(dtype=dtype, copy=True).contiguous()
+
+    def cat(self, xs, axis: int):
+        return self.lib.cat(list(xs), dim=axis)
 
     def zeros(self, shape, like, dtype=None):
         return self.lib.zeros(shape, dtype=dtype if dtype is not None else like.dtype, device=like.device)
@@ -142,8 +162,12 @@ def _head_shapes(q, v, scale) -> tuple[int, int, int, int, int, int]:
     return B, T, H, K, v.shape[2], v.shape[3]
 
 
-def prefill_adapter(kernel: Callable, ops=None) -> Callable:
-    """A native-convention callable running FlashInfer's prefill ``kernel`` (same signature)."""
+def prefill_adapter(kernel: Callable, ops=None, max_seqlen: bool = False) -> Callable:
+    """A native-convention callable running FlashInfer's prefill ``kernel`` (same signature).
+
+    ``max_seqlen``: also pass the longest sequence's length, the host-side hint that sizes the
+    context-parallel kernel's grids (without it CP assumes the whole packed length).
+    """
     ops = ops or NumpyOps()
 
     def call(
@@ -162,7 +186,11 @@ def prefill_adapter(kernel: Callable, ops=None) -> Callable:
         B, T, H, K, HV, V = _head_shapes(q, v, scale)
         if K != V:
             raise NotImplementedError(f"FlashInfer's GDN has one head_size; K={K} != V={V}")
-        cu = ops.from_host(_bounds(ops, cu_seqlens, B, T), like=q)
+        bounds = _bounds(ops, cu_seqlens, B, T)
+        cu = ops.from_host(bounds, like=q)
+        hint: dict[str, Any] = {}
+        if max_seqlen and bounds[-1] > 0:  # no tokens: leave FlashInfer's own default and checks
+            hint["max_seqlen"] = int(np.diff(bounds).max())
         result = kernel(
             q=ops.contiguous(q.reshape(B * T, H, K)),
             k=ops.contiguous(k.reshape(B * T, H, K)),
@@ -174,6 +202,7 @@ def prefill_adapter(kernel: Callable, ops=None) -> Callable:
             output_final_state=output_final_state,
             cu_seqlens=cu,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            **hint,
         )
         o, final_state = result if output_final_state else (result, None)
         o = o.reshape(B, T, HV, V)
@@ -192,10 +221,13 @@ def raw_gates(ops, g, beta):
     return a, lib.clip(b, -RAW_LIMIT, RAW_LIMIT)
 
 
-def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False) -> Callable:
+def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype: Any = None) -> Callable:
     """A native-convention callable running FlashInfer's decode ``kernel`` one token per step.
 
     ``kmajor``: the kernel keeps the state k-first ``[B, HV, K, V]`` (``gated_delta_rule_decode``).
+    ``state_dtype``: the dtype of the state the kernel carries (FlashInfer picks its kernel by it:
+    bfloat16 selects the bf16-state kernels); ``None`` keeps the initial state's dtype, float32
+    (``ops.state_dtype``) when there is none. The final state is returned in that dtype.
     """
     ops = ops or NumpyOps()
 
@@ -221,7 +253,9 @@ def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False) -> Callable
         state = _state_in(ops, initial_state, state_v_first != kmajor)
         if state is None:
             shape = (len(lengths), HV, K, V) if kmajor else (len(lengths), HV, V, K)
-            state = ops.zeros(shape, like=q, dtype=ops.state_dtype)
+            state = ops.zeros(shape, like=q, dtype=state_dtype if state_dtype is not None else ops.state_dtype)
+        elif state_dtype is not None:
+            state = ops.copy_as(state, state_dtype)  # a new buffer: the caller's state stays intact
         else:
             state = ops.copy(state)  # the kernel updates its state in place; the caller's stays intact
         A_log = ops.float32(ops.zeros((HV,), like=q))  # FlashInfer takes A_log and dt_bias in float32
@@ -258,7 +292,9 @@ def _flashinfer_kernels() -> dict[str, Callable]:
     ``backend="flashinfer"`` names the CuTe DSL route (``auto`` tries Cake GDN first, SM100 only)
     and the prefill runs with ``use_cp=False``: ``auto`` takes the context-parallel kernel for
     small problems (``N * H < 66`` on 132-SM parts), a different kernel from the one large
-    prefills run.
+    prefills run; ``prefill_cp`` forces that one (``use_cp=True`` raises where CP cannot run
+    instead of falling back). ``decode_bf16`` is the same pretranspose entry point: a bfloat16
+    state with ``K = V = 128`` selects the bf16-state kernels, so their absence is checked here.
     """
 
     def load():
@@ -267,9 +303,14 @@ def _flashinfer_kernels() -> dict[str, Callable]:
 
         if not decode._PRETRANSPOSE_AVAILABLE:  # noqa: SLF001 - its try/except hides a missing cutlass
             raise ImportError("flashinfer.gdn_decode loaded without its CuTe DSL kernels (is cutlass importable?)")
+        pretranspose = functools.partial(decode.gated_delta_rule_decode_pretranspose, backend="flashinfer")
+        bf16_state = getattr(decode, "_GDN_DECODE_BF16_STATE_AVAILABLE", False)
         return dict(
             prefill=functools.partial(chunk_gated_delta_rule, backend="flashinfer", use_cp=False),
-            decode=functools.partial(decode.gated_delta_rule_decode_pretranspose, backend="flashinfer"),
+            prefill_cp=functools.partial(chunk_gated_delta_rule, backend="flashinfer", use_cp=True),
+            decode=pretranspose,
+            # without the bf16-state kernels a bfloat16 state would reach the float32 path's assert
+            decode_bf16=pretranspose if bf16_state else None,
             decode_kmajor=functools.partial(decode.gated_delta_rule_decode, backend="flashinfer"),
             mtp=decode.gated_delta_rule_mtp,
         )
@@ -291,6 +332,20 @@ def _decode_limits(kernel: Callable, v_multiple: int = 8) -> Callable:
         if K < 128 or V < 128 or V % v_multiple:
             raise NotImplementedError(
                 f"FlashInfer's float32-state decode needs K, V >= 128, V % {v_multiple} == 0 (K={K}, V={V})"
+            )
+        return kernel(q=q, k=k, v=v, state=state, **kw)
+
+    return call
+
+
+def _bf16_state_limits(kernel: Callable) -> Callable:
+    """FlashInfer's bf16-state decode: ``K = V = 128`` only (other sizes take the float32 path)."""
+
+    def call(q, k, v, state, **kw) -> Any:
+        _half_inputs(q)
+        if q.shape[-1] != 128 or v.shape[-1] != 128:
+            raise NotImplementedError(
+                f"FlashInfer's bfloat16-state decode needs K = V = 128 (K={q.shape[-1]}, V={v.shape[-1]})"
             )
         return kernel(q=q, k=k, v=v, state=state, **kw)
 
@@ -391,6 +446,18 @@ def flashinfer_prefill() -> Implementation:
     )
 
 
+def flashinfer_prefill_cp() -> Implementation:
+    kernels = _flashinfer_kernels()
+    return Implementation(
+        "flashinfer-prefill-cp",
+        {"chunk": prefill_adapter(_prefill_limits(kernels["prefill_cp"]), TorchOps(), max_seqlen=True)},
+        "torch",
+        "FlashInfer chunk_gated_delta_rule(use_cp=True): context-parallel prefill, exact max_seqlen hint",
+        "bfloat16",
+        extra=jit_compiled(),
+    )
+
+
 def flashinfer_decode() -> Implementation:
     kernels = _flashinfer_kernels()
     return Implementation(
@@ -400,6 +467,30 @@ def flashinfer_decode() -> Implementation:
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
         extra=jit_compiled(),
+    )
+
+
+def flashinfer_decode_bf16() -> Implementation:
+    """The bf16-state decode. Its state is rounded to bfloat16 every token, by design: until the
+    tolerance model takes ``extra["state_dtype"]`` into account, ``check`` judges it against the
+    float32-state contract (docs/precision.md: ``state16_token`` is a forbidden rounding there).
+    """
+    kernels = _flashinfer_kernels()
+    if kernels["decode_bf16"] is None:
+        raise ConfigurationError("impl", "this FlashInfer has no bfloat16-state GDN decode kernels")
+    import torch
+
+    return Implementation(
+        "flashinfer-decode-bf16",
+        {
+            "recurrent": decode_adapter(
+                _bf16_state_limits(kernels["decode_bf16"]), TorchOps(), state_dtype=torch.bfloat16
+            )
+        },
+        "torch",
+        "FlashInfer gated_delta_rule_decode_pretranspose with a bfloat16 state (K = V = 128), one token per step",
+        "bfloat16",
+        extra=jit_compiled(state_dtype="bfloat16"),
     )
 
 

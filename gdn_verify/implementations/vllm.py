@@ -19,6 +19,23 @@ Adapters (torch CUDA tensors):
   ``inplace_final_state=True``.
 - ``vllm-spec``: the speculative-decoding form under :data:`VLLM_SPEC` rules, handed straight to
   ``fused_recurrent_gated_delta_rule(..., ssm_state_indices, num_accepted_tokens)``.
+- ``vllm-sigmoid-spec`` / ``vllm-sigmoid-recurrent``: ``fused_sigmoid_gating_delta_rule_update``
+  (``ops/fused_sigmoid_gating.py``), the kernel vLLM's Qwen GDN layer runs for speculative
+  verification (Triton route) and for the decodes of a mixed batch. Its slots and indices are
+  ``fused_recurrent``'s, but it takes raw gates ``g = -exp(A_log) softplus(a + dt_bias)``
+  (softplus threshold 20), ``beta = sigmoid(b)``: the native ``(g, beta)`` go in as
+  ``A_log = dt_bias = 0`` and float32 ``a``, ``b`` (the kernel reads them as float32 whatever
+  their dtype: float32 costs no more than their own float32 gate arithmetic; see
+  ``flashinfer.raw_gates``).
+- ``vllm-packed-decode``: ``fused_recurrent_gated_delta_rule_packed_decode``, vLLM's default
+  non-speculative decode (``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=1``): one token per
+  sequence and call, ``mixed_qkv [B, 2 H K + HV V]`` (q | k | v of the token, one dtype), raw
+  gates ``a, b [B, HV]``, a ``[slots, HV, V, K]`` pool with 1-D ``ssm_state_indices [B]``
+  (``<= 0``: output zeros, state untouched), updated in place; ``out [B, 1, HV, V]`` is the
+  caller's. A native call of ``T`` tokens becomes ``T`` calls over the sequences still running,
+  sequence ``n`` in slot ``n + 1`` of a float32 pool (vLLM's own pool is in the model dtype
+  unless ``mamba_ssm_cache_dtype`` says otherwise: that is a bfloat16 state, outside the
+  float32-state contract, so not what these adapters run).
 """
 
 from __future__ import annotations
@@ -38,6 +55,7 @@ import numpy as np
 from gdn_verify.core.conventions import VLLM_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations.fla import cuda_library
+from gdn_verify.implementations.flashinfer import NumpyOps, TorchOps, raw_gates
 
 ENV = "GDN_VERIFY_VLLM_OPS"
 PRIVATE = "_gdn_verify_vllm_fla"
@@ -55,6 +73,9 @@ FILES = (
     "utils",
     "wy_fast",
 )
+# Imported when present (older carried folders lack it): the fused raw-gate kernel, which needs
+# nothing beyond vllm.triton_utils.
+OPTIONAL = ("fused_sigmoid_gating",)
 PACKAGE_DIRS = ("third_party/flash_linear_attention", "model_executor/layers/fla")
 
 
@@ -147,7 +168,7 @@ def load_ops(root: str | Path | None = None) -> types.SimpleNamespace:
         saved = {name: sys.modules.get(name) for name in standins}
         sys.modules.update({PRIVATE: package, f"{PRIVATE}.ops": ops, **standins})
         try:
-            for name in ("chunk", "fused_recurrent"):
+            for name in ("chunk", "fused_recurrent", *(f for f in OPTIONAL if (ops_dir / f"{f}.py").is_file())):
                 importlib.import_module(f"{PRIVATE}.ops.{name}")
         except BaseException:
             for name in [n for n in sys.modules if n == PRIVATE or n.startswith(PRIVATE + ".")]:
@@ -161,10 +182,14 @@ def load_ops(root: str | Path | None = None) -> types.SimpleNamespace:
                     sys.modules[name] = previous
     chunk = sys.modules[f"{PRIVATE}.ops.chunk"]
     recurrent = sys.modules[f"{PRIVATE}.ops.fused_recurrent"]
+    sigmoid = sys.modules.get(f"{PRIVATE}.ops.fused_sigmoid_gating")
     return types.SimpleNamespace(
         root=root,
         chunk_gated_delta_rule=chunk.chunk_gated_delta_rule,
         fused_recurrent_gated_delta_rule=recurrent.fused_recurrent_gated_delta_rule,
+        # None where the wheel predates them (or the file was not carried)
+        packed_decode=getattr(recurrent, "fused_recurrent_gated_delta_rule_packed_decode", None),
+        fused_sigmoid_gating_delta_rule_update=getattr(sigmoid, "fused_sigmoid_gating_delta_rule_update", None),
     )
 
 
@@ -219,11 +244,39 @@ def _check_scale(scale) -> None:
         raise NotImplementedError(f"vLLM's fused_recurrent asserts scale > 0 (scale={scale})")
 
 
-def recurrent_adapter(kernel: Callable, xp: Any = None) -> Callable:
+GateKwargs = Callable[[Any, Any], dict[str, Any]]
+
+
+def _log_space_gates(g, beta) -> dict[str, Any]:
+    return {"g": g, "beta": beta}
+
+
+def raw_gate_kwargs(ops: Any) -> GateKwargs:
+    """``(g, beta)`` -> the raw-gate keywords of vLLM's fused kernels (``A_log = dt_bias = 0``).
+
+    ``a``, ``b`` go over in float32: the kernels read them as float32 whatever their dtype, so a
+    16-bit copy would only add a rounding of ours (``flashinfer.raw_gates`` bounds the rest).
+    """
+
+    def gates(g, beta) -> dict[str, Any]:
+        a, b = raw_gates(ops, g, beta)
+        zeros = ops.float32(ops.zeros((g.shape[-1],), like=g))
+        return dict(A_log=zeros, a=ops.float32(a), b=ops.float32(b), dt_bias=zeros)
+
+    return gates
+
+
+def _array_ops(xp: Any) -> Any:
+    return NumpyOps() if xp is np else TorchOps()
+
+
+def recurrent_adapter(kernel: Callable, xp: Any = None, raw: bool = False) -> Callable:
     """Native convention -> vLLM's ``fused_recurrent_gated_delta_rule`` with a null-slot pool.
 
-    ``xp`` is the array module (torch by default; NumPy for the CPU tests).
+    ``xp`` is the array module (torch by default; NumPy for the CPU tests). ``raw``: the kernel
+    takes raw gates (``fused_sigmoid_gating_delta_rule_update``), same slots and indices.
     """
+    gates: GateKwargs = raw_gate_kwargs(_array_ops(xp)) if raw else _log_space_gates
 
     def call(
         q,
@@ -254,8 +307,7 @@ def recurrent_adapter(kernel: Callable, xp: Any = None) -> Callable:
             q=q,
             k=k,
             v=v,
-            g=g,
-            beta=beta,
+            **gates(g, beta),
             scale=scale,
             initial_state=pool,
             inplace_final_state=True,
@@ -270,13 +322,17 @@ def recurrent_adapter(kernel: Callable, xp: Any = None) -> Callable:
     return call
 
 
-def spec_adapter(kernel: Callable, poison: Callable[[Any, Any], None] | None = None) -> Callable:
+def spec_adapter(
+    kernel: Callable, poison: Callable[[Any, Any], None] | None = None, gates: GateKwargs = _log_space_gates
+) -> Callable:
     """The speculative-decoding form (:data:`VLLM_SPEC` rules) -> ``fused_recurrent_gated_delta_rule``.
 
     ``state_pool`` ``[slots, HV, V, K]`` (slot 0 null) and the indices go to the kernel as they
     are. vLLM allocates ``o`` itself (``new_empty``), so an ``output=`` buffer is served by
     ``poison(q, v)`` first filling the memory that allocation will most likely reuse with NaN
     (the caching allocator hands back the block just freed), then copying ``o`` into it.
+    ``gates``: ``(g, beta)`` -> the kernel's gate keywords (:func:`raw_gate_kwargs` for
+    ``fused_sigmoid_gating_delta_rule_update``).
     """
 
     def spec(
@@ -300,8 +356,7 @@ def spec_adapter(kernel: Callable, poison: Callable[[Any, Any], None] | None = N
             q=q,
             k=k,
             v=v,
-            g=g,
-            beta=beta,
+            **gates(g, beta),
             scale=scale,
             initial_state=state_pool,
             inplace_final_state=True,
@@ -316,6 +371,70 @@ def spec_adapter(kernel: Callable, poison: Callable[[Any, Any], None] | None = N
         return output
 
     return spec
+
+
+def packed_decode_adapter(kernel: Callable, ops: Any = None) -> Callable:
+    """Native convention -> ``fused_recurrent_gated_delta_rule_packed_decode``, one token per call.
+
+    Step ``t`` hands the kernel the ``t``-th token of every sequence still running, packed as
+    ``mixed_qkv = [q | k | v]`` rows, with 1-D ``ssm_state_indices`` naming each sequence's slot
+    (``n + 1``) of one float32 pool (slot 0: vLLM's null block) that the kernel updates in place
+    across the steps.
+    """
+    ops = ops or NumpyOps()
+
+    def call(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        state_v_first=False,
+    ):
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        if not (str(q.dtype) == str(k.dtype) == str(v.dtype)):
+            raise NotImplementedError(
+                f"mixed_qkv is one tensor: q, k, v of one dtype (got {q.dtype}, {k.dtype}, {v.dtype})"
+            )
+        bounds = np.asarray(ops.to_host(cu_seqlens) if cu_seqlens is not None else np.arange(B + 1) * T, np.int64)
+        lengths = np.diff(bounds)
+        N = len(lengths)
+        # token rows [q (H*K) | k (H*K) | v (HV*V)], the layout of the QKV projection vLLM packs
+        mixed = ops.cat([q.reshape(B * T, H * K), k.reshape(B * T, H * K), v.reshape(B * T, HV * V)], axis=1)
+        gates = raw_gate_kwargs(ops)(g.reshape(B * T, HV), beta.reshape(B * T, HV))
+        pool = ops.zeros((N + 1, HV, V, K), like=q, dtype=ops.state_dtype)
+        if initial_state is not None:
+            pool[1:] = initial_state if state_v_first else initial_state.swapaxes(-1, -2)
+        o = ops.zeros((B * T, HV, V), like=v)
+        for t in range(int(lengths.max(initial=0))):
+            running = np.flatnonzero(lengths > t)
+            tok = ops.from_host(bounds[running] + t, like=q)
+            out = ops.zeros((len(running), 1, HV, V), like=v)  # the caller's buffer, as vLLM passes it
+            kernel(
+                mixed_qkv=ops.contiguous(mixed[tok]),
+                a=ops.contiguous(gates["a"][tok]),
+                b=ops.contiguous(gates["b"][tok]),
+                A_log=gates["A_log"],
+                dt_bias=gates["dt_bias"],
+                scale=float(K**-0.5 if scale is None else scale),  # required: the kernel has no default
+                initial_state=pool,
+                out=out,
+                ssm_state_indices=ops.from_host((running + 1).astype(np.int32), like=q),
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            )
+            o[tok] = out[:, 0]
+        final = None
+        if output_final_state:
+            final = ops.contiguous(pool[1:] if state_v_first else pool[1:].swapaxes(-1, -2))
+        return o.reshape(B, T, HV, V), final
+
+    return call
 
 
 def _poison_allocator(q, v) -> None:
@@ -370,4 +489,62 @@ def vllm_spec() -> Implementation:
     )
 
 
-__all__ = ["ConfigurationError", "find_ops_root", "load_ops", "vllm_chunk", "vllm_recurrent", "vllm_spec"]
+def _need(ops: types.SimpleNamespace, name: str, what: str) -> Callable:
+    kernel = getattr(ops, name)
+    if kernel is None:
+        raise ConfigurationError(
+            "impl", f"{ops.root}/ops has no {what} (vLLM older than 0.33, or the file not carried)"
+        )
+    return kernel
+
+
+def vllm_sigmoid_spec() -> Implementation:
+    ops = _ops()
+    kernel = _need(ops, "fused_sigmoid_gating_delta_rule_update", "fused_sigmoid_gating.py")
+    return Implementation(
+        "vllm-sigmoid-spec",
+        {SPEC_FORM: spec_adapter(kernel, _poison_allocator, raw_gate_kwargs(TorchOps()))},
+        "torch",
+        "vLLM fused_sigmoid_gating_delta_rule_update (raw gates) with num_accepted_tokens (speculative decoding)",
+        "bfloat16",
+        extra={"spec_rules": VLLM_SPEC},
+    )
+
+
+def vllm_sigmoid_recurrent() -> Implementation:
+    ops = _ops()
+    kernel = _need(ops, "fused_sigmoid_gating_delta_rule_update", "fused_sigmoid_gating.py")
+    return Implementation(
+        "vllm-sigmoid-recurrent",
+        {"recurrent": recurrent_adapter(kernel, raw=True)},
+        "torch",
+        "vLLM fused_sigmoid_gating_delta_rule_update (raw gates; null slot 0, 2-D ssm_state_indices, in place)",
+        "bfloat16",
+    )
+
+
+def vllm_packed_decode() -> Implementation:
+    ops = _ops()
+    kernel = _need(ops, "packed_decode", "fused_recurrent_gated_delta_rule_packed_decode")
+    return Implementation(
+        "vllm-packed-decode",
+        {"recurrent": packed_decode_adapter(kernel, TorchOps())},
+        "torch",
+        "vLLM fused_recurrent_gated_delta_rule_packed_decode (packed q|k|v, raw gates, float32 pool), a token a step",
+        "bfloat16",
+    )
+
+
+__all__ = [
+    "ConfigurationError",
+    "find_ops_root",
+    "load_ops",
+    "packed_decode_adapter",
+    "raw_gate_kwargs",
+    "vllm_chunk",
+    "vllm_packed_decode",
+    "vllm_recurrent",
+    "vllm_sigmoid_recurrent",
+    "vllm_sigmoid_spec",
+    "vllm_spec",
+]

@@ -1,0 +1,220 @@
+"""vLLM 0.33's fused decode entry points on CPU: the adapters' translation, with NumPy stand-ins.
+
+``fused_sigmoid_gating_delta_rule_update`` (raw gates; vLLM's Triton MTP verify and mixed-batch
+decode) and ``fused_recurrent_gated_delta_rule_packed_decode`` (packed ``q | k | v`` rows; vLLM's
+default non-speculative decode). Each stand-in checks the kernel's documented convention (shapes,
+dtypes, 1-D or 2-D indices, ``slot <= 0`` skipped) and computes it with the float64 oracle, so a
+translation that hands it the native convention fails. The GPU runs use the real kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn_verify.api import check
+from gdn_verify.core import reference
+from gdn_verify.core.conventions import VLLM_SPEC
+from gdn_verify.core.gating import gates_from_raw
+from gdn_verify.core.implementation import SPEC_FORM, Implementation
+from gdn_verify.implementations import vllm
+from gdn_verify.properties import NAMES
+from tests.test_flashinfer_adapters import make_problem
+from tests.test_spec_adapters import standin_vllm_recurrent
+
+SPEC_PROPS = [name for name in NAMES if name.startswith("spec_")]
+
+
+def _gates(A_log, a, dt_bias, b, softplus_beta, threshold):
+    """The kernels' raw-gate keywords back to ``(g, beta)``, checking what the kernels assume."""
+    HV = a.shape[-1]
+    assert A_log.shape == dt_bias.shape == (HV,), "A_log and dt_bias are [HV]"
+    assert a.shape == b.shape and a.dtype == b.dtype == np.float32, "a, b float32 (the kernel reads float32)"
+    assert softplus_beta == 1.0 and threshold == 20.0, "softplus beta/threshold left at vLLM's defaults"
+    return gates_from_raw(A_log, a, dt_bias, b)
+
+
+def standin_sigmoid(
+    A_log,
+    a,
+    b,
+    dt_bias,
+    q,
+    k,
+    v,
+    beta=1.0,
+    threshold=20.0,
+    scale=None,
+    initial_state=None,
+    inplace_final_state=True,
+    cu_seqlens=None,
+    ssm_state_indices=None,
+    num_accepted_tokens=None,
+    use_qk_l2norm_in_kernel=False,
+    is_kda=False,
+):
+    """``fused_sigmoid_gating_delta_rule_update``: raw gates, then ``fused_recurrent``'s slots."""
+    assert np.ndim(beta) == 0, "`beta` is softplus's beta (a float), not the update gate"
+    assert not is_kda
+    g, gate_beta = _gates(A_log, a, dt_bias, b, beta, threshold)
+    return standin_vllm_recurrent(
+        q,
+        k,
+        v,
+        g.reshape(v.shape[:3]),  # a, b are read as flat [tokens, HV] rows
+        gate_beta.reshape(v.shape[:3]),
+        scale=scale,
+        initial_state=initial_state,
+        inplace_final_state=inplace_final_state,
+        cu_seqlens=cu_seqlens,
+        ssm_state_indices=ssm_state_indices,
+        num_accepted_tokens=num_accepted_tokens,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )
+
+
+def standin_packed_decode(
+    mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices, use_qk_l2norm_in_kernel=False
+):
+    """``fused_recurrent_gated_delta_rule_packed_decode``: one token per row, pool updated in place."""
+    assert mixed_qkv.ndim == 2 and a.ndim == b.ndim == 2 and ssm_state_indices.ndim == 1
+    assert isinstance(scale, float), "scale is required (no default)"
+    assert ssm_state_indices.dtype == np.int32
+    rows = mixed_qkv.shape[0]
+    HV, V, K = initial_state.shape[-3:]
+    assert out.shape == (rows, 1, HV, V) and a.shape == (rows, HV)
+    H = (mixed_qkv.shape[1] - HV * V) // (2 * K)  # the kernel infers H from the packed width
+    g, beta = _gates(A_log, a, dt_bias, b, 1.0, 20.0)
+    q = mixed_qkv[:, : H * K].reshape(rows, 1, H, K)
+    k = mixed_qkv[:, H * K : 2 * H * K].reshape(rows, 1, H, K)
+    v = mixed_qkv[:, 2 * H * K :].reshape(rows, 1, HV, V)
+    for n, slot in enumerate(ssm_state_indices.tolist()):
+        if slot <= 0:  # vLLM's null block and padding: zeros out, state untouched
+            out[n] = 0
+            continue
+        o, state = reference.recurrent_gated_delta_rule(
+            q[n : n + 1],
+            k[n : n + 1],
+            v[n : n + 1],
+            g[n : n + 1, None],
+            beta[n : n + 1, None],
+            scale=scale,
+            initial_state=initial_state[slot : slot + 1],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            state_v_first=True,
+        )
+        assert state is not None  # output_final_state=True
+        out[n] = o[0]
+        initial_state[slot] = state[0]
+    return out, initial_state
+
+
+CASES = [
+    dict(),
+    dict(varlen=False),
+    dict(v_first=True, regime="spikes"),
+    dict(l2norm=True, regime="strong_run", H=1, HV=1),
+    dict(state=None, varlen=False, regime="none", K=16, V=16),
+    dict(seed=3, regime="moderate", H=4, HV=4, K=8, V=4),
+]
+
+
+def assert_close(got, want, rtol):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want), initial=0.0) <= rtol * max(1.0, np.max(np.abs(want), initial=0.0))
+
+
+def _native(adapter, problem):
+    o, state = adapter(**problem.kwargs())
+    want_o, want_state = reference.recurrent_gated_delta_rule(**problem.kwargs())
+    return (o, want_o), (state, want_state)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_packed_decode_translation_matches_the_oracle(case):
+    # the pool is float32, as vLLM's kernel keeps it here: float32-state accuracy, not 1e-12
+    problem = make_problem(**case)
+    (o, want_o), (state, want_state) = _native(vllm.packed_decode_adapter(standin_packed_decode), problem)
+    assert_close(o, want_o, 1e-5)
+    assert_close(state, want_state, 1e-5)
+    o2, none = vllm.packed_decode_adapter(standin_packed_decode)(**problem.replace(output_final_state=False).kwargs())
+    assert none is None and np.array_equal(o2, o)
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_sigmoid_recurrent_translation_matches_the_oracle(case):
+    problem = make_problem(**case)
+    (o, want_o), (state, want_state) = _native(vllm.recurrent_adapter(standin_sigmoid, np, raw=True), problem)
+    assert_close(o, want_o, 1e-5)
+    assert_close(state, want_state, 1e-5)
+
+
+def test_packed_decode_leaves_the_callers_state_alone_and_writes_no_null_slot():
+    problem = make_problem(lengths=(3, 0, 1))
+    assert problem.initial_state is not None
+    before = problem.initial_state.copy()
+    pools = []
+
+    def watch(**kw):
+        pools.append(kw["initial_state"])
+        return standin_packed_decode(**kw)
+
+    vllm.packed_decode_adapter(watch)(**problem.kwargs())
+    assert np.array_equal(problem.initial_state, before)
+    assert len(pools) == 3 and all(p is pools[0] for p in pools), "one pool, updated in place across steps"
+    assert not np.any(pools[0][0]), "slot 0 is vLLM's null block"
+
+
+def test_a_wrong_packing_order_is_caught():
+    def k_before_q(**kw):  # a kernel reading [k | q | v]: what a translation packing k first looks like
+        m = kw["mixed_qkv"].copy()
+        HK = (m.shape[1] - np.prod(kw["initial_state"].shape[-3:-1])) // 2
+        kw["mixed_qkv"] = np.concatenate([m[:, HK : 2 * HK], m[:, :HK], m[:, 2 * HK :]], axis=1)
+        return standin_packed_decode(**kw)
+
+    (o, want_o), _ = _native(vllm.packed_decode_adapter(k_before_q), make_problem(regime="mild"))
+    assert np.max(np.abs(o - want_o)) > 1e-2
+
+
+def test_float32_problems_pass_the_property_suite_through_the_packed_decode(tmp_path):
+    impl = Implementation("standin-packed-decode", {"recurrent": vllm.packed_decode_adapter(standin_packed_decode)})
+    result = check(
+        impl, dtype="float32", properties=["matches_reference"], max_examples=15, seed=5, cases_dir=tmp_path
+    )["matches_reference"]
+    assert result.status == "passed", result.failure and result.failure.message
+
+
+def test_sigmoid_spec_adapter_passes_the_slot_properties_but_bounds(tmp_path):
+    impl = Implementation(
+        "standin-vllm-sigmoid-spec",
+        {SPEC_FORM: vllm.spec_adapter(standin_sigmoid, gates=vllm.raw_gate_kwargs(vllm.NumpyOps()))},
+        extra={"spec_rules": VLLM_SPEC},
+    )
+    result = check(impl, dtype="float32", properties=SPEC_PROPS, max_examples=12, seed=3, cases_dir=tmp_path)
+    statuses = {r.name: r.status for r in result.results}
+    # the same unchecked num_accepted_tokens - 1 read as fused_recurrent's (tests/test_spec_adapters.py)
+    assert statuses.pop("spec_accepted_bounds") == "failed"
+    assert set(statuses.values()) == {"passed"}, result.as_dict()
+
+
+def test_raw_gates_go_over_as_float32_with_zero_bias():
+    g = np.array([[0.0, -1e-6, -0.7, -60.0]])
+    beta = np.array([[0.0, 0.3, 0.999, 1.0]])
+    kw = vllm.raw_gate_kwargs(vllm.NumpyOps())(g, beta)
+    assert set(kw) == {"A_log", "a", "b", "dt_bias"}
+    assert all(x.dtype == np.float32 for x in kw.values()) and not kw["A_log"].any() and not kw["dt_bias"].any()
+    g2, beta2 = gates_from_raw(kw["A_log"], kw["a"], kw["dt_bias"], kw["b"])
+    assert np.all(np.abs(np.exp(g2) - np.exp(g)) <= 2.0**-22) and np.all(np.abs(beta2 - beta) <= 2.0**-23)
+
+
+def test_a_folder_without_the_fused_kernels_is_a_configuration_error(tmp_path):
+    from types import SimpleNamespace
+
+    from gdn_verify.implementations import ConfigurationError
+
+    ops = SimpleNamespace(root=tmp_path, fused_sigmoid_gating_delta_rule_update=None, packed_decode=None)
+    for name in ("fused_sigmoid_gating_delta_rule_update", "packed_decode"):
+        with pytest.raises(ConfigurationError, match="has no"):
+            vllm._need(ops, name, name)  # noqa: SLF001 - the factories' check, without a GPU
