@@ -2,27 +2,26 @@
 
     python scripts/summarize_checks.py DIR [DIR ...] --out reports/DATE-TOPIC [--label NAME=TEXT]
 
-Each DIR holds ``check-IMPL-DTYPE-SEED.json`` files (``scripts/gpu_checks.sh`` writes them); a later
-DIR's run of the same implementation, dtype and seed replaces an earlier one's (a rerun on newer
-code), unless it did not finish and the earlier one did. Writes ``checks.json`` (one row per run:
-verdict, totals, per property the status, worst error / bound, failure message, kind and named
-cause, and the environment) and ``checks.md``.
+Each DIR holds ``check --json`` documents named ``GROUP-....json`` (``scripts/gpu_checks.sh`` writes
+``check-IMPL-DTYPE-SEED.json``, ``scripts/gpu_scale.sh`` ``scale-IMPL.json``, ``guard-IMPL.json`` and
+``memcheck-IMPL.json``); a later DIR's run of the same group, implementation, dtype and seed replaces
+an earlier one's (a rerun on newer code), unless it did not finish and the earlier one did. Writes
+``checks.json`` (one row per run: verdict, totals, per property the status, worst error / bound,
+failure message, kind and named cause, and the environment) and ``checks.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
-NAME = re.compile(r"check-(?P<impl>.+)-(?P<dtype>bfloat16|float16|float32|float64)-(?P<seed>\d+)\.json$")
 
-
-def row(path: Path, label: str) -> dict:
+def row(path: Path, label: str) -> dict | None:
+    """One run's row, or None for a JSON file that is not a check document."""
     doc = json.loads(path.read_text())
-    m = NAME.search(path.name)
-    assert m is not None
+    if not isinstance(doc, dict) or doc.get("kind") != "check":
+        return None
     props = []
     for r in doc["results"]:
         worst = r.get("worst") or {}
@@ -33,6 +32,7 @@ def row(path: Path, label: str) -> dict:
                 name=r["name"],
                 status=r["status"],
                 examples=r.get("examples"),
+                seconds=r.get("seconds"),
                 worst_ratio=ratio,
                 note=r.get("note", ""),
                 message=failure.get("message", ""),
@@ -41,9 +41,10 @@ def row(path: Path, label: str) -> dict:
             )
         )
     return dict(
-        impl=m["impl"],
-        dtype=m["dtype"],
-        seed=int(m["seed"]),
+        group=path.stem.split("-")[0],
+        impl=doc["impl"],
+        dtype=doc["dtype"],
+        seed=doc["seed"],
         run=label,
         status=doc["status"],
         totals=doc["totals"],
@@ -64,16 +65,19 @@ def main() -> None:
     labels = dict(item.split("=", 1) for item in args.label)
     rows: dict[tuple, dict] = {}
     for d in args.dirs:
-        for path in sorted(d.glob("check-*.json")):
+        for path in sorted(d.glob("*.json")):
             r = row(path, labels.get(str(d), str(d)))
-            old = rows.get((r["impl"], r["dtype"], r["seed"]))
+            if r is None:
+                continue
+            key = (r["group"], r["impl"], r["dtype"], r["seed"])
+            old = rows.get(key)
             if old is None or r["status"] == "complete" or old["status"] != "complete":
-                rows[r["impl"], r["dtype"], r["seed"]] = r  # an unfinished rerun keeps a finished run
+                rows[key] = r  # an unfinished rerun keeps a finished run
     ordered = [rows[k] for k in sorted(rows)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "checks.json").write_text(json.dumps(dict(runs=ordered), indent=1) + "\n")
-    lines = ["| impl | dtype | seed | verdict | passed / failed / unsupported | failures (kind; named cause) | run |"]
-    lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+    columns = ("group", "impl", "dtype", "seed", "verdict", "passed / failed / unsupported", "failures", "run")
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for r in ordered:
         t = r["totals"]
         failed = [
@@ -86,7 +90,8 @@ def main() -> None:
         )
         verdict = "incomplete" if r["status"] != "complete" else ("pass" if r["passed"] else "FAIL")
         counts = f"{t.get('passed', 0)} / {t.get('failed', 0)} / {t.get('unsupported', 0)}"
-        lines.append(f"| {r['impl']} | {r['dtype']} | {r['seed']} | {verdict} | {counts} | {what} | {r['run']} |")
+        cells = (r["group"], r["impl"], r["dtype"], r["seed"], verdict, counts, what, r["run"])
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     (args.out / "checks.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
