@@ -47,6 +47,7 @@ from gdn_verify.core.verdict import (
     output_contract_violations,
     run_checked,
     sequence_part,
+    state_dtype_of,
 )
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.strategies import Limits
@@ -75,7 +76,7 @@ def _no_params(problem_strategy: st.SearchStrategy) -> st.SearchStrategy:
 def check_matches_reference(
     impl: Implementation, problem: Problem, params: dict, oracle: Oracle = numpy_oracle
 ) -> Measurement:
-    reference, tolerance = oracle_and_tolerance(problem, oracle)
+    reference, tolerance = oracle_and_tolerance(problem, oracle, state_dtype_of(impl))
     return compare(problem, run_checked(impl, problem), reference, tolerance)
 
 
@@ -87,7 +88,7 @@ def strategy_matches_reference(limits: Limits, large: bool, regimes=gs.GATE_REGI
 
 # 2. varlen_equals_separate --------------------------------------------------------------------
 def check_varlen_equals_separate(impl: Implementation, problem: Problem, params: dict) -> Measurement:
-    _, tolerance = oracle_and_tolerance(problem)
+    _, tolerance = oracle_and_tolerance(problem, state_dtype=state_dtype_of(impl))
     packed = run_checked(impl, problem)
     worst: Measurement | None = None
     for n, length in enumerate(problem.lengths):
@@ -152,7 +153,7 @@ def check_no_cross_sequence_leak(impl: Implementation, problem: Problem, params:
     before = run_checked(impl, problem)
     exact = bitwise_equal(before, run_checked(impl, problem))
     after = run_checked(impl, perturb_sequence(problem, n, params["seed"]))
-    tolerance = None if exact else oracle_and_tolerance(problem)[1]
+    tolerance = None if exact else oracle_and_tolerance(problem, state_dtype=state_dtype_of(impl))[1]
     worst = Measurement(0.0, 0.0, "bitwise") if exact else Measurement(0.0, tolerance.output_rms, "within tolerance")
     for m in range(problem.num_sequences):
         if m == n or (problem.lengths[m] == 0 and before.final_state is None):
@@ -197,7 +198,7 @@ def strategy_leak(limits: Limits) -> st.SearchStrategy:
 def check_state_continuation(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     T = problem.q.shape[1]
     t = min(params["split"], T)
-    _, tolerance = oracle_and_tolerance(problem)
+    _, tolerance = oracle_and_tolerance(problem, state_dtype=state_dtype_of(impl))
     whole = run_checked(impl, problem)
     first = run_checked(impl, problem.tokens(0, t))
     if first.final_state is None:
@@ -243,7 +244,7 @@ def expand_heads(problem: Problem) -> Problem:
 
 
 def check_head_mapping(impl: Implementation, problem: Problem, params: dict) -> Measurement:
-    reference, tolerance = oracle_and_tolerance(problem)
+    reference, tolerance = oracle_and_tolerance(problem, state_dtype=state_dtype_of(impl))
     gva = run_checked(impl, problem)
     expanded = run_checked(impl, expand_heads(problem))
     try:
@@ -299,7 +300,7 @@ def growth_points(
     points = []
     for T in (T for T in lengths if T <= problem.q.shape[1]):
         part = problem.tokens(0, T)
-        reference, tolerance = oracle_and_tolerance(part)
+        reference, tolerance = oracle_and_tolerance(part, state_dtype=state_dtype_of(impl))
         result = run_checked(impl, part)
         try:
             m = compare(part, result, reference, tolerance)
@@ -384,7 +385,7 @@ def check_linearity(impl: Implementation, problem: Problem, params: dict) -> Mea
     v3 = (as64(problem.v) + as64(v2)).astype(dtype)
     p3 = problem.replace(v=v3, initial_state=None if s1 is None else (s1 + s2).astype(np.float32))
     r1, r2, r3 = run_checked(impl, problem), run_checked(impl, p2), run_checked(impl, p3)
-    _, tolerance = oracle_and_tolerance(p3)
+    _, tolerance = oracle_and_tolerance(p3, state_dtype=state_dtype_of(impl))
     expected_state = None if r1.final_state is None else as64(r1.final_state) + as64(r2.final_state)
     try:
         m = compare(
@@ -423,7 +424,7 @@ def check_output_contract(impl: Implementation, problem: Problem, params: dict) 
         result = impl.run(problem)
     except ContractError as exc:
         raise Violation(f"output contract: {exc}") from None
-    bad = output_contract_violations(result, problem)
+    bad = output_contract_violations(result, problem, state_dtype=state_dtype_of(impl))
     if bad:
         raise Violation("output contract: " + "; ".join(bad))
     return Measurement(0.0, 0.0, "shapes and dtypes")
@@ -441,7 +442,7 @@ def strategy_contract(draw, limits: Limits):
 def check_chunk_equals_recurrent(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     if not {"chunk", "recurrent"} <= set(impl.forms):
         raise NotImplementedError(f"{impl.name} has no chunk and recurrent forms to compare")
-    _, tolerance = oracle_and_tolerance(problem)
+    _, tolerance = oracle_and_tolerance(problem, state_dtype=state_dtype_of(impl))
     chunk, recurrent = run_checked(impl, problem, "chunk"), run_checked(impl, problem, "recurrent")
     return compare(
         problem,
@@ -485,7 +486,7 @@ def check_in_kernel_options(impl: Implementation, problem: Problem, params: dict
     result = run_checked(impl, problem, options=options)
     g, beta = gating.in_kernel_gates(problem.g, problem.beta, **options)
     native = problem.replace(g=g, beta=beta)
-    reference, tolerance = oracle_and_tolerance(native)
+    reference, tolerance = oracle_and_tolerance(native, state_dtype=state_dtype_of(impl))
     flags = ", ".join(name for name, value in options.items() if value is True)
     return compare(native, result, reference, tolerance, what=f"oracle on the gates that {flags} define")
 
@@ -507,7 +508,7 @@ def check_state_layout(impl: Implementation, problem: Problem, params: dict) -> 
     )
     transposed = run_checked(impl, v_first)  # first: an implementation without the layout stops here
     plain = run_checked(impl, k_first)
-    reference, tolerance = oracle_and_tolerance(k_first)
+    reference, tolerance = oracle_and_tolerance(k_first, state_dtype=state_dtype_of(impl))
     try:
         compare(
             v_first,

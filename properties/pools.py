@@ -44,7 +44,15 @@ from gdn_verify.core.conventions import SpecRules, spec_rules_of
 from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement, Property, Violation, compare, oracle_and_tolerance, run_checked
+from gdn_verify.core.verdict import (
+    Measurement,
+    Property,
+    Violation,
+    compare,
+    oracle_and_tolerance,
+    run_checked,
+    state_dtype_of,
+)
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.native import _needs_native
 from gdn_verify.properties.spec import (
@@ -265,7 +273,7 @@ def check_guarded_inputs(impl: Implementation, problem: Problem, params: dict) -
                 f"input {name} was written by the kernel: {changed.size} of {before.size} elements changed "
                 f"(the first at index {at}: {float(before[at]):.7g} -> {float(after[at]):.7g})"
             )
-    reference, tolerance = oracle_and_tolerance(problem)
+    reference, tolerance = oracle_and_tolerance(problem, state_dtype=state_dtype_of(impl))
     return compare(problem, result, reference, tolerance)
 
 
@@ -357,7 +365,7 @@ def check_stream(impl: Implementation, problem: Problem, params: dict) -> Measur
     # each step's outputs from the state the kernel read, at the normal output tolerance (first:
     # a kernel that fails them needs no drift estimate, and shrinking such a failure stays cheap)
     segments = problem.replace(initial_state=np.concatenate(starts).astype(np.float32), output_final_state=True)
-    reference, bound = oracle_and_tolerance(segments)
+    reference, bound = oracle_and_tolerance(segments, state_dtype=state_dtype_of(impl))
     got = Result(np.concatenate(outputs, axis=1), None, None, None)
     try:
         out_m = compare(segments, got, (reference[0], None), bound)
@@ -372,7 +380,7 @@ def check_stream(impl: Implementation, problem: Problem, params: dict) -> Measur
     stream = _stream_problem(problem, lengths, accepted, kfirst(pool, rules)[indices[rows, accepted[0] - 1]])
     ref_o, ref_state = numpy_oracle(stream)
     wide = stream if stream.dtype.itemsize >= 4 else stream.astype(np.float32)  # exact: same values
-    state_bound = tol.tolerance(wide, tol.condition(wide, (ref_o, ref_state)))
+    state_bound = tol.tolerance(wide, tol.condition(wide, (ref_o, ref_state), state_dtype=state_dtype_of(impl)))
     final = kfirst(current, rules)[indices[rows, lengths[-1] - 1]]
     try:
         state_m = compare(
@@ -384,7 +392,8 @@ def check_stream(impl: Implementation, problem: Problem, params: dict) -> Measur
         raise Violation(
             f"state drift after {S} step{'s' if S > 1 else ''} ({stream.lengths.tolist()} tokens per request; "
             f"every step's outputs within tolerance): the final slots {indices[rows, lengths[-1] - 1].tolist()} "
-            f"are {ratio} the float32-state bound off the float64 oracle of the whole stream ({exc})",
+            f"are {ratio} the {tol.narrow_state_dtype(state_dtype_of(impl)) or 'float32'}-state bound off the "
+            f"float64 oracle of the whole stream ({exc})",
             m,
         ) from None
     return max(out_m, state_m, key=lambda x: x.ratio)

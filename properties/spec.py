@@ -41,7 +41,7 @@ from gdn_verify.core.conventions import NATIVE_SPEC, SpecRules, spec_rules_of
 from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.verdict import Measurement, Property, Violation, compare
+from gdn_verify.core.verdict import Measurement, Property, Violation, compare, state_dtype_of
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.strategies import Limits
 
@@ -284,11 +284,12 @@ def check_slots(impl: Implementation, problem: Problem, params: dict, place: Poo
         raise Violation(f"output row of token {token} (a live request) still holds the NaN poison: never written")
     native = _requests(problem, real, before_k[starts[real]])
     reference = numpy_oracle(native)
-    tolerance = tol.tolerance(native, tol.condition(native, reference))
+    state_dtype = state_dtype_of(impl)
+    tolerance = tol.tolerance(native, tol.condition(native, reference, state_dtype=state_dtype))
     try:
         worst = compare(native, Result(got_o, None, None, None), (reference[0], None), tolerance)
     except Violation as exc:
-        explain = _explain_start(problem, indices, accepted, o, before_k, real, rules)
+        explain = _explain_start(problem, indices, accepted, o, before_k, real, rules, state_dtype)
         raise Violation(f"outputs: {exc}{explain}", exc.measurement) from None
     # every stored slot holds the state after its token (one writer's state for a shared slot)
     candidates: dict[int, list[tuple[np.ndarray, float, np.ndarray, int, int]]] = {}
@@ -298,7 +299,7 @@ def check_slots(impl: Implementation, problem: Problem, params: dict, place: Poo
             continue
         prefix = _requests(problem, running, before_k[starts[running]], upto=t)
         ref_o, ref_state = numpy_oracle(prefix)
-        bound = tol.tolerance(prefix, tol.condition(prefix, (ref_o, ref_state))).state
+        bound = tol.tolerance(prefix, tol.condition(prefix, (ref_o, ref_state), state_dtype=state_dtype)).state
         for i, n in enumerate(running):
             slot = int(indices[n, t])
             if rules.stores(slot):
@@ -367,7 +368,7 @@ def _probe_out_of_range(impl: Implementation, problem: Problem, params: dict, ru
                 alt,
                 Result(np.asarray(o)[:, bounds[row] : bounds[row + 1]], None, None, None),
                 (ref[0], None),
-                tol.tolerance(alt, tol.condition(alt, ref)),
+                tol.tolerance(alt, tol.condition(alt, ref, state_dtype=state_dtype_of(impl))),
             )
             note = f"; its outputs match a start from slot {read} ({where} of ssm_state_indices)"
         except Violation:
@@ -400,7 +401,7 @@ def _check_chain(impl: Implementation, problem: Problem, params: dict, rules: Sp
     cu = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
     chained = problem.take(np.concatenate(pieces), cu, starts)
     ref_o, ref_state = numpy_oracle(chained)
-    tolerance = tol.tolerance(chained, tol.condition(chained, (ref_o, ref_state)))
+    tolerance = tol.tolerance(chained, tol.condition(chained, (ref_o, ref_state), state_dtype=state_dtype_of(impl)))
     last = cu[1:] - 1
     got = Result(np.zeros_like(np.asarray(ref_o)), None, None, None)
     got.o[:, last] = np.asarray(o2)[:, :N]
@@ -425,8 +426,11 @@ def _check_chain(impl: Implementation, problem: Problem, params: dict, rules: Sp
     return worst
 
 
-def _explain_start(problem: Problem, indices, accepted, o, before_k, real, rules: SpecRules) -> str:
-    """Name, per request, a start column whose slot reproduces the outputs (a wrong slot read)."""
+def _explain_start(
+    problem: Problem, indices, accepted, o, before_k, real, rules: SpecRules, state_dtype: Any = None
+) -> str:
+    """Name, per request, a start column whose slot reproduces the outputs (a wrong slot read);
+    ``state_dtype``: the implementation's declared state dtype."""
     bounds = problem.bounds
     notes = []
     for n in real:
@@ -438,7 +442,10 @@ def _explain_start(problem: Problem, indices, accepted, o, before_k, real, rules
             ref = numpy_oracle(alt)
             try:
                 compare(
-                    alt, Result(native_o, None, None, None), (ref[0], None), tol.tolerance(alt, tol.condition(alt, ref))
+                    alt,
+                    Result(native_o, None, None, None),
+                    (ref[0], None),
+                    tol.tolerance(alt, tol.condition(alt, ref, state_dtype=state_dtype)),
                 )
             except Violation:
                 continue

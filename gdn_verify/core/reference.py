@@ -37,6 +37,11 @@ from gdn_verify.core.gating import gates_from_raw
 #   attn         (q k^T) * exp(G_i - G_j), the operand of the intra-chunk output product
 #   v_new_decayed  v_new * exp(G_last - G_j), the operand of the state update k^T (.)
 STAGES = ("kkt_operand", "inverse", "wu_operands", "wu", "h", "v_new", "attn", "v_new_decayed")
+# Not an intermediate but the carried state itself, as loaded (the initial state) and as stored after
+# each chunk's update (after every token at chunk size 1): a kernel that declares a narrower state
+# dtype rounds it there (``tolerance.state_rounding_condition``). Not in STAGES: a float32-state
+# kernel may not round it.
+CARRIED = "state"
 
 
 def _no_hook(name: str, x: np.ndarray) -> np.ndarray:
@@ -96,13 +101,14 @@ def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_h
     Work is batched over blocks of ``chunks_per_block`` chunks: the intra-chunk part (gates,
     ``(I + A)^-1``, W, U) and the output are batched matrix products over the block, and only
     the state passing loops over chunks. Bounded blocks keep temporaries in cache. ``hook(name,
-    x)`` sees each intermediate of :data:`STAGES` (arrays ``[N, HV, ...]``) and returns what the
-    algorithm goes on with.
+    x)`` sees each intermediate of :data:`STAGES` (arrays ``[N, HV, ...]``) and the carried
+    state (:data:`CARRIED`, ``[N, HV, K, V]``: once as loaded, then after each chunk) and returns
+    what the algorithm goes on with.
     """
     N, L, HV, V = p.v.shape
     C, n_chunks = chunk_size, L // chunk_size
     causal = np.tril(np.ones((C, C), bool))
-    S = p.initial_state.copy()
+    S = hook(CARRIED, p.initial_state.copy())
     o = np.empty_like(p.v)
 
     def block_of(x: np.ndarray, first: int, count: int) -> np.ndarray:
@@ -130,7 +136,7 @@ def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_h
             chunk_states[:, :, c] = h
             v_new[:, :, c] = U[:, :, c] - W[:, :, c] @ h
             update = hook("v_new_decayed", v_new[:, :, c] * to_end[:, :, c])
-            S = decay_chunk[:, :, c, None, None] * S + k[:, :, c].swapaxes(-1, -2) @ update
+            S = hook(CARRIED, decay_chunk[:, :, c, None, None] * S + k[:, :, c].swapaxes(-1, -2) @ update)
         o_block = p.scale * (np.exp(G)[..., None] * (q @ chunk_states) + attn @ hook("v_new", v_new))
         block_of(o, first, count)[...] = o_block
     return o, S

@@ -46,7 +46,11 @@ Inputs are exact (the oracle sees the same rounded inputs), so error comes from
    ``C_EXP u_work kappa_decay``, where ``kappa_decay`` is the response to shifting every
    nonzero gate by the same amount (FLA's float32 recurrent kernel drifts so by 2.6e-5 of its
    state over 4096 tokens of retention on an H100);
-5. the float32 chunk-local gate cumsum (below).
+5. the float32 chunk-local gate cumsum (below);
+6. only for an implementation that declares a state dtype coarser than float32
+   (``Implementation.extra["state_dtype"]``, passed as ``condition(..., state_dtype=)``): its
+   carried state stored in that dtype as loaded and after every token,
+   ``expm1(C_ROUND u_state kappa_state)`` (:func:`state_rounding_condition`; below).
 
 ::
 
@@ -56,7 +60,8 @@ Inputs are exact (the oracle sees the same rounded inputs), so error comes from
 
 ``TOKEN_FACTOR`` covers the maximum of many per-token errors against their RMS (about
 ``sqrt(2 ln n)`` for n tokens, 4.4 at n = 4096). What is *not* in the bound: a carried state
-rounded to 16 bits (every token or every chunk), gates or beta rounded inside the state update,
+rounded to 16 bits (every token or every chunk) that the implementation does not declare, gates
+or beta rounded inside the state update,
 a missing or wrong l2norm epsilon; the properties draw the problems that expose them (long
 retention with no writes, tiny rows) and ``benchmarks/precision_contract.py`` measures the
 margins of both sides. Problems too large for the NumPy probes give each rounding the input
@@ -98,6 +103,20 @@ matter for saturated gates inside a chunk. :class:`Tolerance` keeps them apart f
 uniform bound, and ``Tolerance.note`` names the cause (``|cumsum|`` up to X, where) when an
 error lies between the uniform and the full bound.
 
+A declared state dtype (term 6). ``kappa_state`` is measured like the roundings' responses, on
+the float64 oracle run token by token (``chunk_core`` at chunk size 1, its ``CARRIED`` hook), the
+carried state perturbed at load and after every token by ``PERTURBATION`` times the size of one
+rounding: ``u_state |x|``, but never more than the token's change ``|x - S_prev|`` (the stored
+previous value is representable, so rounding to nearest lands no farther). Two draws have fresh
+random signs every token, one the same signs every token (a rounding that repeats: a decay below
+half an ulp rounds back to the undecayed value every token, so a retained memory drifts
+coherently), the latter only at elements the token wrote less than an ulp beyond their decay (a
+larger write randomises where the value falls between representable numbers). A token's output
+may read the stored state, so each perturbation also enters ``o_t`` directly. The term is
+``C_ROUND u_state kappa_state`` to first order; ``expm1`` of it because repeated roundings compound
+(``prod (1 + d_t) <= exp(sum |d_t|)``), which matters once a retained state drifts by its own size.
+Without a declaration (or with float32) nothing is measured and the bound is bit-identical.
+
 ``C_WORK`` and ``TOKEN_FACTOR`` were set once from the model above and checked on the correct
 float32 NumPy implementations (token loop, chunk 16 and 64; all gate regimes; K from 4 to 128;
 large initial states): ``benchmarks/calibrate_tolerance.py`` prints the largest error / bound.
@@ -119,7 +138,7 @@ import numpy as np
 from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
 from gdn_verify.core.oracle import Oracle, numpy_oracle
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.reference import STAGES, chunk_core, recurrent_core
+from gdn_verify.core.reference import CARRIED, STAGES, chunk_core, recurrent_core
 
 C_WORK = 16.0
 TOKEN_FACTOR = 8.0
@@ -159,6 +178,7 @@ ROUNDING_TEXT = {
 }
 UNDERFLOW_NEGLIGIBLE = 1e-30  # below this half-subnormal (bfloat16 2^-134, float32 2^-150) no term
 assert set(STAGES) == {stage for group in ROUNDINGS.values() for stage in group} - {"qk"}
+STATE_TEXT = "carried state stored in the declared {}"
 
 
 def unit_roundoff(dtype) -> float:
@@ -169,6 +189,20 @@ def unit_roundoff(dtype) -> float:
 def underflow_unit(dtype) -> float:
     """Half the smallest subnormal: the largest absolute error of rounding a tiny value to ``dtype``."""
     return float(ml_dtypes.finfo(np.dtype(dtype)).smallest_subnormal) / 2
+
+
+def narrow_state_dtype(state_dtype) -> str | None:
+    """The name of a declared state dtype that gets a term of its own (coarser than float32), else None.
+
+    ``state_dtype``: ``Implementation.extra["state_dtype"]`` as declared (a name, a NumPy dtype or a
+    torch dtype such as ``torch.bfloat16``); None, float32 or float64 is the default contract, whose
+    float32 carried state the float32 arithmetic term covers.
+    """
+    if state_dtype is None:
+        return None
+    name = str(state_dtype)
+    dtype = np.dtype(name.removeprefix("torch.") if name.startswith("torch.") else state_dtype)
+    return dtype.name if unit_roundoff(dtype) > UNIT_ROUNDOFF_FP32 else None
 
 
 @dataclass(frozen=True)
@@ -210,6 +244,12 @@ class Kappa:
     # Per allowed rounding (ROUNDINGS): the three metrics' response to it; None: not measured.
     rounding: dict[str, tuple[float, float, float]] | None = None
     scales: Scales | None = None
+    # A declared state dtype coarser than float32 (narrow_state_dtype; None: the default contract) and
+    # the response to rounding the carried state to it after every token (state_rounding_condition):
+    # "relative" per unit relative perturbation, "underflow" per absolute perturbation of the dtype's
+    # underflow_unit (float16 only); None with a declared dtype: too large for the NumPy probe.
+    state_dtype: str | None = None
+    state_rounding: dict[str, tuple[float, float, float]] | None = None
 
 
 METRICS = ("output_rms", "output_token", "state")
@@ -512,8 +552,103 @@ def rounding_condition(
     return {name: (float(x[0]), float(x[1]), float(x[2])) for name, x in out.items()}
 
 
+def state_rounding_condition(
+    problem: Problem,
+    reference: tuple[np.ndarray, np.ndarray],
+    scales: Scales | None,
+    rng: np.random.Generator,
+    state_dtype: str,
+) -> dict[str, tuple[float, float, float]]:
+    """The response to rounding the carried state to ``state_dtype`` as it is loaded and after every token.
+
+    The float64 oracle runs token by token (``chunk_core`` at chunk size 1, its ``CARRIED`` hook)
+    with the carried state multiplied by ``1 + PERTURBATION r`` each time: ``PROBES`` draws with
+    fresh random signs at every token (roundings that are independent, a random walk) and one with
+    the same random signs at every token (roundings that repeat: a decay smaller than half an ulp
+    rounds back to the undecayed state every token, so a retained memory drifts coherently). The
+    larger response counts. For a dtype with a non-negligible underflow unit (float16) the same
+    three draws add ``PERTURBATION r underflow_unit`` instead ("underflow"). Rounding stops at each
+    sequence's end (the padding of shorter sequences is not rounded).
+
+    A kernel may read token t's output from the stored (rounded) state, so besides propagating
+    through the later tokens each perturbation of the state after token t also changes o_t by
+    ``scale q_t^T dS_t`` (the chunked form computes o_t from the state entering the token, which the
+    hook does not reach): added to the outputs. With strong gates this is the whole effect (the
+    propagated part decays by exp(g) before the next token reads it).
+    """
+    u, eta = unit_roundoff(state_dtype), underflow_unit(state_dtype)
+    kinds = ["relative"] + (["underflow"] if eta > UNDERFLOW_NEGLIGIBLE else [])
+    copies = [(kind, coherent) for kind in kinds for coherent in (False,) * PROBES + (True,)]
+    p = _packed(problem)
+    N = p.v.shape[0]
+    shape = (len(copies) * N,) + p.initial_state.shape[1:]
+    owner = np.repeat(np.arange(len(copies)), N)
+    coherent = np.array([c for _, c in copies])[owner]
+    absolute = np.array([kind == "underflow" for kind, _ in copies])[owner]
+    fixed = rng.integers(0, 2, size=shape, dtype=np.int8) * 2.0 - 1.0
+    lengths = np.tile(p.lengths, len(copies))
+    absolute = absolute[:, None, None, None]
+    q = np.concatenate([p.q] * len(copies))
+    decay = np.exp(np.concatenate([p.g] * len(copies)))
+    read = np.zeros((q.shape[0],) + p.v.shape[1:])  # o_t's change when it reads the perturbed state
+    step = 0  # 0: the state as loaded; t: after token t
+    stored = None  # the state stored after the previous token (perturbed)
+
+    def hook(stage: str, x: np.ndarray) -> np.ndarray:
+        nonlocal step, stored
+        if stage != CARRIED:
+            return x
+        signs = rng.integers(0, 2, size=shape, dtype=np.int8) * 2.0 - 1.0
+        signs[coherent] = fixed[coherent]
+        signs *= (lengths >= step)[:, None, None, None]
+        # The error of one rounding: up to u |x| (relative) or eta (absolute), and never more than the
+        # token's change |x - stored| (the stored value is representable, the nearest is no farther).
+        unit = np.where(absolute, eta, u * np.abs(x))
+        size = unit
+        if stored is not None:
+            size = np.minimum(unit, np.abs(x - stored))
+            # Only an element that this token wrote less than an ulp (beyond decaying it) rounds the
+            # same way again; a larger write lands it at an effectively random place between
+            # representable numbers, which the random draws model.
+            written = np.abs(x - decay[:, step - 1, :, None, None] * stored) >= 2 * unit
+            size = np.where(coherent[:, None, None, None] & written, 0.0, size)
+        delta = PERTURBATION * signs * np.where(absolute, size, size / u)  # per unit u, or per eta itself
+        if step > 0:
+            read[:, step - 1] = p.scale * np.einsum("nhk,nhkv->nhv", q[:, step - 1], delta)
+        step += 1
+        stored = x + delta
+        return stored
+
+    def stack(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([x] * len(copies))
+
+    stacked = dataclasses.replace(
+        p,
+        q=q,
+        k=stack(p.k),
+        v=stack(p.v),
+        g=stack(p.g),
+        beta=stack(p.beta),
+        initial_state=stack(p.initial_state),
+    )
+    o, S = chunk_core(stacked, 1, chunks_per_block=64, hook=hook)
+    o += read
+    out = {kind: np.zeros(3) for kind in kinds}
+    for i, (kind, _) in enumerate(copies):
+        part = slice(i * N, (i + 1) * N)
+        errors = measure(
+            unpack_output(p, o[part]), export_state(p, S[part]), reference[0], reference[1], problem, scales
+        )
+        out[kind] = np.maximum(out[kind], [getattr(errors, m) / PERTURBATION for m in METRICS])
+    return {kind: (float(x[0]), float(x[1]), float(x[2])) for kind, x in out.items()}
+
+
 def condition(
-    problem: Problem, reference: tuple[np.ndarray, np.ndarray], seed: int = 0, oracle: Oracle = numpy_oracle
+    problem: Problem,
+    reference: tuple[np.ndarray, np.ndarray],
+    seed: int = 0,
+    oracle: Oracle = numpy_oracle,
+    state_dtype=None,
 ) -> Kappa:
     """Estimated relative condition numbers of the three metrics, each at least 1.
 
@@ -522,9 +657,16 @@ def condition(
     each metric is divided by ``PERTURBATION``. ``Kappa.gate`` is measured the same way with
     each gate shifted by ``PERTURBATION * r * a`` (``a`` from :func:`chunk_gate_sums`), and
     ``Kappa.rounding`` by :func:`rounding_condition` (None for problems too large for NumPy).
+    ``state_dtype``: the implementation's declared state dtype (``Implementation.extra
+    ["state_dtype"]``); when coarser than float32, ``Kappa.state_rounding`` is measured by
+    :func:`state_rounding_condition` (its own random draws: the other responses do not change).
     """
     rng = np.random.default_rng(seed)
     scales = natural_scales(problem)
+    narrow = narrow_state_dtype(state_dtype)
+    state_rounding = None
+    if narrow is not None and _affordable(problem):
+        state_rounding = state_rounding_condition(problem, reference, scales, np.random.default_rng([seed, 1]), narrow)
 
     def nudge(x):
         if x is None:
@@ -543,7 +685,9 @@ def condition(
     rounding = rounding_condition(problem, reference, scales, rng) if _affordable(problem) else None
     a = chunk_gate_sums(problem)
     if not a.size or a.max() == 0:
-        return Kappa(rms, token, state, rounding=rounding, scales=scales)
+        return Kappa(
+            rms, token, state, rounding=rounding, scales=scales, state_dtype=narrow, state_rounding=state_rounding
+        )
     # Two draws, the second with every other token's sign flipped: a gate factor spanning two
     # tokens sees r_i a_i + r_j a_j, which one random draw cancels half the time (seen: a -1e4
     # spike followed by two gates); the flipped draw then adds them. Longer spans add like the
@@ -563,7 +707,17 @@ def condition(
         *oracle(problem.replace(g=g + PERTURBATION * (g != 0))), reference[0], reference[1], problem, scales
     )
     decay = tuple(float(getattr(errors, name) / PERTURBATION) for name in METRICS)
-    return Kappa(rms, token, state, gate=tuple(float(x) for x in gate), rounding=rounding, scales=scales, decay=decay)
+    return Kappa(
+        rms,
+        token,
+        state,
+        gate=tuple(float(x) for x in gate),
+        rounding=rounding,
+        scales=scales,
+        decay=decay,
+        state_dtype=narrow,
+        state_rounding=state_rounding,
+    )
 
 
 def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
@@ -587,6 +741,17 @@ def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
         (ROUNDING_TEXT[name], C_ROUND * (1.0 if name == "underflow" else u_in) * response)
         for name, response in responses.items()
     ]
+    if kappa.state_dtype is not None:  # declared: the carried state rounded to it after every token
+        if kappa.state_rounding is None:  # too large for the probe: every rounding felt like the inputs', coherently
+            state = {"relative": (int(problem.lengths.max(initial=0)) + 1) * plain}
+        else:
+            state = {kind: np.array(values) for kind, values in kappa.state_rounding.items()}
+        response = unit_roundoff(kappa.state_dtype) * state["relative"] + state.get("underflow", 0.0)
+        # C_ROUND u kappa to first order; expm1 because the roundings compound: a state retained
+        # over T tokens is multiplied by prod (1 + d_t) <= exp(sum |d_t|), which the linear response
+        # (sum |d_t|) underestimates once the drift is of order 1 (T u ~ 1: 256 tokens in bfloat16).
+        with np.errstate(over="ignore"):  # a drift beyond exp(709): no bound (inf), nothing to claim
+            terms.append((STATE_TEXT.format(kappa.state_dtype), np.expm1(C_ROUND * response)))
     terms.append(("float32 arithmetic", C_WORK * np.sqrt(dot_length) * UNIT_ROUNDOFF_FP32 * plain))
     if any(kappa.decay):
         terms.append(("float32 decay factors", C_EXP * UNIT_ROUNDOFF_FP32 * np.array(kappa.decay)))

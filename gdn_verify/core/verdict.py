@@ -73,8 +73,12 @@ class Property:
     form: str = "native"
 
 
-def output_contract_violations(result: Result, problem: Problem, shapes_only: bool = False) -> list[str]:
-    """Shape and dtype contract of ``(o, final_state)`` for ``problem`` (``shapes_only``: shapes alone)."""
+def output_contract_violations(
+    result: Result, problem: Problem, shapes_only: bool = False, state_dtype: Any = None
+) -> list[str]:
+    """Shape and dtype contract of ``(o, final_state)`` for ``problem`` (``shapes_only``: shapes alone);
+    the final state is float32 unless the implementation declares a narrower ``state_dtype``."""
+    want_dtype = tol.narrow_state_dtype(state_dtype) or "float32"
     s = problem.shape
     problems = []
     want_o = (s["B"], s["T"], s["HV"], s["V"])
@@ -88,8 +92,8 @@ def output_contract_violations(result: Result, problem: Problem, shapes_only: bo
             problems.append("final_state is None although output_final_state=True")
         elif tuple(np.shape(result.final_state)) != want_s:
             problems.append(f"final_state has shape {tuple(np.shape(result.final_state))}, expected {want_s}")
-        elif result.state_dtype != "float32" and not shapes_only:
-            problems.append(f"final_state has dtype {result.state_dtype}, expected float32")
+        elif result.state_dtype != want_dtype and not shapes_only:
+            problems.append(f"final_state has dtype {result.state_dtype}, expected {want_dtype}")
     elif result.final_state is not None:
         problems.append("final_state returned although output_final_state=False")
     return problems
@@ -172,11 +176,22 @@ def compare(
     return m
 
 
-def oracle_and_tolerance(problem: Problem, oracle: Oracle = numpy_oracle) -> tuple[tuple, tol.Tolerance]:
-    """The oracle's ``(o, final_state or None)`` and the tolerance a correct implementation meets."""
+def state_dtype_of(impl: Implementation) -> Any:
+    """The dtype ``impl`` declares it carries its state in (``extra["state_dtype"]``); None: float32,
+    the default contract. A declared dtype coarser than float32 adds a term to the bound
+    (``tolerance.narrow_state_dtype``, docs/precision.md)."""
+    return impl.extra.get("state_dtype")
+
+
+def oracle_and_tolerance(
+    problem: Problem, oracle: Oracle = numpy_oracle, state_dtype: Any = None
+) -> tuple[tuple, tol.Tolerance]:
+    """The oracle's ``(o, final_state or None)`` and the tolerance a correct implementation meets
+    (``state_dtype``: the implementation's declared state dtype, :func:`state_dtype_of`)."""
     reference = oracle(problem)
     ref_state = reference[1] if problem.output_final_state else None
-    return (reference[0], ref_state), tol.tolerance(problem, tol.condition(problem, reference, oracle=oracle))
+    kappa = tol.condition(problem, reference, oracle=oracle, state_dtype=state_dtype)
+    return (reference[0], ref_state), tol.tolerance(problem, kappa)
 
 
 def bitwise_equal(a: Result, b: Result) -> bool:

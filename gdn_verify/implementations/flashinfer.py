@@ -471,9 +471,9 @@ def flashinfer_decode() -> Implementation:
 
 
 def flashinfer_decode_bf16() -> Implementation:
-    """The bf16-state decode. Its state is rounded to bfloat16 every token, by design: until the
-    tolerance model takes ``extra["state_dtype"]`` into account, ``check`` judges it against the
-    float32-state contract (docs/precision.md: ``state16_token`` is a forbidden rounding there).
+    """The bf16-state decode. Its state is rounded to bfloat16 every token, by design, and declared
+    (``extra["state_dtype"]``): the tolerance model adds that rounding's term and the output
+    contract expects a bfloat16 final state (docs/precision.md, "a declared state dtype").
     """
     kernels = _flashinfer_kernels()
     if kernels["decode_bf16"] is None:

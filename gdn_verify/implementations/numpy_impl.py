@@ -17,9 +17,15 @@ does with float32 registers it is handed unconverted (Triton's default ``tl.dot`
 ``tf32="rna"`` rounds them to nearest like ``cvt.rna``), and accumulates in float32: a known
 precision loss the checks must report. Cutting reproduces FLA 0.6's float32 error on the
 committed one-token case to three digits (0.0024 output, 9.57e-4 state; rounding gives 3.2e-4).
+
+:func:`recurrent_stored_state_gated_delta_rule` is the float32 token loop of a kernel whose state
+pool has a narrower dtype (FlashInfer's bfloat16-state decode): the carried state is stored
+through ``store`` as it is loaded and after every token, the arithmetic is float32.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -124,6 +130,23 @@ def chunk_fla_core(
         if carried_dtype is not None:
             S = S.astype(carried_dtype).astype(f32)
     return np.moveaxis(o, 1, 3).reshape(N, L, HV, V), S
+
+
+def stored_state_core(p, store: Callable[[np.ndarray], np.ndarray]):
+    """Float32 token loop on a packed problem whose carried state is stored through ``store``
+    (float32 to float32, e.g. rounded to bfloat16) as loaded and after every token's update; each
+    token's output is read from the stored state. Returns ``(o [N, L, HV, V], S [N, HV, K, V])``."""
+    S = store(p.initial_state.astype(np.float32))
+    N, L, HV, V = p.v.shape
+    o = np.empty((N, L, HV, V), np.float32)
+    decay = np.exp(p.g)
+    for t in range(L):
+        S = S * decay[:, t, :, None, None]
+        k_t = p.k[:, t, :, None, :]  # [N, HV, 1, K]
+        u = p.beta[:, t, :, None] * (p.v[:, t] - (k_t @ S)[:, :, 0])
+        S = store(S + k_t.swapaxes(-1, -2) * u[:, :, None, :])
+        o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
+    return o, S
 
 
 def _run(
@@ -262,3 +285,33 @@ def chunk_fla_gated_delta_rule(
         return chunk_fla_core(p, C, np.dtype(cumsum_dtype), tf32, hook or _no_hook, carried_dtype)
 
     return _run(**args, core=core)
+
+
+def recurrent_stored_state_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+    state_v_first=False,
+    use_gate_in_kernel=False,
+    A_log=None,
+    dt_bias=None,
+    use_beta_sigmoid_in_kernel=False,
+    allow_neg_eigval=False,
+    store=None,
+):
+    """Float32 token loop whose carried state is stored through ``store`` (see
+    :func:`stored_state_core`; None: kept in float32). The final state is returned in float32."""
+    args = dict(locals())
+    del args["store"]
+
+    def core(p, C):
+        return stored_state_core(p, store or (lambda x: x))
+
+    return _run(**args, chunk_size=None, core=core)

@@ -17,7 +17,9 @@ C = 64 and 16); a float32 chunk-local gate cumsum (``cumsum32``); float32 arithm
 loop and the chunked form, ``float32``).
 
 Forbidden: the carried state rounded to 16 bits every token (``state16_token``) or every chunk
-on top of FLA's allowed roundings (``state16_chunk``); the decay factor ``exp(g)`` rounded to 16
+on top of FLA's allowed roundings (``state16_chunk``), unless the kernel declares that state
+dtype (``Implementation.extra["state_dtype"]``: then :func:`stored_state` is its model, outside
+``MODELS``, and the bound has a term for it); the decay factor ``exp(g)`` rounded to 16
 bits inside the update (``decay16``); beta rounded to 16 bits inside the update (``beta16``); the
 gate cumsum in 16 bits (``cumsum16``); the l2norm without its epsilon, torch's ``F.normalize``
 (``l2norm_no_eps``); and a named precision loss, TF32 products (``tf32``).
@@ -154,3 +156,35 @@ MODELS: tuple[RoundingModel, ...] = (
     ),
 )
 BY_NAME = {model.name: model for model in MODELS}
+
+
+def round_mantissa(x: np.ndarray, bits: int) -> np.ndarray:
+    """Float32 values rounded to nearest (ties away from zero) with ``bits`` explicit mantissa bits
+    and float32's exponent range (7: bfloat16's precision); returned as float32."""
+    x = np.ascontiguousarray(x, np.float32)
+    dropped = 23 - bits
+    half = np.uint32(1 << (dropped - 1))
+    mask = np.uint32(~((1 << dropped) - 1) & 0xFFFFFFFF)
+    rounded = ((x.view(np.uint32) + half) & mask).view(np.float32)
+    return np.where(np.isfinite(x), rounded, x)
+
+
+def stored_state(dtype="bfloat16", mantissa_bits: int | None = None) -> Callable[..., tuple]:
+    """A float32 token loop whose carried state lives in ``dtype`` (a bfloat16 state pool, as
+    FlashInfer's bf16-state decode): rounded to it as loaded and after every token
+    (``numpy_impl.recurrent_stored_state_gated_delta_rule``). ``mantissa_bits``: instead rounded to
+    that many explicit mantissa bits in float32's range (3: bfloat16 16 times coarser)."""
+    if mantissa_bits is None:
+        narrow = np.dtype(dtype)
+
+        def store(x: np.ndarray) -> np.ndarray:
+            return x.astype(narrow).astype(np.float32)
+    else:
+
+        def store(x: np.ndarray) -> np.ndarray:
+            return round_mantissa(x, mantissa_bits)
+
+    def run(**kw):
+        return numpy_impl.recurrent_stored_state_gated_delta_rule(**kw, store=store)
+
+    return run
