@@ -326,10 +326,11 @@ def check(
     impl.check_signatures()
     dtype = _dtype(dtype, impl)
     scale_cases, properties = scale_selection(impl, scale, scale_limits, properties)
+    scale_only = bool(scale_cases) and properties == []
     limits, shapes = _limits(impl, dtype, dims, max_tokens), None
-    if properties != []:  # the scale tier alone compiles nothing up front (each child compiles its own case)
+    if not scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
         limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout))
-    props = select(catalogue(limits), properties, impl) if properties != [] else []
+    props = [] if scale_only else select(catalogue(limits), properties, impl)
     seed = seed if seed is not None else random.randrange(2**31)
     run = RunSettings(
         max_examples=_max_examples(max_examples),
@@ -377,9 +378,14 @@ def scale_selection(
     return cases, rest
 
 
+def _builtin(impl: Implementation) -> bool:
+    """Whether ``impl`` is a resolved built-in or planted bug, which another process resolves by name."""
+    return impl.name in implementations.names() or impl.name.startswith("planted:")
+
+
 def _scale_name(impl: Implementation) -> str | None:
     """The name a child process resolves ``impl`` by (built-in, planted or ``MODULE:FUNCTION``)."""
-    if impl.name in implementations.names() or impl.name.startswith("planted:"):
+    if _builtin(impl):
         return impl.name
     module, _, function = impl.name.partition(":")
     plugin = impl.description.startswith("plug-in") and module and function.isidentifier()
@@ -670,7 +676,7 @@ def _portable(impl: ImplLike) -> ImplLike:
     """``impl`` in a form a worker process can rebuild (a name, or a picklable callable)."""
     if isinstance(impl, str):
         return impl
-    if isinstance(impl, Implementation) and (impl.name in implementations.names() or impl.name.startswith("planted:")):
+    if isinstance(impl, Implementation) and _builtin(impl):
         return impl.name  # a resolved built-in (the CLI's case): the worker resolves it again
     try:
         pickle.dumps(impl)

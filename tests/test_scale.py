@@ -84,6 +84,8 @@ def test_check_runs_named_scale_cases_alone():
 def test_scale_misuse_is_a_configuration_error():
     with pytest.raises(ConfigurationError, match="scale: the scale tier needs a GPU"):
         api.check("numpy", scale=True)
+    with pytest.raises(ConfigurationError, match=r"properties: unknown \(none given\)"):
+        api.check("numpy", properties=[])  # an empty list names nothing: still misuse, not an empty run
     with pytest.raises(ConfigurationError, match="properties: unknown scale_nope"):
         api.check("numpy", properties=["scale_nope"], scale_limits=LIMITS)
     with pytest.raises(ConfigurationError, match="child process"):

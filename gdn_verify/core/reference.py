@@ -19,6 +19,8 @@ solve), everything else is matrix products.  ``compute_dtype`` is float64 for th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
@@ -53,12 +55,16 @@ def _finish(packed: Packed, o: np.ndarray, state: np.ndarray, output_final_state
     return unpack_output(packed, o), final_state
 
 
-def recurrent_core(p: Packed, norms: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def recurrent_core(
+    p: Packed, norms: np.ndarray | None = None, store: Callable[[np.ndarray], np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Token-by-token recurrence on a packed problem: ``(o [N, L, HV, V], S [N, HV, K, V])``.
 
     ``norms``: an ``[N, L, HV]`` array to fill with the state's Frobenius norm after each token.
+    ``store``: applied to the carried state as loaded and after every token's update, returning a
+    new array (a model of a state kept in a narrower dtype); each token's output reads the stored state.
     """
-    S = p.initial_state.copy()
+    S = p.initial_state.copy() if store is None else store(p.initial_state)
     N, L, HV, V = p.v.shape
     o = np.empty((N, L, HV, V), S.dtype)
     decay = np.exp(p.g)
@@ -67,6 +73,8 @@ def recurrent_core(p: Packed, norms: np.ndarray | None = None) -> tuple[np.ndarr
         k_t = p.k[:, t, :, None, :]  # [N, HV, 1, K]
         u = p.beta[:, t, :, None] * (p.v[:, t] - (k_t @ S)[:, :, 0])
         S += k_t.swapaxes(-1, -2) * u[:, :, None, :]
+        if store is not None:
+            S = store(S)
         o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
         if norms is not None:
             norms[:, t] = np.sqrt(np.einsum("nhkv,nhkv->nh", S, S))

@@ -25,8 +25,6 @@ through ``store`` as it is loaded and after every token, the arithmetic is float
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from gdn_verify.core.conventions import export_state, pack, unpack_output
@@ -130,23 +128,6 @@ def chunk_fla_core(
         if carried_dtype is not None:
             S = S.astype(carried_dtype).astype(f32)
     return np.moveaxis(o, 1, 3).reshape(N, L, HV, V), S
-
-
-def stored_state_core(p, store: Callable[[np.ndarray], np.ndarray]):
-    """Float32 token loop on a packed problem whose carried state is stored through ``store``
-    (float32 to float32, e.g. rounded to bfloat16) as loaded and after every token's update; each
-    token's output is read from the stored state. Returns ``(o [N, L, HV, V], S [N, HV, K, V])``."""
-    S = store(p.initial_state.astype(np.float32))
-    N, L, HV, V = p.v.shape
-    o = np.empty((N, L, HV, V), np.float32)
-    decay = np.exp(p.g)
-    for t in range(L):
-        S = S * decay[:, t, :, None, None]
-        k_t = p.k[:, t, :, None, :]  # [N, HV, 1, K]
-        u = p.beta[:, t, :, None] * (p.v[:, t] - (k_t @ S)[:, :, 0])
-        S = store(S + k_t.swapaxes(-1, -2) * u[:, :, None, :])
-        o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
-    return o, S
 
 
 def _run(
@@ -306,12 +287,13 @@ def recurrent_stored_state_gated_delta_rule(
     allow_neg_eigval=False,
     store=None,
 ):
-    """Float32 token loop whose carried state is stored through ``store`` (see
-    :func:`stored_state_core`; None: kept in float32). The final state is returned in float32."""
+    """Float32 token loop whose carried state is stored through ``store`` (float32 to float32, e.g.
+    rounded to bfloat16) as loaded and after every token (``reference.recurrent_core``'s ``store``;
+    None: kept in float32). The final state is returned in float32."""
     args = dict(locals())
     del args["store"]
 
     def core(p, C):
-        return stored_state_core(p, store or (lambda x: x))
+        return recurrent_core(p, store=store)
 
     return _run(**args, chunk_size=None, core=core)
