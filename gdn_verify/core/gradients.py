@@ -33,6 +33,7 @@ import numpy as np
 
 from gdn_verify.core.conventions import L2NORM_EPS, Packed, pack
 from gdn_verify.core.gating import SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
+from gdn_verify.core.problem import Problem
 
 # Upper bound on one segment buffer (states of the segment being recomputed), in float64 elements:
 # 32 Mi elements = 256 MiB; the automatic segment length is cut to respect it.
@@ -307,3 +308,36 @@ def recurrent_gated_delta_rule_backward(
         dh0=dh0,
         **result,
     )
+
+
+def cotangents(problem: Problem, seed: int, with_dht: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """The cotangents a gradient property feeds a backward, drawn from ``seed`` (so that a saved
+    case needs only the seed): ``do`` ``[B, T, HV, V]`` in the problem's input dtype (what
+    autograd hands a kernel's backward), ``dht`` float32 in the final state's layout, or None.
+
+    Standard normal over ``sqrt(V)`` (``do``) and ``sqrt(K V)`` (``dht``): each token's and each
+    state's cotangent has about unit norm, so neither term of the loss dwarfs the other.
+    Tokens past ``cu_seqlens[-1]`` (padding) get zero ``do``, as a loss that ignores them would.
+    """
+    s = problem.shape
+    rng = np.random.default_rng(seed)
+    do = rng.standard_normal((s["B"], s["T"], s["HV"], s["V"])) / math.sqrt(s["V"])
+    if problem.cu_seqlens is not None:
+        do[:, int(problem.bounds[-1]) :] = 0.0
+    dht = None
+    if with_dht:
+        shape = (s["N"], s["HV"], s["V"], s["K"]) if problem.state_v_first else (s["N"], s["HV"], s["K"], s["V"])
+        dht = (rng.standard_normal(shape) / math.sqrt(s["K"] * s["V"])).astype(np.float32)
+    return do.astype(problem.dtype), dht
+
+
+def problem_gradients(
+    problem: Problem, do: np.ndarray, dht: np.ndarray | None, options: dict | None = None
+) -> dict[str, np.ndarray | None]:
+    """The float64 gradients of ``problem`` (its inputs as given, rounded or not) for ``do`` and
+    ``dht``: :func:`recurrent_gated_delta_rule_backward` on the problem's arguments. ``options``:
+    FLA 0.6's in-kernel gate and beta keywords, as the forward takes them."""
+    kw = problem.kwargs()
+    kw.pop("output_final_state")
+    kw["state_v_first"] = problem.state_v_first
+    return recurrent_gated_delta_rule_backward(**kw, **(options or {}), do=do, dht=dht)

@@ -4,7 +4,11 @@ Every native form is called in FLA's convention
 ``fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
 use_qk_l2norm_in_kernel=False, cu_seqlens=None) -> (o, final_state)`` (``state_v_first=True``
 is passed only when a problem asks for it). The form named ``"spec"``, when present, is the
-speculative-decoding convention of ``gdn_verify.core.conventions`` (``SPEC_SIGNATURE``). An
+speculative-decoding convention of ``gdn_verify.core.conventions`` (``SPEC_SIGNATURE``). The form
+named ``"backward"``, when present, is a functional backward (:data:`BACKWARD_KEYWORDS`):
+``fn(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
+cu_seqlens=None, *, do, dht=None) -> (dq, dk, dv, dg, dbeta, dh0)``, the cotangents of the
+inputs for ``sum(do * o) + sum(dht * final_state)`` (``dh0`` None without an initial state). An
 implementation that raises ``NotImplementedError`` for a feature has that feature reported as
 unsupported.
 """
@@ -22,6 +26,7 @@ from gdn_verify.core import arrays
 from gdn_verify.core.problem import Problem
 
 SPEC_FORM = "spec"
+BACKWARD_FORM = "backward"
 # How each form is called: positional argument count and keyword names (``Implementation.run``
 # passes the native arguments by keyword; the spec form takes nine arrays by position).
 NATIVE_KEYWORDS = (
@@ -37,6 +42,23 @@ NATIVE_KEYWORDS = (
     "cu_seqlens",
 )
 SPEC_CALL = (9, ("scale", "use_qk_l2norm_in_kernel"))
+BACKWARD_KEYWORDS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "scale",
+    "initial_state",
+    "use_qk_l2norm_in_kernel",
+    "cu_seqlens",
+    "do",
+    "dht",
+)
+# The functional backward's outputs, in order.
+GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+# Forms that are not the native forward (the default form is the first native one).
+OTHER_FORMS = (SPEC_FORM, BACKWARD_FORM)
 
 
 class ConfigurationError(ValueError):
@@ -67,7 +89,14 @@ class Result:
 
 
 def _convention(form: str) -> str:
-    return "speculative-decoding (--convention spec)" if form == SPEC_FORM else "native (FLA)"
+    names = {SPEC_FORM: "speculative-decoding (--convention spec)", BACKWARD_FORM: "backward (--convention backward)"}
+    return names.get(form, "native (FLA)")
+
+
+def _call_shape(form: str) -> tuple[int, tuple[str, ...]]:
+    if form == SPEC_FORM:
+        return SPEC_CALL
+    return 0, BACKWARD_KEYWORDS if form == BACKWARD_FORM else NATIVE_KEYWORDS
 
 
 def signature_problem(fn: Callable, positional: int, keywords: tuple[str, ...]) -> str | None:
@@ -93,6 +122,15 @@ def _dtype_name(x: Any) -> str | None:
     return name.removeprefix("torch.")
 
 
+@dataclass(frozen=True)
+class Gradients:
+    """A functional backward's outputs as NumPy arrays (dtypes kept), by name (:data:`GRADIENTS`),
+    and the dtype each came back in (None for a gradient returned as None)."""
+
+    grads: dict[str, Any]
+    dtypes: dict[str, str | None]
+
+
 @dataclass
 class Implementation:
     """A named GDN implementation with one or more algorithmic forms.
@@ -110,7 +148,7 @@ class Implementation:
 
     @property
     def native_forms(self) -> list[str]:
-        return [name for name in self.forms if name != SPEC_FORM]
+        return [name for name in self.forms if name not in OTHER_FORMS]
 
     @property
     def default_form(self) -> str:
@@ -124,7 +162,7 @@ class Implementation:
         called with; checked once, before any property runs. Callables without an inspectable
         signature (C extensions, some builtins) pass: their misuse shows on the first call."""
         for form, fn in self.forms.items():
-            positional, keywords = (SPEC_CALL[0], SPEC_CALL[1]) if form == SPEC_FORM else (0, NATIVE_KEYWORDS)
+            positional, keywords = _call_shape(form)
             problem = signature_problem(fn, positional, keywords)
             if problem is not None:
                 raise ConfigurationError(
@@ -178,3 +216,42 @@ class Implementation:
             raise ContractError(f"expected a pair (o, final_state), got {type(out).__name__}")
         o, final_state = out
         return Result(arrays.to_numpy(o), arrays.to_numpy(final_state), _dtype_name(o), _dtype_name(final_state))
+
+    def run_backward(
+        self,
+        problem: Problem,
+        do: np.ndarray,
+        dht: np.ndarray | None,
+        options: dict[str, Any] | None = None,
+    ) -> Gradients:
+        """Call the backward form on ``problem`` with cotangents ``do`` ``[B, T, HV, V]`` and
+        ``dht`` (like the final state, or None) and bring the gradients back to NumPy.
+
+        ``options`` as in :meth:`run`. Raises :class:`ContractError` unless the form returns six
+        values in the order of :data:`GRADIENTS`.
+        """
+        fn = self.forms[BACKWARD_FORM]
+        kw = problem.kwargs()
+        for name in ("output_final_state", "state_v_first"):
+            kw.pop(name, None)
+        for name in ("q", "k", "v", "g", "beta", "initial_state"):
+            kw[name] = arrays.to_kind(kw[name], self.array)
+        if kw["cu_seqlens"] is not None:
+            kw["cu_seqlens"] = arrays.to_kind(np.asarray(kw["cu_seqlens"], np.int64), self.array)
+        for name, value in (options or {}).items():
+            kw[name] = arrays.to_kind(value, self.array) if isinstance(value, np.ndarray) else value
+        kw["do"] = arrays.to_kind(do, self.array)
+        kw["dht"] = arrays.to_kind(dht, self.array)
+        try:
+            out = fn(**kw)
+        except TypeError as exc:
+            rejected = [name for name in (options or {}) if f"'{name}'" in str(exc)]
+            if rejected:
+                raise NotImplementedError(f"needs {rejected[0]}=") from exc
+            raise
+        if not isinstance(out, (tuple, list)) or len(out) != len(GRADIENTS):
+            what = f"{len(out)} values" if isinstance(out, (tuple, list)) else type(out).__name__
+            raise ContractError(f"expected {len(GRADIENTS)} gradients ({', '.join(GRADIENTS)}), got {what}")
+        return Gradients(
+            {n: arrays.to_numpy(x) for n, x in zip(GRADIENTS, out)}, {n: _dtype_name(x) for n, x in zip(GRADIENTS, out)}
+        )
