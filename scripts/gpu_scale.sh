@@ -5,6 +5,8 @@
 #   bash scripts/gpu_scale.sh --background main|flashinfer   start a driver; `flashinfer` waits for a
 #                                                          running `main`, then runs FlashInfer's
 #   bash scripts/gpu_scale.sh --collect SECONDS           wait up to SECONDS for the drivers, then pack
+# Knobs: SCALE_IMPLS entries are IMPL or IMPL:case,case (a rerun of some cases); GUARD_IMPLS=""
+# and MEMCHECK=0 skip the guarded runs and memcheck; GRID_REPRO=1 first runs scripts/fla_grid_repro.py.
 # Carried: .whl/*.whl (FLA), .whl/vllm_fla (vLLM's ops), and for `flashinfer` the site that
 # .whl/gpu1/install1.sh and .whl/gpu2/install.sh unpack into /tmp/site (two calls, one machine).
 # Logs and JSON in /tmp/gpu_scale; packing writes $OUT/scale.tar.gz and $OUT/summary.txt.
@@ -14,7 +16,7 @@ LOGS=/tmp/gpu_scale
 mkdir -p "$OUT" "$LOGS"
 SCALE_IMPLS=${SCALE_IMPLS:-"cupy cupy-chunk fla-recurrent fla-chunk vllm-recurrent vllm-chunk"}
 GUARD_IMPLS=${GUARD_IMPLS:-"cupy cupy-chunk fla-recurrent fla-chunk vllm-recurrent vllm-chunk vllm-spec vllm-sigmoid-spec vllm-sigmoid-recurrent vllm-packed-decode"}
-FI_IMPLS=${FI_IMPLS:-"flashinfer-decode flashinfer-prefill flashinfer-mtp"}
+FI_IMPLS=${FI_IMPLS:-"flashinfer-decode flashinfer-decode-bf16 flashinfer-prefill flashinfer-prefill-cp flashinfer-mtp"}
 GUARDED=guarded_inputs,spec_guarded_pool,spec_decode_stream
 CASES=scale_decode_batch,scale_varlen_many_short,scale_many_chunks,scale_batch_offset,scale_varlen_offset,scale_long_sequence
 
@@ -55,12 +57,18 @@ check() {  # IMPL NAME ARGS...: one check, its log and JSON
     --cases "$LOGS/cases" "$@" > "$LOGS/$name.log" 2>&1
   echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
 }
+scale() {  # IMPL or IMPL:case,case
+  local impl=${1%%:*} cases=$CASES
+  [ "$impl" != "$1" ] && cases=${1#*:}
+  check "$impl" "scale-$impl" --properties "$cases" --timeout 60
+}
 if [ "${1:-}" = flashinfer ]; then
-  while [ -n "$(pgrep -f 'gpu_scale.sh main' || true)" ]; do sleep 5; done  # one large case at a time
   python3 -c "import flashinfer, importlib.metadata as m; print('flashinfer', m.version('flashinfer-python'))" \
     >> "$LOGS/env.txt" 2>&1
+  # small problems beside main's scale tier; the scale cases one large case at a time, after main's
   for impl in $FI_IMPLS; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 --dims 128; done
-  for impl in $FI_IMPLS; do check "$impl" "scale-$impl" --properties "$CASES" --timeout 60; done
+  while [ -n "$(pgrep -f 'gpu_scale.sh main' || true)" ]; do sleep 5; done
+  for impl in $FI_IMPLS; do scale "$impl"; done
   exit 0
 fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -71,11 +79,14 @@ fi
 timeout 600 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_scale.py > "$LOGS/smoke.log" 2>&1
 echo "exit $?" >> "$LOGS/smoke.log"
 # small problems, many at once beside the scale tier: the guarded properties, then memcheck on ours
-( for impl in $GUARD_IMPLS; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 & done; wait
-  check cupy memcheck-cupy --sanitize --properties "$GUARDED,matches_reference,spec_decode_slots" --max-examples 6 --dims 64 --seed 1 &
-  check cupy-chunk memcheck-cupy-chunk --sanitize --properties "guarded_inputs,matches_reference,varlen_equals_separate" --max-examples 6 --dims 64 --seed 1 &
+( if [ "${GRID_REPRO:-0}" = 1 ]; then  # a few GB beside the scale tier
+    timeout 400 python3 scripts/fla_grid_repro.py > "$LOGS/fla_grid_repro.log" 2>&1; echo "exit $?" >> "$LOGS/fla_grid_repro.log"
+  fi &
+  for impl in $GUARD_IMPLS; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 & done; wait
+  [ "${MEMCHECK:-1}" = 1 ] && check cupy memcheck-cupy --sanitize --properties "$GUARDED,matches_reference,spec_decode_slots" --max-examples 6 --dims 64 --seed 1 &
+  [ "${MEMCHECK:-1}" = 1 ] && check cupy-chunk memcheck-cupy-chunk --sanitize --properties "guarded_inputs,matches_reference,varlen_equals_separate" --max-examples 6 --dims 64 --seed 1 &
   wait ) &
 guards=$!
 # the scale tier: one implementation at a time (a case takes up to ~60 GB)
-for impl in $SCALE_IMPLS; do check "$impl" "scale-$impl" --properties "$CASES" --timeout 60; done
+for impl in $SCALE_IMPLS; do scale "$impl"; done
 wait $guards
