@@ -49,6 +49,7 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/fla ]; then
 fi
 export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
 [ -d .whl/vllm_fla ] && export GDN_VERIFY_VLLM_OPS=$PWD/.whl/vllm_fla
+export GDN_VERIFY_SCALE_CACHE=$LOGS/oracle-cache  # one oracle per scale case on this machine, whatever the implementation
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws
 check() {  # IMPL NAME ARGS...: one check, its log and JSON
   local impl=$1 name=$2; shift 2

@@ -129,3 +129,28 @@ def test_the_torch_path_on_a_gpu_at_small_limits(cp, impl):
     small = scale.ScaleLimits(grid=8, offset=2**14, chunk=64, head_dim=16)
     outcomes = scale.run_scale(impl, "bfloat16", limits=small, timeout=600)
     assert {o.status for o in outcomes} == {"passed"}, {o.case: o.message for o in outcomes}
+
+
+def test_the_reference_cache_pays_the_oracle_once_per_problem(tmp_path, monkeypatch):
+    from gdn_verify.core.oracle import numpy_oracle
+    from gdn_verify.core.shapes import ShapeClass
+
+    calls = []
+
+    def counting(problem):
+        calls.append(1)
+        return numpy_oracle(problem)
+
+    problem = ShapeClass(1, 2, 8, 8, "float32", True, True, False).example()
+    other = problem.replace(v=problem.v * 2)
+    monkeypatch.setenv(scale.CACHE_ENV, str(tmp_path))
+    first = scale.cached_reference(problem, counting)
+    per_problem = len(calls)  # the oracle and the condition estimate's perturbed runs
+    again = scale.cached_reference(problem, counting)
+    assert len(calls) == per_problem and (first[0][0] == again[0][0]).all()
+    assert first[1].output_rms == again[1].output_rms
+    scale.cached_reference(other, counting)  # different inputs: a different entry
+    assert len(calls) == 2 * per_problem
+    monkeypatch.delenv(scale.CACHE_ENV)
+    scale.cached_reference(problem, counting)  # no cache configured: always computed
+    assert len(calls) == 3 * per_problem

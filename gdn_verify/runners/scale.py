@@ -20,8 +20,10 @@ not fit in the device's free memory is skipped, saying how much it needs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -42,6 +44,7 @@ from gdn_verify.core.verdict import Measurement, Violation, compare, oracle_and_
 
 GRID_LIMIT = 65535  # gridDim.y and gridDim.z of a CUDA launch
 OFFSET_LIMIT = 2**31  # elements an int32 offset can address
+CACHE_ENV = "GDN_VERIFY_SCALE_CACHE"
 SPLIT_FACTOR = 2.0  # both results within the tolerance of the oracle: within twice it of each other
 MEMORY_MARGIN = 0.9  # of the free device memory a case may plan to use
 
@@ -319,6 +322,44 @@ def _where(pairs: list[tuple[int, int]]) -> str:
     )
 
 
+def problem_digest(problem: Problem) -> str:
+    """A digest of everything the oracle and the tolerance read from ``problem``."""
+    h = hashlib.sha256()
+    for name in ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens"):
+        x = getattr(problem, name)
+        h.update(
+            name.encode()
+            + (b"-" if x is None else str((x.dtype, x.shape)).encode() + np.ascontiguousarray(x).tobytes())
+        )
+    h.update(
+        repr(
+            (problem.scale, problem.use_qk_l2norm_in_kernel, problem.output_final_state, problem.state_v_first)
+        ).encode()
+    )
+    return h.hexdigest()
+
+
+def cached_reference(problem: Problem, oracle: Oracle) -> tuple[tuple, Any]:
+    """``oracle_and_tolerance(problem, oracle)``, kept in ``$GDN_VERIFY_SCALE_CACHE`` (a directory)
+    when set: every implementation of one input kind and dtype meets the same inputs (they come
+    from the seed), so the oracle and condition estimate of a case (minutes for
+    ``scale_many_chunks``) are paid once per machine, not once per implementation."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        return oracle_and_tolerance(problem, oracle)
+    path = Path(folder) / f"{problem_digest(problem)}.pickle"
+    if path.exists():
+        with path.open("rb") as f:
+            return pickle.load(f)
+    value = oracle_and_tolerance(problem, oracle)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        pickle.dump(value, f)
+    tmp.replace(path)
+    return value
+
+
 def run_case(
     impl: Implementation, case: ScaleCase, dtype: str, oracle: Oracle, seed: int = 0, free_bytes: int | None = None
 ) -> dict[str, Any]:
@@ -356,7 +397,7 @@ def run_case(
         clock = time.perf_counter()
         problem = sub_problem(case, kw, pairs)
         got = take_pairs(o, state, pairs, _bounds(case))
-        reference, tolerance = oracle_and_tolerance(problem, oracle)
+        reference, tolerance = cached_reference(problem, oracle)
         out["seconds"]["oracle"] = round(time.perf_counter() - clock, 2)
         try:
             m = compare(problem, got, reference, tolerance)
