@@ -7,6 +7,8 @@
 #   bash scripts/gpu_scale.sh --collect SECONDS           wait up to SECONDS for the drivers, then pack
 # Knobs: SCALE_IMPLS entries are IMPL or IMPL:case,case (a rerun of some cases); GUARD_IMPLS=""
 # and MEMCHECK=0 skip the guarded runs and memcheck; GRID_REPRO=1 first runs scripts/fla_grid_repro.py.
+# An empty list (GUARD_IMPLS="") runs none. Run it from a copy outside the synced checkout (/tmp): a
+# later device call that does not carry a folder removes it.
 # Carried: .whl/*.whl (FLA), .whl/vllm_fla (vLLM's ops), and for `flashinfer` the site that
 # .whl/gpu1/install1.sh and .whl/gpu2/install.sh unpack into /tmp/site (two calls, one machine).
 # Logs and JSON in /tmp/gpu_scale; packing writes $OUT/scale.tar.gz and $OUT/summary.txt.
@@ -14,9 +16,9 @@ set -u -o pipefail
 OUT=${OUT:-gpu_logs}
 LOGS=/tmp/gpu_scale
 mkdir -p "$OUT" "$LOGS"
-SCALE_IMPLS=${SCALE_IMPLS:-"cupy cupy-chunk fla-recurrent fla-chunk vllm-recurrent vllm-chunk"}
-GUARD_IMPLS=${GUARD_IMPLS:-"cupy cupy-chunk fla-recurrent fla-chunk vllm-recurrent vllm-chunk vllm-spec vllm-sigmoid-spec vllm-sigmoid-recurrent vllm-packed-decode"}
-FI_IMPLS=${FI_IMPLS:-"flashinfer-decode flashinfer-decode-bf16 flashinfer-prefill flashinfer-prefill-cp flashinfer-mtp"}
+SCALE_IMPLS=${SCALE_IMPLS-"cupy cupy-chunk fla-recurrent fla-chunk vllm-recurrent vllm-chunk"}
+GUARD_IMPLS=${GUARD_IMPLS-"cupy cupy-chunk fla-recurrent fla-chunk vllm-recurrent vllm-chunk vllm-spec vllm-sigmoid-spec vllm-sigmoid-recurrent vllm-packed-decode"}
+FI_IMPLS=${FI_IMPLS-"flashinfer-decode flashinfer-decode-bf16 flashinfer-prefill flashinfer-prefill-cp flashinfer-mtp"}
 GUARDED=guarded_inputs,spec_guarded_pool,spec_decode_stream
 CASES=scale_decode_batch,scale_varlen_many_short,scale_many_chunks,scale_batch_offset,scale_varlen_offset,scale_long_sequence
 
