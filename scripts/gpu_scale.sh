@@ -7,7 +7,7 @@
 #   bash scripts/gpu_scale.sh --collect SECONDS           wait up to SECONDS for the drivers, then pack
 # Knobs: SCALE_IMPLS entries are IMPL or IMPL:case,case (a rerun of some cases); GUARD_IMPLS=""
 # and MEMCHECK=0 skip the guarded runs and memcheck; GRID_REPRO=1 first runs scripts/fla_grid_repro.py.
-# An empty list (GUARD_IMPLS="") runs none. Run it from a copy outside the synced checkout (/tmp): a
+# FI_GUARD_IMPLS (default FI_IMPLS) the FlashInfer guarded runs. An empty list (GUARD_IMPLS="") runs none. Run it from a copy outside the synced checkout (/tmp): a
 # later device call that does not carry a folder removes it.
 # Carried: .whl/*.whl (FLA), .whl/vllm_fla (vLLM's ops), and for `flashinfer` the site that
 # .whl/gpu1/install1.sh and .whl/gpu2/install.sh unpack into /tmp/site (two calls, one machine).
@@ -69,7 +69,7 @@ if [ "${1:-}" = flashinfer ]; then
   python3 -c "import flashinfer, importlib.metadata as m; print('flashinfer', m.version('flashinfer-python'))" \
     >> "$LOGS/env.txt" 2>&1
   # small problems beside main's scale tier; the scale cases one large case at a time, after main's
-  for impl in $FI_IMPLS; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 --dims 128; done
+  for impl in ${FI_GUARD_IMPLS-$FI_IMPLS}; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 --dims 128; done
   while [ -n "$(pgrep -f 'gpu_scale.sh main' || true)" ]; do sleep 5; done
   for impl in $FI_IMPLS; do scale "$impl"; done
   exit 0
