@@ -129,6 +129,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     impl = api.implementation(impl_name(args), args.array, args.convention)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     dims = head_dims(args.dims)
+    grad = api.checks_gradients(impl, args.grad, args.convention)
     if args.database and args.seed is not None:
         print(
             f"check: --database {args.database} takes precedence: Hypothesis ignores --seed {args.seed} "
@@ -138,10 +139,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
         f"dtype={args.dtype or impl.default_dtype}, seed={seed}"
-        + ("" if dims is None else f", head sizes {','.join(map(str, dims))} only"),
+        + ("" if dims is None else f", head sizes {','.join(map(str, dims))} only")
+        + (", gradients (the backward)" if grad else ""),
         flush=True,
     )
-    partial = api.CheckResult(impl, args.dtype or impl.default_dtype, seed, convention=args.convention)
+    partial = api.CheckResult(impl, args.dtype or impl.default_dtype, seed, convention=args.convention, grad=grad)
     partial.timeout = args.timeout or None
 
     def save(status: str) -> None:
@@ -180,6 +182,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             progress=progress,
             on_result=on_result,
             scale=args.scale,
+            grad=args.grad,
             **({"cases_dir": args.cases} if args.cases else {}),
             **_compile_options(args, display),
         )
@@ -223,6 +226,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
                 timeout=args.timeout or None,
                 status=status,
                 command=["gdn-verify", *args.argv],
+                grad=args.grad,
             )
             api.write_json(out, doc)
 
@@ -242,11 +246,17 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         else:
             print(f"  MISSED  {row.bug:<30} ({row.description}) ({row.seconds:.1f}s)", flush=True)
 
-    print(f"gdn-verify selftest: planted bugs, dtype={args.dtype}, seed={args.seed}")
+    what = "planted gradient bugs (the backward)" if args.grad else "planted bugs"
+    print(f"gdn-verify selftest: {what}, dtype={args.dtype}, seed={args.seed}")
     save("running")
     try:
         api.selftest(
-            dtype=args.dtype, seed=args.seed, max_examples=args.max_examples, timeout=args.timeout, on_bug=on_bug
+            dtype=args.dtype,
+            seed=args.seed,
+            max_examples=args.max_examples,
+            timeout=args.timeout,
+            on_bug=on_bug,
+            grad=args.grad,
         )
         CtrlC.check()
     except KeyboardInterrupt:
@@ -263,7 +273,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    r = api.replay(args.case, args.impl, array=args.array, property=args.property)
+    r = api.replay(args.case, args.impl, array=args.array, property=args.property, convention=args.convention)
     print(f"replay {args.case} ({r.property}) with {r.impl.name}: {r.status}{': ' + r.message if r.message else ''}")
     if r.measurement is not None and r.measurement.bound:
         print(f"  error {r.measurement.error:.3g}, bound {r.measurement.bound:.3g} ({r.measurement.detail})")
@@ -271,7 +281,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"  kind: {r.kind}" + ("" if r.cause else " (no known mistake reproduces it)"))
     if r.cause:
         print(f"  likely cause: {r.cause}")
-    if args.diagnose:
+    if args.diagnose and r.form == "backward":
+        print("  --diagnose locates forward errors; not available for a gradient property (yet)")
+    elif args.diagnose:
         from gdn_verify.runners.diagnose import replay_diagnosis
 
         print(replay_diagnosis(args.case, r.impl))
@@ -459,19 +471,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _impl_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", help=f"{', '.join(implementations.names())}, planted:BUG, or MODULE:FUNCTION")
+    p.add_argument(
+        "--impl", help=f"{', '.join(implementations.names())}, planted:BUG, planted-grad:BUG, or MODULE:FUNCTION"
+    )
     p.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes")
     p.add_argument(
         "--convention",
-        choices=("native", "spec"),
+        choices=implementations.CONVENTIONS,
         default="native",
-        help="calling convention of a MODULE:FUNCTION: native (FLA) or spec (vLLM speculative decoding)",
+        help="calling convention of a MODULE:FUNCTION: native (FLA), spec (vLLM speculative decoding) or "
+        "backward (a functional backward fn(q, k, v, g, beta, scale=None, initial_state=None, "
+        "use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, do, dht=None) -> (dq, dk, dv, dg, dbeta, dh0); "
+        "check then verifies the gradients, as with --grad)",
     )
 
 
-def _suite_options(p: argparse.ArgumentParser) -> None:
+def _suite_options(p: argparse.ArgumentParser, grad: bool = False) -> None:
     p.add_argument("--dtype", help="input dtype: " + ", ".join(DTYPES))
-    p.add_argument("--properties", help="comma-separated subset of: " + ", ".join(NAMES))
+    gradients = api.grad_names() if grad else ()
+    p.add_argument(
+        "--properties",
+        help="comma-separated subset of: "
+        + ", ".join(NAMES)
+        + (f"; with --grad, of: {', '.join(gradients)}" if gradients else ""),
+    )
     p.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
     p.add_argument(
         "--dims",
@@ -507,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="run the property suite against an implementation")
     _impl_options(check)
-    _suite_options(check)
+    _suite_options(check, grad=True)
     check.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
     check.add_argument(
         "--max-tokens", type=int, help="longest T for error_growth (default 65536 for GPU arrays, 2048 for NumPy)"
@@ -525,6 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the check in a child under compute-sanitizer memcheck; its first error is a failure (slow: "
         "keep --max-examples small)",
     )
+    check.add_argument(
+        "--grad",
+        action="store_true",
+        help="verify the backward instead of the forward: the gradient properties (dq, dk, dv, dg, dbeta, dh0 "
+        "against the float64 adjoint, ...) on the implementation's functional backward (--convention backward) "
+        "or, for a torch function (--array torch, fla-chunk), its autograd backward; not with --scale",
+    )
     _compile_option(check)
     check.set_defaults(func=cmd_check)
 
@@ -532,6 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     selftest.add_argument("--max-examples", type=int)
     selftest.add_argument("--seed", type=int)
+    selftest.add_argument(
+        "--grad",
+        action="store_true",
+        help="the planted gradient bugs (planted-grad:BUG) against the gradient properties",
+    )
     _run_options(selftest)
     selftest.set_defaults(func=cmd_selftest)
 
@@ -540,6 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--impl", help="implementation (default: the one recorded in the case)")
     rp.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes (default: as recorded)")
     rp.add_argument("--property", help="property to rerun (default: the one saved in the case)")
+    rp.add_argument(
+        "--convention",
+        choices=implementations.CONVENTIONS,
+        help="calling convention of a MODULE:FUNCTION (default: the property's; for a gradient property backward, "
+        "or native, through autograd, for --array torch)",
+    )
     rp.add_argument(
         "--diagnose",
         action="store_true",

@@ -2,7 +2,10 @@
 
 ``impl`` is a callable in FLA's convention, a ``"MODULE:FUNCTION"`` string, a built-in name
 (``numpy``, ``cupy``, ``fla-chunk``, ... see ``gdn_verify.implementations.names()``) or an
-:class:`~gdn_verify.core.implementation.Implementation`. Bad arguments raise
+:class:`~gdn_verify.core.implementation.Implementation`. ``grad=True`` (``check``, ``selftest``)
+verifies the backward instead of the forward: the gradient properties
+(``gdn_verify.properties.gradients``) against a functional backward, the implementation's own
+(``convention="backward"``) or, for a torch forward, autograd's. Bad arguments raise
 :class:`~gdn_verify.core.implementation.ConfigurationError` (a ``ValueError``) naming the argument.
 
 Results as JSON: ``CheckResult.as_dict()``, :func:`fuzz_document` and :func:`selftest_document`
@@ -14,6 +17,7 @@ are documents of the versioned schema ``gdn_verify/schema/result.schema.json``
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import math
 import os
@@ -29,7 +33,7 @@ from typing import Any
 
 from gdn_verify import console, implementations
 from gdn_verify.core import environment
-from gdn_verify.core.implementation import ConfigurationError, Implementation
+from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.verdict import Property
 from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
@@ -95,16 +99,45 @@ def _limits(impl: Implementation, dtype: str, dims: Sequence[int] | None, max_to
     return limits
 
 
+def grad_catalogue(limits: Limits) -> dict[str, Property]:
+    """Every gradient property (``gdn_verify.properties.gradients``), by name, drawing within ``limits``."""
+    from gdn_verify.properties.gradients import grad_properties
+
+    return {p.name: p for p in grad_properties(limits)}
+
+
+def grad_names() -> tuple[str, ...]:
+    """The gradient properties' names (empty where the module cannot be imported)."""
+    try:
+        from gdn_verify.properties.gradients import GRAD_NAMES
+    except ImportError:
+        return ()
+    return tuple(GRAD_NAMES)
+
+
+def checks_gradients(impl: Implementation, grad: bool = False, convention: str = "native") -> bool:
+    """Whether ``check`` verifies ``impl``'s backward: asked for (``grad``), or a backward is all it has."""
+    return grad or convention == BACKWARD_FORM or implementations.backward_only(impl)
+
+
 def catalogue_for(impl: Implementation, options: dict[str, Any]) -> dict[str, Property]:
-    """The properties for ``impl`` under ``check``'s keyword arguments (``dtype``, ``dims``, ``max_tokens``)."""
+    """The properties for ``impl`` under ``check``'s keyword arguments (``dtype``, ``dims``,
+    ``max_tokens``; ``grad``: the gradient properties)."""
     dtype = _dtype(options.get("dtype"), impl)
-    return catalogue(_limits(impl, dtype, options.get("dims"), options.get("max_tokens")))
+    limits = _limits(impl, dtype, options.get("dims"), options.get("max_tokens"))
+    grad = checks_gradients(impl, bool(options.get("grad")), options.get("convention", "native"))
+    return grad_catalogue(limits) if grad else catalogue(limits)
+
+
+def _form_kind(form: str) -> str:
+    """The ``Property.form`` that calls an implementation's form ``form``."""
+    return form if form in (SPEC_FORM, BACKWARD_FORM) else "native"
 
 
 def select(available: dict[str, Property], names: Sequence[str] | None, impl: Implementation) -> list[Property]:
     """The properties named (all by default, those of a form the implementation lacks left out)."""
     if names is None:
-        forms = {"spec" if name == "spec" else "native" for name in impl.forms}
+        forms = {_form_kind(name) for name in impl.forms}
         return [p for p in available.values() if p.form in forms]
     unknown = [n for n in names if n not in available]
     if unknown or not names:
@@ -218,6 +251,7 @@ class CheckResult:
     timeout: float | None = DEFAULT_TIMEOUT
     shapes: ShapePlan | None = None  # compile-aware shape planning (None: not planned)
     seconds: float = 0.0  # the whole check, compilation included
+    grad: bool = False  # the gradient properties, against the backward
 
     @property
     def passed(self) -> bool:
@@ -253,7 +287,8 @@ class CheckResult:
     def report(self) -> str:
         """Every failure with its minimal example and replay command, then the counts."""
         lines = [console.format_failure(r, self.replay_command(r)) for r in self.failures]
-        lines.append(f"{self.impl.name}, {self.dtype}: {console.format_counts(self.counts())}")
+        what = f"{self.impl.name}, {self.dtype}" + (", gradients" if self.grad else "")
+        lines.append(f"{what}: {console.format_counts(self.counts())}")
         return "\n".join(lines)
 
     def assert_passed(self) -> None:
@@ -272,6 +307,7 @@ class CheckResult:
             dtype=self.dtype,
             seed=self.seed,
             convention=self.convention,
+            **({"grad": True} if self.grad else {}),
             timeout=self.timeout,
             totals=self.counts(),
             results=_rows(self.results, self.impl, self.convention),
@@ -299,6 +335,7 @@ def check(
     on_compile: CompileProgress | None = None,
     scale: bool = False,
     scale_limits: scale_runner.ScaleLimits | None = None,
+    grad: bool = False,
 ) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
 
@@ -320,17 +357,29 @@ def check(
     launch-grid and 2^31-element limits, each in a child process; GPU implementations only, unless
     ``scale_limits`` shrinks the limits). Its cases are results named ``scale_<case>``; naming only
     such cases in ``properties`` runs the tier alone.
+    ``grad``: the gradient properties instead (``gdn_verify.properties.gradients``; ``properties``
+    then names among them) against the implementation's backward form: its own, or for a torch
+    forward autograd's (``implementations.with_backward``). Implied by ``convention="backward"``
+    (``impl`` a functional backward ``fn(q, k, v, g, beta, scale=None, initial_state=None,
+    use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, do, dht=None) -> (dq, dk, dv, dg, dbeta,
+    dh0)``) and by an implementation with only a backward form. Not with ``scale`` (yet).
     """
     start = time.perf_counter()
     impl = implementation(impl, array, convention)
+    grad = checks_gradients(impl, grad, convention)
+    if grad:
+        if scale:
+            raise ConfigurationError("scale", "the scale tier checks the forward pass; not with grad (yet)")
+        impl = implementations.with_backward(impl)
     impl.check_signatures()
     dtype = _dtype(dtype, impl)
-    scale_cases, properties = scale_selection(impl, scale, scale_limits, properties)
+    scale_cases, properties = ([], properties) if grad else scale_selection(impl, scale, scale_limits, properties)
     scale_only = bool(scale_cases) and properties == []
     limits, shapes = _limits(impl, dtype, dims, max_tokens), None
     if not scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
         limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout))
-    props = [] if scale_only else select(catalogue(limits), properties, impl)
+    available = grad_catalogue(limits) if grad else catalogue(limits)
+    props = [] if scale_only else select(available, properties, impl)
     seed = seed if seed is not None else random.randrange(2**31)
     run = RunSettings(
         max_examples=_max_examples(max_examples),
@@ -339,7 +388,7 @@ def check(
         cases_dir=Path(cases_dir),
         timeout=_timeout(timeout),
     )
-    result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout, shapes=shapes)
+    result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout, shapes=shapes, grad=grad)
     result.results = run_check(impl, props, run, progress, on_result)
     if scale_cases:
         result.results += _run_scale(impl, dtype, scale_cases, scale_limits, seed, run.timeout, progress, on_result)
@@ -380,7 +429,7 @@ def scale_selection(
 
 def _builtin(impl: Implementation) -> bool:
     """Whether ``impl`` is a resolved built-in or planted bug, which another process resolves by name."""
-    return impl.name in implementations.names() or impl.name.startswith("planted:")
+    return impl.name in implementations.names() or implementations.planted_prefix(impl.name) is not None
 
 
 def _scale_name(impl: Implementation) -> str | None:
@@ -414,13 +463,20 @@ def _run_scale(
         if on_result is not None:
             on_result(results[-1])
 
+    if not impl.native_forms:  # the cases call the native form: nothing to run, and the reason
+        why = f"the scale tier calls the native (FLA-convention) form; {impl.name} has only: {', '.join(impl.forms)}"
+        for case in scale_runner.plan(limits or scale_runner.ScaleLimits()):
+            if case.name in cases:
+                started(case)
+                finished(scale_runner.ScaleOutcome(case.name, "unsupported", why, case.describe(), 0.0))
+        return results
     name = _scale_name(impl)
     assert name is not None  # checked by _scale_selection
     scale_runner.run_scale(
         name,
         dtype,
-        array=impl.array if ":" in name and not name.startswith("planted:") else None,
-        convention="spec" if impl.native_forms == [] else "native",
+        array=impl.array if implementations.is_plugin(name) else None,
+        convention="native",
         limits=limits or scale_runner.ScaleLimits(),
         cases=cases,
         seed=seed,
@@ -461,12 +517,39 @@ class ReplayResult(Replay):
     impl: Implementation | None = None
     property: str = ""
     problem: Problem | None = None
+    form: str = "native"  # the property's form: native, spec or backward (a gradient property)
+
+
+def _replay_property(name: str, limits: Limits, case: str | Path) -> Property:
+    """The property named ``name``, forward or gradient (a saved case records only the name)."""
+    available = catalogue(limits)
+    if name in available:
+        return available[name]
+    try:
+        gradients = grad_catalogue(limits)
+    except ImportError:
+        gradients = {}
+    if name in gradients:
+        return gradients[name]
+    choices = ", ".join([*available, *gradients])
+    raise ConfigurationError("property", f"{name!r} (from {case}): choose from {choices}")
 
 
 def replay(
-    case: str | Path, impl: ImplLike | None = None, *, array: str | None = None, property: str | None = None
+    case: str | Path,
+    impl: ImplLike | None = None,
+    *,
+    array: str | None = None,
+    property: str | None = None,
+    convention: str | None = None,
 ) -> ReplayResult:
-    """Rerun a saved case, by default against the implementation and array type recorded in it."""
+    """Rerun a saved case, by default against the implementation and array type recorded in it.
+
+    ``convention`` applies to a ``MODULE:FUNCTION`` or callable ``impl``; by default the property's
+    form says it: spec for the speculative-decoding properties; for a gradient property
+    ``backward`` (a functional backward), except for torch arrays, whose native function's backward
+    autograd gives (pass ``convention="backward"`` for a torch functional backward).
+    """
     path = Path(case)
     if not path.is_file():
         raise ConfigurationError("case", f"{str(case)!r}: no such case file")
@@ -475,22 +558,23 @@ def replay(
     except (ValueError, KeyError, OSError) as exc:
         raise ConfigurationError("case", f"{case}: cannot read the case: {exc}") from None
     name = property or meta.get("property", "matches_reference")
-    available = catalogue(Limits(dtype=problem.dtype.name))
-    if name not in available:
-        raise ConfigurationError("property", f"{name!r} (from {case}): choose from {', '.join(available)}")
-    prop = available[name]
+    prop = _replay_property(name, Limits(dtype=problem.dtype.name), case)
     if impl is None:
         if "impl" not in meta:
             raise ConfigurationError("impl", f"{case} records no implementation; name one")
         impl, array = meta["impl"], array or meta.get("array")
-    convention = "spec" if prop.form == "spec" else "native"
-    if isinstance(impl, str) and (":" not in impl or impl.startswith("planted:")):
+    if convention is None:
+        convention = "spec" if prop.form == SPEC_FORM else "native"
+        if prop.form == BACKWARD_FORM and (array or "numpy") != "torch":
+            convention = BACKWARD_FORM
+    if isinstance(impl, str) and not implementations.is_plugin(impl):
         convention, array = "native", None  # built-ins know their own array type and forms
     impl = implementation(impl, array, convention)
+    if prop.form == BACKWARD_FORM:
+        impl = implementations.with_backward(impl)
     outcome = replay_case(problem, meta.get("params", {}), impl, prop)
-    return ReplayResult(
-        outcome.status, outcome.message, outcome.measurement, outcome.cause, outcome.kind, impl, name, problem
-    )
+    replayed = (outcome.status, outcome.message, outcome.measurement, outcome.cause, outcome.kind)
+    return ReplayResult(*replayed, impl=impl, property=name, problem=problem, form=prop.form)
 
 
 def fuzz(
@@ -528,6 +612,10 @@ def fuzz(
     seconds = fuzz_runner.parse_budget(budget)
     timeout = _timeout(timeout)
     impl_obj = implementation(impl, array, convention)
+    if checks_gradients(impl_obj, False, convention):
+        raise ConfigurationError(
+            "convention", "backward: fuzz runs the forward properties; check a backward with check --grad (grad=True)"
+        )
     impl_obj.check_signatures()
     dtype = _dtype(dtype, impl_obj)
     limits = _limits(impl_obj, dtype, dims, max_tokens)
@@ -627,13 +715,15 @@ def selftest_document(
     timeout: float | None = DEFAULT_TIMEOUT,
     status: str = "complete",
     command: Sequence[str] | None = None,
+    grad: bool = False,
 ) -> dict[str, Any]:
-    """A selftest as a JSON document (schema ``kind: selftest``): one row per planted bug."""
+    """A selftest as a JSON document (schema ``kind: selftest``): one row per planted bug
+    (``grad``: the planted gradient bugs, ``impl`` ``planted-grad``)."""
     bugs = []
     for row in rows:
         caught = None
         if row.caught_by is not None:
-            impl = implementations.resolve(f"planted:{row.bug}")
+            impl = row.impl or implementations.resolve(f"planted:{row.bug}")
             (caught,) = _rows([row.caught_by], impl, "native")
         bugs.append(
             dict(
@@ -648,12 +738,14 @@ def selftest_document(
         )
     caught_count = sum(row.caught_by is not None for row in rows)
     causes = {f"cause_{v}": sum(row.cause_verdict == v for row in rows) for v in ("right", "wrong", "none")}
+    array = next((row.impl.array for row in rows if row.impl is not None), "numpy")
     return dict(
-        _header("selftest", status, command, "numpy"),
-        impl="planted",
-        array="numpy",
+        _header("selftest", status, command, array),
+        impl="planted-grad" if grad else "planted",
+        array=array,
         dtype=dtype,
         seed=seed,
+        **({"grad": True} if grad else {}),
         timeout=timeout,
         totals=dict(bugs=len(bugs), caught=caught_count, missed=len(bugs) - caught_count, **causes),
         bugs=bugs,
@@ -694,13 +786,24 @@ def selftest(
     max_examples: int | None = None,
     timeout: float | None = DEFAULT_TIMEOUT,
     on_bug: Callable[[Planted], None] | None = None,
+    grad: bool = False,
 ) -> list[Planted]:
-    """Run the suite against every planted bug; each row says which property caught it (None: missed)."""
+    """Run the suite against every planted bug; each row says which property caught it (None: missed).
+
+    ``grad``: the planted gradient bugs (``gdn_verify.implementations.planted_grad``) against the
+    gradient properties, the named causes judged against its ``RIGHT_CAUSES``.
+    """
     if dtype not in DTYPES:
         raise ConfigurationError("dtype", f"{dtype!r}: choose from {', '.join(DTYPES)}")
-    props = list(catalogue(Limits(dtype=dtype)).values())
+    limits = Limits(dtype=dtype)
     run = RunSettings(max_examples=_max_examples(max_examples), seed=seed, timeout=_timeout(timeout))
-    return run_selftest(props, run, on_bug)
+    if not grad:
+        return run_selftest(list(catalogue(limits).values()), run, on_bug)
+    try:
+        planted_grad: Any = importlib.import_module("gdn_verify.implementations.planted_grad")
+    except ImportError as exc:
+        raise ConfigurationError("grad", f"the planted gradient bugs are unavailable here: {exc}") from None
+    return run_selftest(list(grad_catalogue(limits).values()), run, on_bug, bugs=planted_grad)
 
 
 # Compile-aware shape planning (issue 14) ----------------------------------------------------

@@ -72,9 +72,12 @@ class ProgressDisplay:
 
 
 def replay_command(case: str | Path, impl: Implementation, convention: str = "native") -> str:
-    """``gdn-verify replay /absolute/case.npz --impl NAME [--array A] [--convention spec]``: works from any folder."""
+    """``gdn-verify replay /absolute/case.npz --impl NAME [--array A] [--convention spec|backward]``: works
+    from any folder."""
+    from gdn_verify.implementations import is_plugin
+
     words = ["gdn-verify", "replay", str(Path(case).resolve()), "--impl", impl.name]
-    plugin = ":" in impl.name and not impl.name.startswith("planted:")
+    plugin = is_plugin(impl.name)
     if plugin and impl.array != "numpy":
         words += ["--array", impl.array]
     if plugin and convention != "native":

@@ -2,8 +2,9 @@
 
 ``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
 [--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
-[--gdn-convention native|spec] [--gdn-timeout SECONDS] [--gdn-scale]`` adds one test item per property
-(``gdn-verify::NAME``), in any folder; an item that fails, times out or on which the kernel
+[--gdn-convention native|spec|backward] [--gdn-timeout SECONDS] [--gdn-scale] [--gdn-grad]`` adds one
+test item per property (``gdn-verify::NAME``), in any folder (``--gdn-grad``: the gradient properties,
+against the implementation's backward, as ``check --grad``); an item that fails, times out or on which the kernel
 raised shows the minimal example (the kernel's traceback too) and the replay command, an
 unsupported one is skipped with the reason. A kernel that cannot take the arguments is a usage
 error before any item runs. For tests of one's own, the ``gdn_check`` fixture calls
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gdn_verify import api, console
+from gdn_verify import api, console, implementations
 from gdn_verify.core.implementation import ConfigurationError
 
 
@@ -33,7 +34,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gdn-seed", type=int, help="Hypothesis seed (default: random, shown in the header)")
     group.addoption("--gdn-max-examples", type=int, help="examples per property (default: each property's own)")
     group.addoption("--gdn-dims", help="head sizes K and V to draw, e.g. 64,128")
-    group.addoption("--gdn-convention", default="native", help="native (FLA) or spec (speculative decoding)")
+    group.addoption(
+        "--gdn-convention",
+        default="native",
+        help="native (FLA), spec (speculative decoding) or backward (a functional backward: the gradient properties)",
+    )
     group.addoption(
         "--gdn-timeout",
         type=float,
@@ -43,6 +48,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gdn-scale",
         action="store_true",
         help="add the scale tier's cases (gdn-verify::scale_<case>; GPU implementations only)",
+    )
+    group.addoption(
+        "--gdn-grad",
+        action="store_true",
+        help="the gradient properties instead, against the implementation's backward (its own with "
+        "--gdn-convention backward, else autograd's of a torch function)",
     )
 
 
@@ -56,6 +67,7 @@ def _options(config: pytest.Config) -> dict[str, Any]:
         max_examples=opt("gdn_max_examples"),
         convention=opt("gdn_convention"),
         timeout=opt("gdn_timeout"),
+        grad=opt("gdn_grad") or None,
     )
     if opt("gdn_dims"):
         kw["dims"] = tuple(int(d) for d in opt("gdn_dims").split(","))
@@ -102,7 +114,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     impl = suite["impl"]
     return (
         f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={suite['options']['dtype']}, "
-        f"seed={suite['options']['seed']}"
+        f"seed={suite['options']['seed']}" + (", gradients (the backward)" if suite["options"].get("grad") else "")
     )
 
 
@@ -116,6 +128,11 @@ def pytest_configure(config: pytest.Config) -> None:
     options = _options(config)
     try:
         impl = api.implementation(name, options.get("array"), options.get("convention", "native"))
+        if api.checks_gradients(impl, bool(options.get("grad")), options.get("convention", "native")):
+            options["grad"] = True
+            if config.getoption("gdn_scale"):
+                raise ConfigurationError("scale", "the scale tier checks the forward pass; not with --gdn-grad (yet)")
+            impl = implementations.with_backward(impl)
         impl.check_signatures()
     except ConfigurationError as exc:
         raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None

@@ -154,3 +154,11 @@ def test_the_reference_cache_pays_the_oracle_once_per_problem(tmp_path, monkeypa
     monkeypatch.delenv(scale.CACHE_ENV)
     scale.cached_reference(problem, counting)  # no cache configured: always computed
     assert len(calls) == 3 * per_problem
+
+
+def test_a_speculative_only_implementation_is_unsupported_with_the_reason():
+    """The cases call the native form; FlashInfer's MTP kernel (spec form only) died in every child
+    (H100, 2026-11-26) until this was said up front."""
+    result = api.check("planted:spec_reads_first_slot", properties=["scale_decode_batch"], scale_limits=LIMITS)
+    [row] = result.results
+    assert row.status == "unsupported" and "native (FLA-convention) form" in row.note

@@ -31,7 +31,8 @@ import math
 
 import numpy as np
 
-from gdn_verify.core.conventions import L2NORM_EPS, Packed, pack
+from gdn_verify.core.adjoint import cotangent, gather, l2norm_backward, scatter
+from gdn_verify.core.conventions import Packed, pack
 from gdn_verify.core.gating import SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
 from gdn_verify.core.problem import Problem
 
@@ -40,55 +41,11 @@ from gdn_verify.core.problem import Problem
 _SEGMENT_ELEMENTS = 1 << 25
 
 
-def _cotangent(name: str, x, shape: tuple[int, ...]) -> np.ndarray:
-    """``x`` as a finite float64 array of exactly ``shape`` (a cotangent is never broadcast: a
-    wrong shape is a caller's mistake, not something to guess around)."""
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except Exception as exc:  # noqa: BLE001 - anything unconvertible is the caller's input error
-        raise ValueError(f"{name}: cannot be converted to a float64 array ({exc})") from None
-    if arr.shape != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name}: contains NaN or Inf")
-    return arr
-
-
 def _head_parameter(name: str, x, num_value_heads: int) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float64)
     if arr.shape != (num_value_heads,):
         raise ValueError(f"{name}: expected shape [HV] = ({num_value_heads},), got {arr.shape}")
     return arr
-
-
-def _gather(p: Packed, x: np.ndarray) -> np.ndarray:
-    """``[B, T, ...]`` -> the packed ``[N, L, ...]`` layout of ``p`` (zeros on padding)."""
-    B, T = p.out_shape[:2]
-    flat = x.reshape((B * T,) + x.shape[2:])
-    valid = p.token_index >= 0
-    out = np.zeros(p.token_index.shape + x.shape[2:], np.float64)
-    out[valid] = flat[p.token_index[valid]]
-    return out
-
-
-def _scatter(p: Packed, x: np.ndarray) -> np.ndarray:
-    """Packed ``[N, L, ...]`` -> ``[B, T, ...]``; padding positions are dropped."""
-    B, T = p.out_shape[:2]
-    out = np.zeros((B * T,) + x.shape[2:], np.float64)
-    valid = p.token_index >= 0
-    out[p.token_index[valid]] = x[valid]
-    return out.reshape((B, T) + x.shape[2:])
-
-
-def _l2norm_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """Cotangent of ``x`` through ``y = x / n``, ``n = sqrt(|x|^2 + eps)`` over the last axis.
-
-    ``dy/dx = I / n - x x^T / n^3 = (I - y y^T) / n``, symmetric, so ``dx = (dy - y (y . dy)) / n``;
-    ``eps`` enters only through ``n`` (it keeps ``|y| < 1``, so this is not a pure projection).
-    """
-    n = np.sqrt(np.einsum("...i,...i->...", x, x) + L2NORM_EPS)[..., None]
-    y = x / n
-    return (dy - y * np.einsum("...i,...i->...", y, dy)[..., None]) / n
 
 
 def _segment_length(L: int, state_elements: int, checkpoint_every: int | None) -> int:
@@ -257,27 +214,27 @@ def recurrent_gated_delta_rule_backward(
     B, T, HV, V = p.out_shape
     H, K = np.shape(q)[2], np.shape(q)[3]
     N = p.initial_state.shape[0]
-    do_arr = _cotangent("do", do, (B, T, HV, V))
+    do_arr = cotangent("do", do, (B, T, HV, V), np.float64)
     if dht is None:
         dS = np.zeros((N, HV, K, V))
     else:
-        dS = _cotangent("dht", dht, (N, HV, V, K) if state_v_first else (N, HV, K, V))
+        dS = cotangent("dht", dht, (N, HV, V, K) if state_v_first else (N, HV, K, V), np.float64)
         if state_v_first:
             dS = dS.swapaxes(-1, -2)
 
     L = p.v.shape[1]
     segment = _segment_length(L, N * HV * K * V, checkpoint_every)
-    dq_p, dk_p, dv_p, dg_p, dbeta_p, dS0 = _packed_backward(p, _gather(p, do_arr), dS, segment)
+    dq_p, dk_p, dv_p, dg_p, dbeta_p, dS0 = _packed_backward(p, gather(p, do_arr, np.float64), dS, segment)
 
     # Value heads h = j * G + i read query/key head j (G = HV // H): sum each group of G.
     def to_qk_heads(x: np.ndarray) -> np.ndarray:
-        return _scatter(p, x).reshape(B, T, H, HV // H, K).sum(axis=3)
+        return scatter(p, x).reshape(B, T, H, HV // H, K).sum(axis=3)
 
     dq_out, dk_out = to_qk_heads(dq_p), to_qk_heads(dk_p)
     if use_qk_l2norm_in_kernel:
-        dq_out = _l2norm_backward(np.asarray(q, np.float64), dq_out)
-        dk_out = _l2norm_backward(np.asarray(k, np.float64), dk_out)
-    dg_out, dbeta_out = _scatter(p, dg_p), _scatter(p, dbeta_p)
+        dq_out = l2norm_backward(np.asarray(q, np.float64), dq_out)
+        dk_out = l2norm_backward(np.asarray(k, np.float64), dk_out)
+    dg_out, dbeta_out = scatter(p, dg_p), scatter(p, dbeta_p)
 
     result: dict[str, np.ndarray | None] = {}
     if use_gate_in_kernel:
@@ -302,7 +259,7 @@ def recurrent_gated_delta_rule_backward(
     return dict(
         dq=dq_out,
         dk=dk_out,
-        dv=_scatter(p, dv_p),
+        dv=scatter(p, dv_p),
         dg=dg_out,
         dbeta=dbeta_out,
         dh0=dh0,

@@ -154,7 +154,7 @@ class Implementation:
     def default_form(self) -> str:
         native = self.native_forms
         if not native:
-            raise NotImplementedError(f"{self.name} has only the speculative-decoding form")
+            raise NotImplementedError(f"{self.name} has no forward (FLA-convention) form, only {', '.join(self.forms)}")
         return native[0]
 
     def check_signatures(self) -> None:

@@ -4,15 +4,20 @@ Built-in: ``numpy`` (float32 NumPy, chunked and recurrent forms and the speculat
 form), ``numpy-chunk``, ``numpy-chunk16``, ``numpy-recurrent``, models of the production chunked
 algorithm (``numpy-chunk-fla`` and its C=32/16 variants with a float32 chunk-local gate cumsum,
 ``numpy-chunk-cumsum64``, ``numpy-chunk-fla16`` with FLA's 16-bit roundings, and ``numpy-chunk-tf32``
-with TF32 products), ``oracle``, ``planted:BUG``
-(``planted.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``),
-FlashInfer (``flashinfer.py``) and vLLM's kernel files (``vllm.py``). A plug-in's function is its native form, or with
-``convention="spec"`` its speculative-decoding form. :func:`choose_oracle` is the one place that
-picks the float64 oracle for problems of a given array kind.
+with TF32 products), ``oracle``, ``planted:BUG`` (``planted.py``), ``planted-grad:BUG`` (planted
+gradient bugs, ``planted_grad.py``), ``numpy-grad`` and ``numpy-grad16`` (NumPy backwards,
+``numpy_grad.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``),
+FlashInfer (``flashinfer.py``) and vLLM's kernel files (``vllm.py``). A plug-in's function is its native form, with
+``convention="spec"`` its speculative-decoding form, or with ``convention="backward"`` its
+functional backward (``BACKWARD_KEYWORDS``). :func:`with_backward` gives an implementation the
+backward form that gradient checks call (a torch forward's through autograd).
+:func:`choose_oracle` is the one place that picks the float64 oracle for problems of a given
+array kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable
@@ -22,6 +27,7 @@ import numpy as np
 
 from gdn_verify.core import arrays, reference
 from gdn_verify.core.implementation import (
+    BACKWARD_FORM,
     SPEC_FORM,
     ConfigurationError,
     ContractError,
@@ -31,7 +37,11 @@ from gdn_verify.core.implementation import (
 from gdn_verify.core.oracle import Oracle, from_implementation, numpy_oracle
 from gdn_verify.implementations import numpy_impl, precision, spec
 
-CONVENTIONS = ("native", "spec")
+CONVENTIONS = ("native", "spec", "backward")
+# Forms a plug-in's callable becomes, by convention (native: the default native form).
+_CONVENTION_FORMS = {"native": "default", "spec": SPEC_FORM, "backward": BACKWARD_FORM}
+# Names of planted-bug implementations: PREFIX + BUG, each prefix a module of this package.
+PLANTED = {"planted:": "planted", "planted-grad:": "planted_grad"}
 
 
 def _oracle_chunk(**kw):
@@ -40,6 +50,19 @@ def _oracle_chunk(**kw):
 
 def _chunk16(**kw):
     return numpy_impl.chunk_gated_delta_rule(**kw, chunk_size=16)
+
+
+def _numpy_grad(name: str) -> Callable[[], Implementation]:
+    """A NumPy backward of ``numpy_grad.py`` (imported when asked for)."""
+
+    def make() -> Implementation:
+        try:
+            module = importlib.import_module("gdn_verify.implementations.numpy_grad")
+        except ImportError as exc:
+            raise ConfigurationError("impl", f"{name}: unavailable here: {exc}") from None
+        return module.numpy_grad_implementation(name)
+
+    return make
 
 
 def _fla_style(name: str, chunk_size: int, cumsum_dtype=np.float32, tf32: bool = False, what: str = ""):
@@ -86,6 +109,9 @@ BUILTIN: dict[str, Callable[[], Implementation]] = {
     ),
     # A known precision loss: must fail float32 matches_reference.
     "numpy-chunk-tf32": _fla_style("numpy-chunk-tf32", 64, tf32=True, what=", TF32 matrix products"),
+    # NumPy backwards (functional, float32 and 16-bit): what gradient checks run on CPU.
+    "numpy-grad": _numpy_grad("numpy-grad"),
+    "numpy-grad16": _numpy_grad("numpy-grad16"),
     "oracle": lambda: Implementation(
         "oracle",
         {"chunk": _oracle_chunk, "recurrent": reference.recurrent_gated_delta_rule},
@@ -102,6 +128,7 @@ LAZY: dict[str, str] = {
     "cupy-oracle": "gdn_verify.implementations.cupy:cupy_oracle",
     "fla-chunk": "gdn_verify.implementations.fla:fla_chunk",
     "fla-recurrent": "gdn_verify.implementations.fla:fla_recurrent",
+    "flash-qla": "gdn_verify.implementations.flashqla:flash_qla",
     "flashinfer-prefill": "gdn_verify.implementations.flashinfer:flashinfer_prefill",
     "flashinfer-prefill-cp": "gdn_verify.implementations.flashinfer:flashinfer_prefill_cp",
     "flashinfer-decode": "gdn_verify.implementations.flashinfer:flashinfer_decode",
@@ -118,8 +145,18 @@ LAZY: dict[str, str] = {
 
 
 def names() -> list[str]:
-    """Built-in names, besides ``MODULE:FUNCTION`` and ``planted:BUG``."""
+    """Built-in names, besides ``MODULE:FUNCTION``, ``planted:BUG`` and ``planted-grad:BUG``."""
     return sorted(BUILTIN) + sorted(LAZY)
+
+
+def planted_prefix(name: str) -> str | None:
+    """``"planted:"`` or ``"planted-grad:"`` when ``name`` names a planted bug, else None."""
+    return next((prefix for prefix in PLANTED if name.startswith(prefix)), None)
+
+
+def is_plugin(name: str) -> bool:
+    """Whether ``name`` is a ``MODULE:FUNCTION`` plug-in (not a built-in or a planted bug)."""
+    return ":" in name and planted_prefix(name) is None
 
 
 def load_plugin(spec_text: str, array: str = "numpy", convention: str = "native") -> Implementation:
@@ -142,7 +179,8 @@ def load_plugin(spec_text: str, array: str = "numpy", convention: str = "native"
 def from_callable(
     fn: Callable, array: str = "numpy", convention: str = "native", name: str | None = None
 ) -> Implementation:
-    """A user's callable as an implementation (its only form: native, or spec with ``convention="spec"``).
+    """A user's callable as an implementation: its only form, native, spec with ``convention="spec"``
+    or the functional backward with ``convention="backward"``.
 
     A chunked plug-in may expose its stages for ``replay --diagnose`` as ``fn.stages`` (a
     ``gdn_verify.runners.diagnose.StagedImplementation``).
@@ -154,7 +192,7 @@ def from_callable(
     name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     stages = getattr(fn, "stages", None)
     rules = getattr(fn, "spec_rules", None)  # a spec plug-in's SpecRules (padding, null slot, pool layout)
-    form = SPEC_FORM if convention == "spec" else "default"
+    form = _CONVENTION_FORMS[convention]
     return Implementation(
         name,
         {form: fn},
@@ -174,13 +212,16 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
         raise ConfigurationError("array", f"{array!r}: choose from {', '.join(arrays.ARRAY_KINDS)}")
     if convention not in CONVENTIONS:
         raise ConfigurationError("convention", f"{convention!r}: choose from {', '.join(CONVENTIONS)}")
-    plugin = ":" in name and not name.startswith("planted:")
+    plugin = is_plugin(name)
+    prefix = planted_prefix(name)
     if name in BUILTIN:
         impl = BUILTIN[name]()
-    elif name.startswith("planted:"):
-        from gdn_verify.implementations import planted
-
-        impl = planted.implementation(name.removeprefix("planted:"))
+    elif prefix is not None:
+        try:
+            module = importlib.import_module(f"gdn_verify.implementations.{PLANTED[prefix]}")
+        except ImportError as exc:
+            raise ConfigurationError("impl", f"{name}: unavailable here: {exc}") from None
+        impl = module.implementation(name.removeprefix(prefix))
     elif name in LAZY:
         module_name, _, factory = LAZY[name].partition(":")
         try:
@@ -191,7 +232,7 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
         impl = load_plugin(name, array or "numpy", convention)
     else:
         raise ConfigurationError("impl", f"{name!r}: unknown; choose from {', '.join(names())} or MODULE:FUNCTION")
-    if name in BUILTIN or name.startswith("planted:"):
+    if name in BUILTIN or prefix is not None:
         impl.extra.setdefault("compile_classes", False)  # NumPy: nothing compiles, no probe needed
     if not plugin and array is not None and array != impl.array:
         raise ConfigurationError("array", f"applies to MODULE:FUNCTION plug-ins; {name} takes {impl.array} arrays")
@@ -204,6 +245,36 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
     except arrays.ArrayKindUnavailable as exc:
         raise ConfigurationError("array", str(exc)) from None
     return impl
+
+
+def backward_only(impl: Implementation) -> bool:
+    """Whether ``impl`` has a backward form and no forward one (a ``convention="backward"`` plug-in)."""
+    return BACKWARD_FORM in impl.forms and not impl.native_forms and SPEC_FORM not in impl.forms
+
+
+def with_backward(impl: Implementation) -> Implementation:
+    """``impl`` with the backward form that gradient properties call.
+
+    Its own when it has one; for a torch implementation with a native form (FLA's
+    ``chunk_gated_delta_rule``, a ``MODULE:FUNCTION`` with ``array="torch"``) the backward of its
+    default form through autograd (``autograd.autograd_backward``); anything else raises
+    :class:`ConfigurationError` naming ``grad``.
+    """
+    if BACKWARD_FORM in impl.forms:
+        return impl
+    if impl.array == "torch" and impl.native_forms:
+        try:
+            from gdn_verify.implementations.autograd import autograd_backward
+        except ImportError as exc:
+            raise ConfigurationError("grad", f"{impl.name}: no autograd backward here: {exc}") from None
+        backward = autograd_backward(impl.forms[impl.default_form])
+        return dataclasses.replace(impl, forms={**impl.forms, BACKWARD_FORM: backward})
+    raise ConfigurationError(
+        "grad",
+        f"{impl.name} has no backward form; pass --convention backward (convention='backward') with a functional "
+        "backward fn(q, k, v, g, beta, ..., *, do, dht=None) -> (dq, dk, dv, dg, dbeta, dh0), or a torch function "
+        "(--array torch), whose backward autograd gives",
+    )
 
 
 def default_name() -> tuple[str, str]:
@@ -235,10 +306,14 @@ __all__ = [
     "ContractError",
     "Implementation",
     "Result",
+    "backward_only",
     "choose_oracle",
     "default_name",
     "from_callable",
+    "is_plugin",
     "load_plugin",
     "names",
+    "planted_prefix",
     "resolve",
+    "with_backward",
 ]

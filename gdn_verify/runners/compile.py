@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.gradients import cotangents
+from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.shapes import ShapeClass
 from gdn_verify.runners.guard import KernelTimeout
 
@@ -65,11 +66,16 @@ def _key(impl: Implementation) -> Callable[[ShapeClass], object]:
 
 
 def warm_class(impl: Implementation, c: ShapeClass) -> float:
-    """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c`` (compiling it)."""
+    """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c`` (compiling
+    it); an implementation with a backward form (``check --grad``) runs that instead, which runs
+    (and compiles) its forward as well."""
     problem = c.example()
     start = time.perf_counter()
-    for form in impl.native_forms:
-        impl.run(problem, form)
+    if BACKWARD_FORM in impl.forms:
+        impl.run_backward(problem, *cotangents(problem, seed=0))
+    else:
+        for form in impl.native_forms:
+            impl.run(problem, form)
     return time.perf_counter() - start
 
 

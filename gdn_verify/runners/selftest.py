@@ -1,33 +1,56 @@
-"""Selftest: every planted bug (``gdn_verify.implementations.planted``) must be caught by some property."""
+"""Selftest: every planted bug must be caught by some property.
+
+The bugs come from a module like ``gdn_verify.implementations.planted`` (the forward's, the
+default) or ``planted_grad`` (the backward's): ``BUGS`` (name -> description and callable),
+``RIGHT_CAUSES`` (name -> the cause models that name it rightly) and ``implementation(bug)``.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.verdict import Property
 from gdn_verify.implementations import planted
 from gdn_verify.runners.check import PropertyResult, RunSettings, run_property
 from gdn_verify.runners.guard import Guard
 
 
+class PlantedBugs(Protocol):
+    """What :func:`run_selftest` needs of a planted-bug module."""
+
+    BUGS: dict[str, tuple[str, Any]]
+    RIGHT_CAUSES: dict[str, tuple[str, ...]]
+
+    def implementation(self, bug: str) -> Implementation: ...
+
+
 @dataclass
 class Planted:
-    """One planted bug's outcome: the first property that failed on it (None: missed)."""
+    """One planted bug's outcome: the first property that failed on it (None: missed).
+
+    ``right_causes``: the cause models that name it rightly (None: ``planted.RIGHT_CAUSES``'s);
+    ``impl``: the planted implementation that ran (None: ``planted:BUG``).
+    """
 
     bug: str
     description: str
     caught_by: PropertyResult | None
     seconds: float
+    right_causes: tuple[str, ...] | None = None
+    impl: Implementation | None = None
 
     @property
     def cause_verdict(self) -> str:
-        """The named cause against ``planted.RIGHT_CAUSES``: "right", "wrong", or "none" (silent)."""
+        """The named cause against the right causes: "right", "wrong", or "none" (silent)."""
         f = None if self.caught_by is None else self.caught_by.failure
         if f is None or not f.cause_model:
             return "none"
-        return "right" if f.cause_model in planted.RIGHT_CAUSES.get(self.bug, ()) else "wrong"
+        right = planted.RIGHT_CAUSES.get(self.bug, ()) if self.right_causes is None else self.right_causes
+        return "right" if f.cause_model in right else "wrong"
 
     @property
     def margin(self) -> float | None:
@@ -38,13 +61,16 @@ class Planted:
 
 
 def run_selftest(
-    properties: list[Property], run: RunSettings, on_bug: Callable[[Planted], None] | None = None
+    properties: list[Property],
+    run: RunSettings,
+    on_bug: Callable[[Planted], None] | None = None,
+    bugs: PlantedBugs = planted,
 ) -> list[Planted]:
-    """Check each planted bug against ``properties`` in order, stopping at the first that does not
-    pass (failed, or the bug made the kernel raise or hang)."""
+    """Check each of ``bugs``' planted bugs against ``properties`` in order, stopping at the first
+    that does not pass (failed, or the bug made the kernel raise or hang)."""
     rows = []
-    for bug, (description, _) in planted.BUGS.items():
-        impl = planted.implementation(bug)
+    for bug, (description, _) in bugs.BUGS.items():
+        impl = bugs.implementation(bug)
         start = time.perf_counter()
         caught = None
         guard = Guard(run.timeout)
@@ -56,7 +82,9 @@ def run_selftest(
                     break
         finally:
             guard.close()
-        row = Planted(bug, description, caught, time.perf_counter() - start)
+        row = Planted(
+            bug, description, caught, time.perf_counter() - start, tuple(bugs.RIGHT_CAUSES.get(bug, ())), impl
+        )
         rows.append(row)
         if on_bug is not None:
             on_bug(row)
