@@ -64,7 +64,7 @@ def _fla():
     return cuda_library("FLA", "pip install fla-core==0.6.0", load)
 
 
-def _wrap(fn):
+def wrap(fn):
     def call(q, k, v, g, beta, cu_seqlens=None, **kw):
         if cu_seqlens is not None:
             cu_seqlens = cu_seqlens.long()
@@ -142,7 +142,7 @@ def fla_chunk() -> Implementation:
     arrays.check_kind("torch")
     return Implementation(
         "fla-chunk",
-        {"chunk": _wrap(chunk)},
+        {"chunk": wrap(chunk)},
         "torch",
         "FLA 0.6 chunk_gated_delta_rule",
         "bfloat16",
@@ -154,7 +154,7 @@ def fla_recurrent() -> Implementation:
     _, recurrent = _fla()
     return Implementation(
         "fla-recurrent",
-        {"recurrent": _wrap(recurrent)},
+        {"recurrent": wrap(recurrent)},
         "torch",
         "FLA 0.6 fused_recurrent_gated_delta_rule",
         "bfloat16",

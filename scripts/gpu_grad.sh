@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `check --grad` on one H100/H200: FLA 0.6's chunk_gated_delta_rule backward (its own kernels:
+# FlashQLA dispatch off) in bfloat16 and float16, cold then warm, and FlashQLA's, directly and
+# through FLA's dispatch. Detached, so that the work outlives one device call while the machine
+# stays warm. Run from a copy outside the synced checkout (/tmp), as
+#   bash scripts/gpu_grad.sh --background        start the driver
+#   bash scripts/gpu_grad.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
+# Needs .whl/fqla (FlashQLA 0.1.3, TileLang 0.1.15 and their deps; .whl/fqla/README.txt) and the FLA
+# wheels .whl/*.whl, both installed into /tmp/fqsite: FLA 0.6.0 refuses its backward on Hopper
+# with Triton < 3.7.1 unless TileLang is importable (it then runs chunk_bwd_dqkwg in TileLang),
+# and TileLang's tvm-ffi cannot share a process with FlashInfer's site.
+set -u -o pipefail
+OUT=${OUT:-gpu_logs}
+LOGS=/tmp/gpu_grad
+mkdir -p "$OUT" "$LOGS"
+case ${1:-} in
+  --background)
+    setsid nohup bash "$0" run > "$LOGS/driver.txt" 2>&1 < /dev/null &
+    echo $! > "$LOGS/driver.pid"; echo "started driver $!"; exit 0 ;;
+  --collect)
+    for _ in $(seq "${2:-540}"); do kill -0 "$(cat "$LOGS/driver.pid")" 2>/dev/null || break; sleep 1; done
+    grep -hE "^(gdn-verify|  grad_|FAILED|ERROR|  minimal|  likely|[0-9]+ passed|exit|\[FLA|backend)" "$LOGS"/*.log \
+      | cut -c1-400 > "$OUT/summary.txt"
+    tar -czf "$OUT/grad.tar.gz" -C "$LOGS" $(cd "$LOGS" && ls ./*.log ./*.json ./*.txt 2>/dev/null)
+    cat "$OUT/summary.txt"; exit 0 ;;
+esac
+SITE=/tmp/fqsite
+[ -f "$SITE/.fqla-site-complete" ] || SITE=$SITE bash .whl/fqla/install.sh || exit 3
+[ -d "$SITE/fla" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
+export PYTHONPATH="$PWD:$SITE" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 CUDA_HOME=/usr/local/cuda \
+  TILELANG_CACHE_DIR=/tmp/tilelang-cache TVM_FFI_CACHE_DIR=/tmp/tvm-ffi-cache
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton, numpy, importlib.metadata as m; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, *(p + ' ' + m.version(p) for p in ('fla-core', 'flash-qla', 'tilelang', 'apache-tvm-ffi')))"
+} > "$LOGS/env.txt" 2>&1
+# Which backend FLA 0.6 runs (its dispatcher logs the first use of each), FlashQLA allowed and not.
+for qla in 1 0; do
+  FLA_FLASH_QLA=$qla timeout 600 python3 - > "$LOGS/backends-qla$qla.log" 2>&1 <<'EOF'
+import logging, os, torch
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+for dtype in (torch.bfloat16, torch.float16):
+    B, T, H, HV, K = 2, 130, 2, 4, 128
+    x = [torch.randn(B, T, h, K, device="cuda", dtype=dtype, requires_grad=True) for h in (H, H, HV)]
+    g = (-0.05 * torch.rand(B, T, HV, device="cuda")).requires_grad_(True)
+    beta = torch.rand(B, T, HV, device="cuda", dtype=dtype).requires_grad_(True)
+    o, _ = chunk_gated_delta_rule(*x, g, beta, use_qk_l2norm_in_kernel=True)
+    o.float().square().sum().backward()
+    print(f"backend FLA_FLASH_QLA={os.environ['FLA_FLASH_QLA']} {dtype}: forward and backward ran, dq finite {bool(x[0].grad.isfinite().all())}")
+EOF
+  echo "exit $?" >> "$LOGS/backends-qla$qla.log"
+done
+check() {  # NAME ARGS...: one check --grad, its log and JSON
+  local name=$1; shift
+  local start=$(date +%s)
+  timeout "${CHECK_TIMEOUT:-1500}" python3 cli.py check --grad --json "$LOGS/$name.json" --cases "$LOGS/cases" "$@" \
+    > "$LOGS/$name.log" 2>&1
+  echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
+}
+# cold (a fresh Triton cache), then the same command again (warm)
+( export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla-bf16
+  check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1
+  check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1 ) &
+( export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla-fp16
+  check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 ) &
+( export TRITON_CACHE_DIR=/tmp/triton-qla
+  check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1
+  check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 ) &
+( export TRITON_CACHE_DIR=/tmp/triton-dispatch
+  check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 ) &
+wait
