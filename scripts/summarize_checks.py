@@ -25,7 +25,7 @@ def row(path: Path, label: str) -> dict | None:
     props = []
     for r in doc["results"]:
         worst = r.get("worst") or {}
-        ratio = worst["error"] / worst["bound"] if worst.get("bound") else None
+        ratio = float(worst["error"]) / float(worst["bound"]) if worst.get("bound") else None
         failure = r.get("failure") or {}
         props.append(
             dict(

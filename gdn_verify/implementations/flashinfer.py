@@ -187,9 +187,13 @@ def prefill_adapter(kernel: Callable, ops=None, max_seqlen: bool = False) -> Cal
         if K != V:
             raise NotImplementedError(f"FlashInfer's GDN has one head_size; K={K} != V={V}")
         bounds = _bounds(ops, cu_seqlens, B, T)
+        if bounds[-1] == 0:
+            # FlashInfer 0.7.2 refuses a call without tokens ("max_seqlen must be positive, got 0"),
+            # CP or not (called directly on an H100, 2026-11-26): an unsupported input, not a crash
+            raise NotImplementedError("FlashInfer's prefill refuses a call with no tokens")
         cu = ops.from_host(bounds, like=q)
         hint: dict[str, Any] = {}
-        if max_seqlen and bounds[-1] > 0:  # no tokens: leave FlashInfer's own default and checks
+        if max_seqlen:
             hint["max_seqlen"] = int(np.diff(bounds).max())
         result = kernel(
             q=ops.contiguous(q.reshape(B * T, H, K)),
