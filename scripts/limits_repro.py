@@ -98,15 +98,22 @@ def vllm_chunk_offset(B: int) -> str:
 
 
 def vllm_recurrent_decode(N: int) -> str:
-    """One decode step for N requests x HV = 16 heads (fused_recurrent_gated_delta_rule with a
-    state per request): the last requests against the same kernel on them alone."""
+    """One decode step for N requests x HV = 16 heads through fused_recurrent_gated_delta_rule as
+    vLLM's decode calls it (a state pool [N + 1, HV, V, K] with slot 0 null, ssm_state_indices
+    [N, 1]): the last requests against the same kernel on them alone."""
     ops, HV = vllm(), 16
     kw = gdn_inputs(N, 1, 4, HV)
-    state = randn(N, HV, K, K, dtype=torch.float32)
-    o, _ = ops.fused_recurrent_gated_delta_rule(**kw, initial_state=state.clone(), inplace_final_state=True)
+    pool = randn(N + 1, HV, K, K, dtype=torch.float32)
+    before = pool.clone()
+    slots = torch.arange(1, N + 1, device="cuda", dtype=torch.int32)[:, None]
+    o, _ = ops.fused_recurrent_gated_delta_rule(
+        **kw, initial_state=pool, inplace_final_state=True, ssm_state_indices=slots
+    )
     torch.cuda.synchronize()
+    small = torch.cat([before[:1], before[-2:]])
+    two = torch.arange(1, 3, device="cuda", dtype=torch.int32)[:, None]
     alone, _ = ops.fused_recurrent_gated_delta_rule(
-        **{n: x[-2:] for n, x in kw.items()}, initial_state=state[-2:].clone(), inplace_final_state=True
+        **{n: x[-2:] for n, x in kw.items()}, initial_state=small, inplace_final_state=True, ssm_state_indices=two
     )
     return f"ok, last 2 requests vs them alone: relative difference {rel(o[-2:], alone):.2e}"
 
@@ -136,6 +143,26 @@ def flashinfer_decode_saturated(a_value: float) -> str:
         f"float32 state: o finite {finite[0]}, state finite {finite[1]}; bfloat16 state: o finite {finite[2]}, "
         f"state finite {finite[3]}; o difference {rel(o16.nan_to_num(1e30), o32):.2e}"
     )
+
+
+def flashinfer_prefill_states(N: int) -> str:
+    """N sequences of one token x HV = 16 heads with initial states ([N, 16, 128, 128] float32:
+    past 2^31 elements once N > 8192): the last sequences against the same kernel on them alone."""
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule
+
+    HV, H = 16, 4
+    kw = {n: x[0] for n, x in gdn_inputs(1, N, H, HV).items()}  # packed tokens [N, heads, ...]
+    kw["g"] = torch.exp(kw["g"])  # FlashInfer's g is the linear decay alpha
+    kw["beta"] = kw["beta"].float()
+    h0 = randn(N, HV, K, K, dtype=torch.float32)
+    print(f"  last state starts at element {(N - 1) * HV * K * K:,} (2^31 = {2**31:,})", flush=True)
+    cu = torch.arange(N + 1, device="cuda", dtype=torch.long)
+    o, ht = chunk_gated_delta_rule(**kw, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    last = {n: x[-2:] for n, x in kw.items()}
+    two = torch.arange(3, device="cuda", dtype=torch.long)
+    o2, ht2 = chunk_gated_delta_rule(**last, initial_state=h0[-2:].clone(), output_final_state=True, cu_seqlens=two)
+    return f"ok, last 2 sequences vs them alone: o {rel(o[-2:], o2):.2e}, final state {rel(ht[-2:], ht2):.2e}"
 
 
 def flashinfer_prefill_empty(_: int) -> str:
@@ -171,6 +198,7 @@ CASES = {
     "vllm-recurrent-decode": (vllm_recurrent_decode, (65535 // 16, 65535 // 16 + 1)),
     "flashinfer-decode-saturated": (flashinfer_decode_saturated, (20, 80, 100, 1000, 9984)),
     "flashinfer-prefill-empty": (flashinfer_prefill_empty, (0,)),
+    "flashinfer-prefill-states": (flashinfer_prefill_states, (8190, 8194)),
 }
 
 
