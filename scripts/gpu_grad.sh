@@ -32,6 +32,26 @@ export PYTHONPATH="$PWD:$SITE" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 CUDA_HOME=/u
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, numpy, importlib.metadata as m; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, *(p + ' ' + m.version(p) for p in ('fla-core', 'flash-qla', 'tilelang', 'apache-tvm-ffi')))"
 } > "$LOGS/env.txt" 2>&1
+check() {  # NAME ARGS...: one check --grad, its log and JSON
+  local name=$1; shift
+  local start=$(date +%s)
+  timeout "${CHECK_TIMEOUT:-1500}" python3 cli.py check --grad --json "$LOGS/$name.json" --cases "$LOGS/cases" "$@" \
+    > "$LOGS/$name.log" 2>&1
+  echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
+}
+# Cold (fresh Triton and TileLang caches) then the same command again (warm), one check at a time:
+# on 2026-11-26 four checks compiling side by side took over 8 minutes for FLA's 4 classes.
+export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla
+check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1
+check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1
+# the rest side by side (their compile costs are not the measurement)
+( check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 ) &
+( export TRITON_CACHE_DIR=/tmp/triton-qla
+  check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1
+  check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 ) &
+( export FLA_FLASH_QLA=1 TRITON_CACHE_DIR=/tmp/triton-dispatch
+  check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 ) &
+wait
 # Which backend FLA 0.6 runs (its dispatcher logs the first use of each), FlashQLA allowed and not.
 for qla in 1 0; do
   FLA_FLASH_QLA=$qla timeout 600 python3 - > "$LOGS/backends-qla$qla.log" 2>&1 <<'EOF'
@@ -49,22 +69,3 @@ for dtype in (torch.bfloat16, torch.float16):
 EOF
   echo "exit $?" >> "$LOGS/backends-qla$qla.log"
 done
-check() {  # NAME ARGS...: one check --grad, its log and JSON
-  local name=$1; shift
-  local start=$(date +%s)
-  timeout "${CHECK_TIMEOUT:-1500}" python3 cli.py check --grad --json "$LOGS/$name.json" --cases "$LOGS/cases" "$@" \
-    > "$LOGS/$name.log" 2>&1
-  echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
-}
-# cold (a fresh Triton cache), then the same command again (warm)
-( export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla-bf16
-  check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1
-  check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1 ) &
-( export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla-fp16
-  check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 ) &
-( export TRITON_CACHE_DIR=/tmp/triton-qla
-  check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1
-  check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 ) &
-( export TRITON_CACHE_DIR=/tmp/triton-dispatch
-  check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 ) &
-wait

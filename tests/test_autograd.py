@@ -71,3 +71,20 @@ def test_a_call_without_tokens_has_zero_gradients():
     grads = impl.run_backward(problem, do, dht)
     assert gradient_contract_violations(grads, problem) == []
     assert all(not np.any(x) for x in grads.grads.values())
+
+
+def test_flashqla_refusing_an_empty_call_is_unsupported_not_an_error():
+    from gdn_verify.implementations.flashqla import refuse_empty
+
+    def kernel(q, k, v, g, beta, cu_seqlens=None, **kw):  # FlashQLA 0.1.3's answer to no tokens
+        if q.shape[1] == 0 or (cu_seqlens is not None and int(cu_seqlens[-1]) == 0):
+            raise ValueError("invalid sequence lengths: [0]")
+        return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+
+    empty = _problem(varlen=False, initial_state=False, l2norm=False).tokens(0, 0)
+    impl = Implementation("qla", {"chunk": refuse_empty(kernel)}, array="torch")
+    impl.forms["backward"] = autograd_backward(impl.forms["chunk"])
+    with pytest.raises(NotImplementedError, match="no tokens"):
+        impl.run_backward(empty, *cotangents(empty, seed=0, with_dht=False))
+    full = _problem(varlen=True, initial_state=False, l2norm=False)
+    assert impl.run_backward(full, *cotangents(full, seed=0)).grads["dq"].shape == full.q.shape

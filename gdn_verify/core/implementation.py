@@ -42,19 +42,9 @@ NATIVE_KEYWORDS = (
     "cu_seqlens",
 )
 SPEC_CALL = (9, ("scale", "use_qk_l2norm_in_kernel"))
-BACKWARD_KEYWORDS = (
-    "q",
-    "k",
-    "v",
-    "g",
-    "beta",
-    "scale",
-    "initial_state",
-    "use_qk_l2norm_in_kernel",
-    "cu_seqlens",
-    "do",
-    "dht",
-)
+# The backward takes the native inputs (no output_final_state: dht says whether there is a final
+# state) and the cotangents.
+BACKWARD_KEYWORDS = tuple(k for k in NATIVE_KEYWORDS if k != "output_final_state") + ("do", "dht")
 # The functional backward's outputs, in order.
 GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 # Forms that are not the native forward (the default form is the first native one).

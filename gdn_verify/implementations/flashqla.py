@@ -10,9 +10,23 @@ autograd: ``check --grad --impl flash-qla`` verifies that backward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gdn_verify.core import arrays
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.implementations.fla import cuda_library, jit_compiled, wrap
+
+
+def refuse_empty(fn: Callable) -> Callable:
+    """``fn``, with a call without tokens reported unsupported: FlashQLA 0.1.3 raises
+    ``ValueError: invalid sequence lengths: [0]`` for it (H100, 2026-11-26), an explicit refusal."""
+
+    def call(q, *args, cu_seqlens=None, **kw):
+        if q.shape[1] == 0 or (cu_seqlens is not None and int(cu_seqlens[-1]) == 0):
+            raise NotImplementedError("FlashQLA refuses a call with no tokens")
+        return fn(q, *args, cu_seqlens=cu_seqlens, **kw)
+
+    return call
 
 
 def flash_qla() -> Implementation:
@@ -25,7 +39,7 @@ def flash_qla() -> Implementation:
     arrays.check_kind("torch")
     return Implementation(
         "flash-qla",
-        {"chunk": wrap(chunk)},
+        {"chunk": refuse_empty(wrap(chunk))},
         "torch",
         "FlashQLA chunk_gated_delta_rule (TileLang, auto intra-card context parallelism)",
         "bfloat16",
