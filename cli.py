@@ -130,6 +130,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     dims = head_dims(args.dims)
     grad = api.checks_gradients(impl, args.grad, args.convention)
+    if grad:  # misuse (no backward to check) is one line before the header, not after it
+        impl = implementations.with_backward(impl)
     if args.database and args.seed is not None:
         print(
             f"check: --database {args.database} takes precedence: Hypothesis ignores --seed {args.seed} "
@@ -203,8 +205,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _compile_options(args: argparse.Namespace, display: console.ProgressDisplay) -> dict:
-    """``compile_budget`` and the ``compiling N shape classes`` progress line (issue 14)."""
-    return dict(compile_budget=args.compile_budget, on_compile=console.compile_progress(display))
+    """``compile_budget``, ``plans_dir`` and the ``compiling N shape classes`` progress line."""
+    return dict(
+        compile_budget=args.compile_budget,
+        on_compile=console.compile_progress(display),
+        **({"plans_dir": args.plans} if args.plans else {}),
+    )
 
 
 def _print_compile(plan, seconds: float) -> None:
@@ -520,8 +526,11 @@ def _compile_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile-budget",
         help="time for compiling shape classes up front when a new class is expensive (JIT kernels such as "
-        "FLA's): 90s, 5m (default 3m); the pool of classes drawn from adapts to it",
+        "FLA's): 90s, 5m (default 3m); the pool of classes drawn from adapts to it. Given, it re-plans the pool "
+        "and replaces the stored plan; without it, a run reuses the pool stored for the same implementation, "
+        "version, device, dtype, head sizes and gradient mode",
     )
+    p.add_argument("--plans", help="directory of stored shape-class pools (default .gdn_verify/plans)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,7 +53,16 @@ from gdn_verify.runners.check import (
     run_check,
 )
 from gdn_verify.runners.check import replay as replay_case
-from gdn_verify.runners.compile import CompileProgress, ShapePlan, plan_shapes
+from gdn_verify.runners.compile import (
+    PLANS_DIR,
+    CompileProgress,
+    PlanKey,
+    ShapePlan,
+    load_plan,
+    plan_shapes,
+    save_plan,
+    warm_plan,
+)
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, FIRST_CALL_FACTOR, Guard
 from gdn_verify.runners.selftest import Planted, run_selftest
 
@@ -327,6 +336,7 @@ def check(
     max_tokens: int | None = None,
     database: str | Path | None = None,
     cases_dir: str | Path = CASES_DIR,
+    plans_dir: str | Path | None = PLANS_DIR,
     convention: str = "native",
     timeout: float | None = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
@@ -353,6 +363,10 @@ def check(
     before anything runs.
     ``compile_budget``: seconds (or ``"3m"``, the default) for compiling shape classes up front when a new
     class is expensive (JIT-compiled kernels), ``on_compile(done, planned, seconds)`` its progress.
+    ``plans_dir``: where the chosen pool is stored and read back (None: neither); a run with the
+    same implementation, version, device, dtype, head sizes and gradient mode reuses the stored
+    pool (no probe, no new classes) unless ``compile_budget`` is given, which plans afresh and
+    replaces it (``CheckResult.shapes.describe()`` says which).
     ``scale``: after the properties, the scale tier (``gdn_verify.runners.scale``: problems past the
     launch-grid and 2^31-element limits, each in a child process; GPU implementations only, unless
     ``scale_limits`` shrinks the limits). Its cases are results named ``scale_<case>``; naming only
@@ -377,7 +391,7 @@ def check(
     scale_only = bool(scale_cases) and properties == []
     limits, shapes = _limits(impl, dtype, dims, max_tokens), None
     if not scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
-        limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout))
+        limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout), plans_dir)
     available = grad_catalogue(limits) if grad else catalogue(limits)
     props = [] if scale_only else select(available, properties, impl)
     seed = seed if seed is not None else random.randrange(2**31)
@@ -589,6 +603,7 @@ def fuzz(
     max_tokens: int = 2048,
     database: str | Path = fuzz_runner.DATABASE_DIR,
     cases_dir: str | Path = CASES_DIR,
+    plans_dir: str | Path | None = PLANS_DIR,
     convention: str = "native",
     timeout: float | None = DEFAULT_TIMEOUT,
     progress: Callable[[fuzz_runner.FuzzReport, str], None] | None = None,
@@ -604,7 +619,7 @@ def fuzz(
     the float64 GPU oracle when it can run here. ``timeout`` as in :func:`check`; ``on_round``
     sees the report after each property run (to save partial results). ``compile_budget`` as for
     :func:`check` (its time counts against ``budget``; without one, at most half of ``budget`` goes to
-    compilation). ``workers``: processes over disjoint shards
+    compilation), and ``plans_dir`` as for :func:`check`. ``workers``: processes over disjoint shards
     of the properties, one GPU each (round robin over the visible ones) or one per CPU core for
     NumPy implementations (``"auto"``: as many as GPUs, or cores), sharing ``database``; their
     reports are merged.
@@ -631,6 +646,7 @@ def fuzz(
             max_tokens=max_tokens,
             database=str(database),
             cases_dir=str(cases_dir),
+            plans_dir=None if plans_dir is None else str(plans_dir),
             convention=convention,
             compile_budget=compile_budget,
             timeout=timeout,
@@ -641,9 +657,9 @@ def fuzz(
         ]
         envs = workers_runner.worker_environments(n, gpu=impl_obj.array != "numpy")
         return workers_runner.run_sharded(fuzz, shards, envs, progress, on_result, on_round)
-    if compile_budget is None:  # a short campaign must not spend all of its time compiling
-        compile_budget = min(DEFAULT_COMPILE_BUDGET, seconds / 2)
-    limits, shapes = plan_limits(impl_obj, limits, compile_budget, on_compile, timeout)
+    # A short campaign must not spend all of its time compiling; an explicit budget re-plans.
+    default_budget = min(DEFAULT_COMPILE_BUDGET, seconds / 2)
+    limits, shapes = plan_limits(impl_obj, limits, compile_budget, on_compile, timeout, plans_dir, default_budget)
     oracle_name, oracle = implementations.choose_oracle(impl_obj.array)
     large = LARGE_GPU if impl_obj.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
     large = large.replace(dtype=dtype, head_dims=limits.head_dims if dims is not None else large.head_dims)
@@ -821,20 +837,52 @@ def plan_limits(
     compile_budget: str | float | None = None,
     on_compile: CompileProgress | None = None,
     timeout: float | None = DEFAULT_TIMEOUT,
+    plans_dir: str | Path | None = None,
+    default_budget: float = DEFAULT_COMPILE_BUDGET,
 ) -> tuple[Limits, ShapePlan]:
     """``limits`` with a shape pool when a new shape class of ``impl`` is expensive (see ``runners.compile``).
 
     The probe's calls are guarded by ``timeout`` like the properties' (a hung kernel must not hang
     the planning); a call that times out keeps its class in the pool, for the properties to report.
+    ``plans_dir`` (None: nothing stored or read): the pool is stored there per implementation,
+    version, device, dtype, head sizes and gradient mode, and the next run with the same key
+    reuses it (no probe, no new classes: a warm cache compiles nothing); an explicit
+    ``compile_budget`` plans afresh and replaces the stored plan, and without one
+    ``default_budget`` applies.
     """
-    budget = DEFAULT_COMPILE_BUDGET if compile_budget is None else _compile_budget(compile_budget)
+    budget = default_budget if compile_budget is None else _compile_budget(compile_budget)
+    path, stored, key = None, None, None
+    note = "no plans directory: not stored"
+    if plans_dir is not None:
+        key = PlanKey.of(impl, limits.dtype, limits.head_dims)
+        path = Path(plans_dir) / key.filename()
+        if compile_budget is None:
+            stored, note = load_plan(path, key)
+        else:
+            note = "a compile budget was given: the pool is re-planned" + (
+                " and replaces the stored plan" if path.exists() else ""
+            )
     guard = Guard(timeout)
     try:
         with warnings.catch_warnings():  # the kernel's warnings are counted by the properties, not streamed here
             warnings.simplefilter("ignore")
-            plan = plan_shapes(guard.guarded(impl), pool_candidates(limits), budget, on_compile)
+            if stored is not None:
+                plan = warm_plan(guard.guarded(impl), stored, on_compile)
+            else:
+                plan = plan_shapes(guard.guarded(impl), pool_candidates(limits), budget, on_compile)
     finally:
         guard.close()
+    plan.path = path
+    if plan.source == "planned":
+        plan.note = note
+        # No pool (a cheap implementation): nothing to store.
+        if path is not None and key is not None and plan.classes is not None:
+            try:
+                save_plan(path, key, plan)
+            except OSError as exc:  # an unwritable directory costs the next run a fresh plan, not this one
+                plan.path, plan.note = None, f"{note}; not stored ({exc})"
+        else:
+            plan.path = None
     return (limits if plan.classes is None else limits.replace(shape_classes=plan.classes)), plan
 
 
@@ -854,5 +902,9 @@ def _plan_dict(plan: ShapePlan | None, seconds: float) -> dict[str, Any]:
             seconds=round(plan.compile_seconds, 1),
             new_class_seconds=plan.new_class_seconds,
             shape_classes=None if plan.classes is None else [c.describe() for c in plan.classes],
+            plan_source=plan.source,
+            plan_path=None if plan.path is None else str(plan.path),
+            **({"plan_measured": plan.measured} if plan.measured else {}),
+            **({"plan_note": plan.note} if plan.note else {}),
         ),
     )

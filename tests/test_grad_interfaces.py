@@ -212,7 +212,7 @@ def test_help_lists_the_new_flags(capsys):
     [
         (["check", "--grad", "--impl", "numpy"], "--grad: numpy has no backward form; pass --convention backward"),
         (["check", "--grad", "--impl", "my_grads:forward_only"], "--grad: my_grads:forward_only has no backward form"),
-        (["check", "--grad", "--impl", "numpy", "--scale"], "--scale: the scale tier checks the forward pass"),
+        (["check", "--grad", "--impl", "numpy-grad", "--scale"], "--scale: the scale tier checks the forward pass"),
         (["check", "--impl", "my_grads:good", "--convention", "backward", "--scale"], "--scale:"),
         (["check", "--grad", "--impl", "planted-grad:dg_doubled", "--properties", "matches_reference"],
          "--properties: unknown matches_reference; choose from grad_stub_reference, grad_stub_determinism"),
