@@ -36,8 +36,6 @@ from gdn_verify.properties.strategies import Limits
 # Backward problems are shorter than forward ones: the oracle's adjoint costs about four forward
 # passes, and a chunked backward compiles more kernels per shape class.
 MAX_LEN = 96
-# A poisoned value that no correct gradient equals: what an unwritten buffer is left holding.
-POISON = np.nan
 
 
 def cotangent_params() -> st.SearchStrategy[dict]:

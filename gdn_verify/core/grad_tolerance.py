@@ -89,6 +89,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from gdn_verify.core.adjoint import cotangent
 from gdn_verify.core.conventions import L2NORM_EPS, Packed, pack
 from gdn_verify.core.gating import SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
 from gdn_verify.core.gradients import problem_gradients
@@ -192,28 +193,13 @@ class _Inputs:
 
 
 def _check_cotangents(problem: Problem, do, dht) -> tuple[np.ndarray, np.ndarray | None]:
+    """``do`` ``[B, T, HV, V]`` and ``dht`` (the final state's shape, or None) as finite float64."""
     s = problem.shape
-    want = (s["B"], s["T"], s["HV"], s["V"])
-    try:
-        do_arr = np.asarray(do, np.float64)
-    except Exception as exc:  # noqa: BLE001 - anything unconvertible is the caller's input error
-        raise ValueError(f"do: cannot be converted to a float64 array ({exc})") from None
-    if do_arr.shape != want:
-        raise ValueError(f"do: expected shape [B, T, HV, V] = {want}, got {do_arr.shape}")
-    if not np.isfinite(do_arr).all():
-        raise ValueError("do: contains NaN or Inf")
+    do_arr = cotangent("do", do, (s["B"], s["T"], s["HV"], s["V"]), np.float64)
     if dht is None:
         return do_arr, None
     state = (s["N"], s["HV"], s["V"], s["K"]) if problem.state_v_first else (s["N"], s["HV"], s["K"], s["V"])
-    try:
-        dht_arr = np.asarray(dht, np.float64)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"dht: cannot be converted to a float64 array ({exc})") from None
-    if dht_arr.shape != state:
-        raise ValueError(f"dht: expected shape {state} like the final state, got {dht_arr.shape}")
-    if not np.isfinite(dht_arr).all():
-        raise ValueError("dht: contains NaN or Inf")
-    return do_arr, dht_arr
+    return do_arr, cotangent("dht", dht, state, np.float64)
 
 
 def _check_options(options) -> dict:

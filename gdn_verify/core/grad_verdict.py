@@ -18,9 +18,6 @@ from gdn_verify.core.implementation import GRADIENTS, ContractError, Gradients, 
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Measurement, Violation
 
-# Value-head gradients are judged per (sequence, value head) block, dq and dk per (sequence, q/k head).
-QK_GRADIENTS = ("dq", "dk")
-
 
 def expected_shapes(problem: Problem) -> dict[str, tuple[int, ...] | None]:
     """The shape each gradient must have (None: must be None, no initial state)."""
@@ -75,7 +72,7 @@ def run_backward_checked(
 def block_label(problem: Problem, name: str, index: tuple[int, ...]) -> str:
     """``sequence n value head h`` (``q/k head`` for dq and dk) for a block index ``(n, h)``."""
     n, h = index
-    return f"sequence {n} {'q/k' if name in QK_GRADIENTS else 'value'} head {h}"
+    return f"sequence {n} {'q/k' if name in gtol.QK_GRADIENTS else 'value'} head {h}"
 
 
 def nonfinite(grads: Mapping[str, Any], against: Mapping[str, Any], tolerance: gtol.GradTolerance) -> str | None:

@@ -294,7 +294,5 @@ def problem_gradients(
     """The float64 gradients of ``problem`` (its inputs as given, rounded or not) for ``do`` and
     ``dht``: :func:`recurrent_gated_delta_rule_backward` on the problem's arguments. ``options``:
     FLA 0.6's in-kernel gate and beta keywords, as the forward takes them."""
-    kw = problem.kwargs()
-    kw.pop("output_final_state")
-    kw["state_v_first"] = problem.state_v_first
+    kw = {**problem.backward_kwargs(), "state_v_first": problem.state_v_first}
     return recurrent_gated_delta_rule_backward(**kw, **(options or {}), do=do, dht=dht)

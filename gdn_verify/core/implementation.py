@@ -221,9 +221,7 @@ class Implementation:
         values in the order of :data:`GRADIENTS`.
         """
         fn = self.forms[BACKWARD_FORM]
-        kw = problem.kwargs()
-        for name in ("output_final_state", "state_v_first"):
-            kw.pop(name, None)
+        kw = problem.backward_kwargs()
         for name in ("q", "k", "v", "g", "beta", "initial_state"):
             kw[name] = arrays.to_kind(kw[name], self.array)
         if kw["cu_seqlens"] is not None:

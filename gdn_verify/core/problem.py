@@ -88,6 +88,14 @@ class Problem:
             kw["state_v_first"] = True
         return kw
 
+    def backward_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the functional backward less the cotangents ``do`` and ``dht``
+        (no ``output_final_state``: ``dht`` says whether there is a final state)."""
+        kw = self.kwargs()
+        del kw["output_final_state"]
+        kw.pop("state_v_first", None)
+        return kw
+
     def replace(self, **changes) -> Problem:
         return replace(self, **changes)
 

@@ -138,14 +138,11 @@ def backward(
         pad_to_multiple=int(chunk_size),
     )
     N = p.initial_state.shape[0]
-    if dht is None or bug == "dht_ignored":
-        if dht is not None:
-            cotangent("dht", dht, (N, HV, V, K) if state_v_first else (N, HV, K, V), work)
-        dS = np.zeros((N, HV, K, V), work)
-    else:
-        dS = cotangent("dht", dht, (N, HV, V, K) if state_v_first else (N, HV, K, V), work)
-        if state_v_first:
-            dS = dS.swapaxes(-1, -2)
+    dS = np.zeros((N, HV, K, V), work)
+    if dht is not None:  # checked even where dht_ignored then drops it
+        given = cotangent("dht", dht, (N, HV, V, K) if state_v_first else (N, HV, K, V), work)
+        if bug != "dht_ignored":
+            dS = given.swapaxes(-1, -2) if state_v_first else given
     hook = None
     if sixteen is not None:
         hook = rounder(sixteen)

@@ -79,9 +79,7 @@ def _observe(impl: Implementation, problem: Problem, seed: int, with_dht: bool) 
     do, dht = cotangents(problem, seed, with_dht)
     result = impl.run_backward(problem, do, dht)
     reference, tolerance = gtol.grad_reference_and_tolerance(problem, do, dht, grad_dtypes=result.dtypes)
-    kwargs = problem.kwargs()
-    kwargs.pop("output_final_state")
-    kwargs.pop("state_v_first", None)
+    kwargs = problem.backward_kwargs()
     errors = gtol.grad_errors(problem, result.grads, reference, tolerance)
     return _Observation(result.grads, reference, tolerance, errors, kwargs, do, dht)
 
@@ -105,23 +103,24 @@ def _reproduces(problem: Problem, obs: _Observation, model_grads: Mapping) -> fl
 
 
 def _scaling(problem: Problem, obs: _Observation) -> str | None:
-    """``"dk is doubled ..."`` when one failing gradient is the exact one times 0, 2 or -1."""
-    for name in obs.failing:
-        x, ref = np.asarray(obs.grads[name], np.float64), np.asarray(obs.reference[name], np.float64)
-        energy = float((ref * ref).sum())
-        if energy == 0 or not np.isfinite(x).all():
+    """``"dk is doubled ..."`` when the one failing gradient is the exact one times 0, 2 or -1."""
+    if len(obs.failing) != 1:
+        return None
+    [name] = obs.failing
+    x, ref = np.asarray(obs.grads[name], np.float64), np.asarray(obs.reference[name], np.float64)
+    energy = float((ref * ref).sum())
+    if energy == 0 or not np.isfinite(x).all():
+        return None
+    alpha = float((x * ref).sum()) / energy
+    for factor, text in SCALINGS.items():
+        if abs(alpha - factor) > SCALING_SLACK:
             continue
-        alpha = float((x * ref).sum()) / energy
-        for factor, text in SCALINGS.items():
-            if abs(alpha - factor) > SCALING_SLACK:
-                continue
-            scaled = {name: factor * ref}
-            residual = gtol.grad_errors(problem, {name: x}, scaled, obs.tolerance).get(name, np.inf)
-            if residual <= REPRODUCES * obs.against_oracle[name] and len(obs.failing) == 1:
-                return (
-                    f"{name} {text} (fitted factor {alpha:.3g}; {name} error {residual:.3g} against {factor:g} "
-                    f"times the exact {name}, {obs.against_oracle[name]:.3g} against the exact one)"
-                )
+        residual = gtol.grad_errors(problem, {name: x}, {name: factor * ref}, obs.tolerance).get(name, np.inf)
+        if residual <= REPRODUCES * obs.against_oracle[name]:
+            return (
+                f"{name} {text} (fitted factor {alpha:.3g}; {name} error {residual:.3g} against {factor:g} "
+                f"times the exact {name}, {obs.against_oracle[name]:.3g} against the exact one)"
+            )
     return None
 
 
