@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from gdn_verify.core.reference import chunk_gated_delta_rule, recurrent_core, recurrent_gated_delta_rule, stack_packed
 
 if TYPE_CHECKING:
     from gdn_verify.core.implementation import Implementation
@@ -25,6 +26,21 @@ Oracle = Callable[[Problem], tuple[np.ndarray, np.ndarray]]
 # it within 1e-13, both checked against mpmath) is several times faster, which is what lets
 # error_growth reach 64k tokens.
 RECURRENT_ORACLE_MAX_TOKENS = 512
+# Most state elements (all copies together) that numpy_oracle_stacked runs in one token loop.
+STACK_BUDGET = 1 << 24
+
+
+def pack_problem(problem: Problem, pad: int = 1) -> Packed:
+    """``problem`` packed in float64 with l2norm applied (the k-first state), as the oracle packs it."""
+    kw = problem.kwargs()
+    kw.pop("output_final_state")
+    kw["state_v_first"] = problem.state_v_first
+    return pack(**kw, dtype=np.float64, pad_to_multiple=pad)
+
+
+def token_loop(problem: Problem) -> bool:
+    """Whether :func:`numpy_oracle` runs ``problem`` as the token loop (``reference.recurrent_core``)."""
+    return problem.lengths.max(initial=0) <= RECURRENT_ORACLE_MAX_TOKENS
 
 
 def numpy_oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -32,14 +48,41 @@ def numpy_oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     kw = problem.kwargs()
     kw["output_final_state"] = True
     kw["state_v_first"] = problem.state_v_first
-    form = (
-        chunk_gated_delta_rule
-        if problem.lengths.max(initial=0) > RECURRENT_ORACLE_MAX_TOKENS
-        else recurrent_gated_delta_rule
-    )
+    form = recurrent_gated_delta_rule if token_loop(problem) else chunk_gated_delta_rule
     o, state = form(**kw)
     assert state is not None  # output_final_state=True
     return o, state
+
+
+def numpy_oracle_with_norms(problem: Problem) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray | None]:
+    """``numpy_oracle(problem)`` and, from the same token loop, the state's Frobenius norm after each
+    token, ``[N, L, HV]`` in the packed layout (what ``tolerance.natural_scales`` needs); None
+    beyond the token-loop regime."""
+    if not token_loop(problem):
+        return numpy_oracle(problem), None
+    p = pack_problem(problem)
+    norms = np.empty(p.v.shape[:3])
+    o, S = recurrent_core(p, norms)
+    return (unpack_output(p, o), export_state(p, S)), norms
+
+
+def numpy_oracle_stacked(problems: list[Problem]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[numpy_oracle(x) for x in problems]``, bitwise, for problems of one shape and sequence lengths
+    in the token-loop regime: their sequences run stacked along N in one token loop (up to
+    ``STACK_BUDGET`` state elements at a time), each with its own ``scale``."""
+    parts = [pack_problem(x) for x in problems]
+    N, HV, K, V = parts[0].initial_state.shape
+    per_call = max(1, STACK_BUDGET // (N * HV * K * V))
+    out = []
+    for first in range(0, len(parts), per_call):
+        group = parts[first : first + per_call]
+        scale = np.repeat([x.scale for x in group], N)
+        o, S = recurrent_core(stack_packed(group), scale=scale)
+        out += [
+            (unpack_output(x, o[i * N : (i + 1) * N]), export_state(x, S[i * N : (i + 1) * N]))
+            for i, x in enumerate(group)
+        ]
+    return out
 
 
 def from_implementation(impl: Implementation) -> Oracle:

@@ -19,6 +19,7 @@ solve), everything else is matrix products.  ``compute_dtype`` is float64 for th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -55,30 +56,92 @@ def _finish(packed: Packed, o: np.ndarray, state: np.ndarray, output_final_state
     return unpack_output(packed, o), final_state
 
 
+# Elements per state block from which the per-block BLAS update beats NumPy's (break-even at about 32 x 32).
+BLAS_UPDATE_MIN = 1024
+
+
+def _blas_rank_one(S: np.ndarray, k: np.ndarray) -> Callable[[int, np.ndarray], None] | None:
+    """``update(t, u)``: ``S[n, h] += k[n, t, h]^T u[n, h]`` in place, one BLAS ``dgemm`` per block;
+    None where NumPy's broadcast product is as fast (small blocks, not float64).
+
+    ``S [N, HV, K, V]`` C-contiguous; ``k [N, L, HV, K]``; ``u [N, HV, V]``. A product with an inner
+    dimension of 1 and ``beta = 1`` rounds ``k_i u_j`` and then the sum, exactly NumPy's two steps
+    (bitwise; ``tests/test_oracle_speed.py``), in one pass over ``S`` instead of three.
+    """
+    N, HV, K, V = S.shape
+    if S.dtype != np.float64 or K * V < BLAS_UPDATE_MIN or not S.flags.c_contiguous:
+        return None
+    from scipy.linalg.blas import dgemm
+
+    blocks = [b.T for b in S.reshape(N * HV, K, V)]  # [V, K] Fortran views of S's blocks
+    rows = np.ascontiguousarray(k.swapaxes(0, 1)).reshape(k.shape[1], N * HV, 1, K)  # [L, N*HV, 1, K]
+
+    def update(t: int, u: np.ndarray) -> None:
+        for c, a, b in zip(blocks, u.reshape(N * HV, V, 1), rows[t]):
+            dgemm(1.0, a, b, 1.0, c, overwrite_c=True)
+
+    return update
+
+
 def recurrent_core(
-    p: Packed, norms: np.ndarray | None = None, store: Callable[[np.ndarray], np.ndarray] | None = None
+    p: Packed,
+    norms: np.ndarray | None = None,
+    store: Callable[[np.ndarray], np.ndarray] | None = None,
+    scale: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token-by-token recurrence on a packed problem: ``(o [N, L, HV, V], S [N, HV, K, V])``.
 
-    ``norms``: an ``[N, L, HV]`` array to fill with the state's Frobenius norm after each token.
-    ``store``: applied to the carried state as loaded and after every token's update, returning a
-    new array (a model of a state kept in a narrower dtype); each token's output reads the stored state.
+    ``norms``: an ``[N', L, HV]`` array to fill with the state's Frobenius norm after each token, for
+    the first ``N' <= N`` sequences. ``store``: applied to the carried state as loaded and after
+    every token's update, returning a new array (a model of a state kept in a narrower dtype); each
+    token's output reads the stored state. ``scale``: ``[N]`` per-sequence output scale in place of
+    ``p.scale`` (problems of different scales stacked along N).
     """
     S = p.initial_state.copy() if store is None else store(p.initial_state)
     N, L, HV, V = p.v.shape
     o = np.empty((N, L, HV, V), S.dtype)
     decay = np.exp(p.g)
+    out_scale = p.scale if scale is None else np.asarray(scale, S.dtype)[:, None, None]
+    update = _blas_rank_one(S, p.k) if store is None else None
     for t in range(L):
         S *= decay[:, t, :, None, None]
         k_t = p.k[:, t, :, None, :]  # [N, HV, 1, K]
         u = p.beta[:, t, :, None] * (p.v[:, t] - (k_t @ S)[:, :, 0])
-        S += k_t.swapaxes(-1, -2) * u[:, :, None, :]
+        if update is None:
+            S += k_t.swapaxes(-1, -2) * u[:, :, None, :]
+        else:
+            update(t, u)
         if store is not None:
             S = store(S)
-        o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
+        o[:, t] = out_scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
         if norms is not None:
-            norms[:, t] = np.sqrt(np.einsum("nhkv,nhkv->nh", S, S))
+            part = S[: norms.shape[0]]
+            norms[:, t] = np.sqrt(np.einsum("nhkv,nhkv->nh", part, part))
     return o, S
+
+
+def stack_packed(parts: list[Packed]) -> Packed:
+    """Packed problems of one padded length as one, their sequences concatenated along N.
+
+    ``token_index`` and ``out_shape`` stay per part (the first part's ``out_shape``): unpack each
+    part's rows of the result with its own :class:`Packed`.
+    """
+    if len(parts) == 1:
+        return parts[0]
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(x, name) for x in parts])
+
+    return dataclasses.replace(
+        parts[0],
+        q=cat("q"),
+        k=cat("k"),
+        v=cat("v"),
+        g=cat("g"),
+        beta=cat("beta"),
+        initial_state=cat("initial_state"),
+        token_index=cat("token_index"),
+    )
 
 
 def segment_sums(g: np.ndarray) -> np.ndarray:
@@ -89,7 +152,7 @@ def segment_sums(g: np.ndarray) -> np.ndarray:
     """
     C = g.shape[-1]
     strictly_lower = np.tril(np.ones((C, C), bool), -1)
-    terms = np.where(strictly_lower, g[..., :, None], 0.0).astype(g.dtype)
+    terms = np.where(strictly_lower, g[..., :, None], 0.0).astype(g.dtype, copy=False)
     return np.cumsum(terms, axis=-2)
 
 
@@ -111,7 +174,8 @@ def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_h
     the state passing loops over chunks. Bounded blocks keep temporaries in cache. ``hook(name,
     x)`` sees each intermediate of :data:`STAGES` (arrays ``[N, HV, ...]``) and the carried
     state (:data:`CARRIED`, ``[N, HV, K, V]``: once as loaded, then after each chunk) and returns
-    what the algorithm goes on with.
+    what the algorithm goes on with. Every ``x`` is a temporary the hook may overwrite, except
+    ``h`` (the live state).
     """
     N, L, HV, V = p.v.shape
     C, n_chunks = chunk_size, L // chunk_size
@@ -129,7 +193,7 @@ def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_h
         q, k, v, g, beta = (block_of(x, first, count) for x in (p.q, p.k, p.v, p.g, p.beta))
         G = np.cumsum(g, axis=-1)  # [N, HV, n, C]
         D = segment_sums(g)
-        Gamma = np.where(causal, np.exp(np.where(causal, D, 0.0)), 0.0).astype(q.dtype)
+        Gamma = np.where(causal, np.exp(np.where(causal, D, 0.0)), 0.0).astype(q.dtype, copy=False)
         A = np.tril((hook("kkt_operand", beta[..., :, None] * k) @ k.swapaxes(-1, -2)) * Gamma, -1)
         T = hook("inverse", unit_lower_inverse(A))
         W = hook("wu", T @ hook("wu_operands", (beta * np.exp(G))[..., None] * k))  # [N, HV, n, C, K]

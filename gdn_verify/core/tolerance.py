@@ -135,10 +135,10 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
-from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
-from gdn_verify.core.oracle import Oracle, numpy_oracle
+from gdn_verify.core.conventions import export_state, unpack_output
+from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_stacked, pack_problem, token_loop
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.reference import CARRIED, STAGES, chunk_core, recurrent_core
+from gdn_verify.core.reference import CARRIED, STAGES, chunk_core, recurrent_core, stack_packed
 
 C_WORK = 16.0
 TOKEN_FACTOR = 8.0
@@ -411,28 +411,25 @@ def measure(o, final_state, ref_o, ref_state, problem: Problem, scales: Scales |
     return Errors(rms, worst_token, state, where, seq)
 
 
-def _packed(problem: Problem, pad: int = 1) -> Packed:
-    """The problem packed in float64 with l2norm applied (the k-first state)."""
-    kw = problem.kwargs()
-    kw.pop("output_final_state")
-    kw["state_v_first"] = problem.state_v_first
-    return pack(**kw, dtype=np.float64, pad_to_multiple=pad)
-
-
 def _affordable(problem: Problem) -> bool:
     s = problem.shape
     padded = s["N"] * (int(problem.lengths.max(initial=0)) + MAX_CHUNK)
     return padded * s["HV"] * s["K"] * s["V"] <= SCALE_BUDGET
 
 
-def natural_scales(problem: Problem) -> Scales | None:
-    """The :class:`Scales` of ``problem`` from its exact state norms; None when too large for NumPy."""
+def natural_scales(problem: Problem, norms: np.ndarray | None = None) -> Scales | None:
+    """The :class:`Scales` of ``problem`` from its exact state norms; None when too large for NumPy.
+
+    ``norms``: the state's norm after each token ``[N, L, HV]`` (packed layout) where the oracle's
+    run already gave them (``oracle.numpy_oracle_with_norms``); else the recurrence runs for them.
+    """
     if not _affordable(problem):
         return None
-    p = _packed(problem)
+    p = pack_problem(problem)
     N, L, HV, _ = p.v.shape
-    norms = np.zeros((N, L, HV))
-    recurrent_core(p, norms)
+    if norms is None:
+        norms = np.zeros((N, L, HV))
+        recurrent_core(p, norms)
     K = p.q.shape[-1]
     magnitude = p.scale * np.linalg.norm(p.q, axis=-1) * norms / np.sqrt(K)  # [N, L, HV]
     B, T = problem.q.shape[:2]
@@ -509,39 +506,41 @@ def rounding_condition(
     # g = 0) make zero intermediates, so the response is the same as at MAX_CHUNK, and cheaper.
     longest = int(problem.lengths.max(initial=1))
     C = min(MAX_CHUNK, 1 << max(1, (longest - 1).bit_length()))
-    p = _packed(problem, C)
+    p = pack_problem(problem, C)
     N = p.v.shape[0]
     copies = [name for name in names for _ in range(PROBES)]
-    owner = np.repeat(np.arange(len(copies)), N)  # copy of each stacked sequence
+    # A drawn bit b gives the factor 1 + PERTURBATION (2b - 1) (relative) or the term PERTURBATION eta
+    # (2b - 1) (absolute), computed as step b + low: the same values (powers of two), in fewer passes.
+    steps = {False: (2 * PERTURBATION, 1.0 - PERTURBATION), True: (2 * PERTURBATION * eta, -PERTURBATION * eta)}
 
-    def perturb(x: np.ndarray, stage: str) -> np.ndarray:
+    def perturb(x: np.ndarray, stage: str, own: bool = False) -> np.ndarray:
+        """``x [copies * N, ...]`` with the chosen copies' rows perturbed; ``own``: ``x`` may be overwritten."""
         out = x
         for absolute in (False, True):  # relative (x (1 + d)) and, for "underflow", absolute (x + e)
             chosen = np.array([stage in ROUNDINGS[name] and (name == "underflow") == absolute for name in copies])
-            rows = np.flatnonzero(chosen[owner])
-            if not rows.size:
+            if not chosen.any():
                 continue
-            out = out.copy() if out is x else out
-            signs = rng.integers(0, 2, size=(rows.size,) + x.shape[1:], dtype=np.int8) * 2.0 - 1.0
-            if absolute:
-                out[rows] += PERTURBATION * eta * signs
-            else:
-                out[rows] *= 1.0 + PERTURBATION * signs
+            out = x.copy() if out is x and not own else out
+            # One draw for the chosen copies' rows in order; they are runs of consecutive copies, so
+            # slices of the stack (no fancy indexing).
+            bits = rng.integers(0, 2, size=(int(chosen.sum()) * N,) + x.shape[1:], dtype=np.int8)
+            step, low = steps[absolute]
+            values = bits * step
+            values += low
+            edges = np.flatnonzero(np.diff(np.concatenate([[False], chosen, [False]])))
+            offset = 0
+            for first, end in zip(edges[::2] * N, edges[1::2] * N):
+                part = values[offset : offset + end - first]
+                offset += end - first
+                if absolute:
+                    out[first:end] += part
+                else:
+                    out[first:end] *= part
         return out
 
-    def stack(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([x] * len(copies))
-
-    stacked = dataclasses.replace(
-        p,
-        q=perturb(stack(p.q), "qk"),
-        k=perturb(stack(p.k), "qk"),
-        v=stack(p.v),
-        g=stack(p.g),
-        beta=stack(p.beta),
-        initial_state=stack(p.initial_state),
-    )
-    o, S = chunk_core(stacked, C, hook=lambda stage, x: perturb(x, stage))
+    stacked = stack_packed([p] * len(copies))
+    stacked = dataclasses.replace(stacked, q=perturb(stacked.q, "qk"), k=perturb(stacked.k, "qk"))
+    o, S = chunk_core(stacked, C, hook=lambda stage, x: perturb(x, stage, own=stage != "h"))
     out: dict[str, np.ndarray] = {name: np.zeros(3) for name in names}
     for i, name in enumerate(copies):
         part = slice(i * N, (i + 1) * N)
@@ -579,7 +578,7 @@ def state_rounding_condition(
     u, eta = unit_roundoff(state_dtype), underflow_unit(state_dtype)
     kinds = ["relative"] + (["underflow"] if eta > UNDERFLOW_NEGLIGIBLE else [])
     copies = [(kind, coherent) for kind in kinds for coherent in (False,) * PROBES + (True,)]
-    p = _packed(problem)
+    p = pack_problem(problem)
     N = p.v.shape[0]
     shape = (len(copies) * N,) + p.initial_state.shape[1:]
     owner = np.repeat(np.arange(len(copies)), N)
@@ -588,8 +587,9 @@ def state_rounding_condition(
     fixed = rng.integers(0, 2, size=shape, dtype=np.int8) * 2.0 - 1.0
     lengths = np.tile(p.lengths, len(copies))
     absolute = absolute[:, None, None, None]
-    q = np.concatenate([p.q] * len(copies))
-    decay = np.exp(np.concatenate([p.g] * len(copies)))
+    stacked = stack_packed([p] * len(copies))
+    q = stacked.q
+    decay = np.exp(stacked.g)
     read = np.zeros((q.shape[0],) + p.v.shape[1:])  # o_t's change when it reads the perturbed state
     step = 0  # 0: the state as loaded; t: after token t
     stored = None  # the state stored after the previous token (perturbed)
@@ -619,18 +619,6 @@ def state_rounding_condition(
         stored = x + delta
         return stored
 
-    def stack(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([x] * len(copies))
-
-    stacked = dataclasses.replace(
-        p,
-        q=q,
-        k=stack(p.k),
-        v=stack(p.v),
-        g=stack(p.g),
-        beta=stack(p.beta),
-        initial_state=stack(p.initial_state),
-    )
     o, S = chunk_core(stacked, 1, chunks_per_block=64, hook=hook)
     o += read
     out = {kind: np.zeros(3) for kind in kinds}
@@ -649,6 +637,7 @@ def condition(
     seed: int = 0,
     oracle: Oracle = numpy_oracle,
     state_dtype=None,
+    norms: np.ndarray | None = None,
 ) -> Kappa:
     """Estimated relative condition numbers of the three metrics, each at least 1.
 
@@ -660,9 +649,11 @@ def condition(
     ``state_dtype``: the implementation's declared state dtype (``Implementation.extra
     ["state_dtype"]``); when coarser than float32, ``Kappa.state_rounding`` is measured by
     :func:`state_rounding_condition` (its own random draws: the other responses do not change).
+    ``norms``: the reference run's state norms where the oracle gave them (:func:`natural_scales`).
+    With the NumPy oracle in its token-loop regime the reruns go through one stacked token loop.
     """
     rng = np.random.default_rng(seed)
-    scales = natural_scales(problem)
+    scales = natural_scales(problem, norms)
     narrow = narrow_state_dtype(state_dtype)
     state_rounding = None
     if narrow is not None and _affordable(problem):
@@ -679,34 +670,35 @@ def condition(
     )
     if problem.scale is not None:
         nudged = nudged.replace(scale=problem.scale * (1.0 + PERTURBATION))
-    o2, s2 = oracle(nudged)
-    errors = measure(o2, s2, reference[0], reference[1], problem, scales)
-    rms, token, state = (max(1.0, getattr(errors, name) / PERTURBATION) for name in METRICS)
     rounding = rounding_condition(problem, reference, scales, rng) if _affordable(problem) else None
+    reruns = [nudged]
     a = chunk_gate_sums(problem)
-    if not a.size or a.max() == 0:
+    gated = bool(a.size) and a.max() > 0
+    if gated:
+        # Two draws, the second with every other token's sign flipped: a gate factor spanning two
+        # tokens sees r_i a_i + r_j a_j, which one random draw cancels half the time (seen: a -1e4
+        # spike followed by two gates); the flipped draw then adds them. Longer spans add like the
+        # random walk the constant C_GATE assumes.
+        signs = rng.choice([-1.0, 1.0], a.shape)
+        flip = np.where(np.arange(a.shape[1]) % 2 == 0, 1.0, -1.0)[None, :, None]
+        g = np.asarray(problem.g, np.float64)
+        reruns += [problem.replace(g=g + PERTURBATION * r * a) for r in (signs, signs * flip)]
+        # Every nonzero gate shifted the same way: a per-token exp(g) with the same relative error each
+        # token (exp(0) = 1 exactly in any kernel), the coherent worst case over a long memory.
+        reruns.append(problem.replace(g=g + PERTURBATION * (g != 0)))
+    if oracle is numpy_oracle and token_loop(problem):
+        outputs = numpy_oracle_stacked(reruns)
+    else:
+        outputs = [oracle(x) for x in reruns]
+    errors = [measure(*out, reference[0], reference[1], problem, scales) for out in outputs]
+    responses = [np.array([getattr(e, name) / PERTURBATION for name in METRICS]) for e in errors]
+    rms, token, state = (max(1.0, float(x)) for x in responses[0])
+    if not gated:
         return Kappa(
             rms, token, state, rounding=rounding, scales=scales, state_dtype=narrow, state_rounding=state_rounding
         )
-    # Two draws, the second with every other token's sign flipped: a gate factor spanning two
-    # tokens sees r_i a_i + r_j a_j, which one random draw cancels half the time (seen: a -1e4
-    # spike followed by two gates); the flipped draw then adds them. Longer spans add like the
-    # random walk the constant C_GATE assumes.
-    signs = rng.choice([-1.0, 1.0], a.shape)
-    flip = np.where(np.arange(a.shape[1]) % 2 == 0, 1.0, -1.0)[None, :, None]
-    gate = np.zeros(len(METRICS))
-    g = np.asarray(problem.g, np.float64)
-    for r in (signs, signs * flip):
-        errors = measure(
-            *oracle(problem.replace(g=g + PERTURBATION * r * a)), reference[0], reference[1], problem, scales
-        )
-        gate = np.maximum(gate, [getattr(errors, name) / PERTURBATION for name in METRICS])
-    # Every nonzero gate shifted the same way: a per-token exp(g) with the same relative error each
-    # token (exp(0) = 1 exactly in any kernel), the coherent worst case over a long memory.
-    errors = measure(
-        *oracle(problem.replace(g=g + PERTURBATION * (g != 0))), reference[0], reference[1], problem, scales
-    )
-    decay = tuple(float(getattr(errors, name) / PERTURBATION) for name in METRICS)
+    gate = np.maximum(responses[1], responses[2])
+    decay = tuple(float(x) for x in responses[3])
     return Kappa(
         rms,
         token,

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from gdn_verify.core import timing
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.implementation import ContractError, Implementation, Result
-from gdn_verify.core.oracle import Oracle, numpy_oracle
+from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_with_norms
 from gdn_verify.core.problem import Problem
 
 
@@ -188,10 +189,15 @@ def oracle_and_tolerance(
 ) -> tuple[tuple, tol.Tolerance]:
     """The oracle's ``(o, final_state or None)`` and the tolerance a correct implementation meets
     (``state_dtype``: the implementation's declared state dtype, :func:`state_dtype_of`)."""
-    reference = oracle(problem)
-    ref_state = reference[1] if problem.output_final_state else None
-    kappa = tol.condition(problem, reference, oracle=oracle, state_dtype=state_dtype)
-    return (reference[0], ref_state), tol.tolerance(problem, kappa)
+    with timing.timed(timing.ORACLE):
+        norms = None
+        if oracle is numpy_oracle:  # the same outputs, plus the state norms the scales need, in one run
+            reference, norms = numpy_oracle_with_norms(problem)
+        else:
+            reference = oracle(problem)
+        ref_state = reference[1] if problem.output_final_state else None
+        kappa = tol.condition(problem, reference, oracle=oracle, state_dtype=state_dtype, norms=norms)
+        return (reference[0], ref_state), tol.tolerance(problem, kappa)
 
 
 def bitwise_equal(a: Result, b: Result) -> bool:

@@ -1,0 +1,215 @@
+"""The fast NumPy oracle path of ``oracle_and_tolerance`` computes what the straightforward one did.
+
+The fast path (``verdict.oracle_and_tolerance`` with ``numpy_oracle``) takes the state norms from
+the reference run, stacks the condition reruns into one token loop, updates the state by one BLAS
+call per block and perturbs the rounding probes by slices. Kappa is a difference of float64 runs
+divided by 2^-30, so any change in the oracle's arithmetic moves it by about 1e-8: agreement to
+1e-9 pins the same arithmetic. The slow path kept here is the code before those changes: the plain
+token loop, one oracle call per rerun, and the rounding probe with fancy-indexed signs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gdn_verify.core import tolerance as tol
+from gdn_verify.core.conventions import Packed, export_state, unpack_output
+from gdn_verify.core.oracle import numpy_oracle, numpy_oracle_stacked, pack_problem
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.core.reference import chunk_core, recurrent_core
+from gdn_verify.core.shapes import ShapeClass
+from gdn_verify.core.verdict import oracle_and_tolerance
+
+RTOL = 1e-9
+
+
+def _plain_recurrent_core(p: Packed, norms: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The token loop as it was: NumPy's broadcast outer product, one sequence scale."""
+    S = p.initial_state.copy()
+    N, L, HV, V = p.v.shape
+    o = np.empty((N, L, HV, V))
+    decay = np.exp(p.g)
+    for t in range(L):
+        S *= decay[:, t, :, None, None]
+        k_t = p.k[:, t, :, None, :]
+        u = p.beta[:, t, :, None] * (p.v[:, t] - (k_t @ S)[:, :, 0])
+        S += k_t.swapaxes(-1, -2) * u[:, :, None, :]
+        o[:, t] = p.scale * (p.q[:, t, :, None, :] @ S)[:, :, 0]
+        if norms is not None:
+            norms[:, t] = np.sqrt(np.einsum("nhkv,nhkv->nh", S, S))
+    return o, S
+
+
+def _plain_oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    p = pack_problem(problem)
+    o, S = _plain_recurrent_core(p)
+    return unpack_output(p, o), export_state(p, S)
+
+
+def _plain_rounding_condition(problem, reference, scales, rng):
+    """``tolerance.rounding_condition`` as it was (fancy-indexed rows, signs as 2 b - 1)."""
+    eta = tol.underflow_unit(problem.dtype)
+    names = [
+        name
+        for name in tol.ROUNDINGS
+        if (name != "qk" or problem.use_qk_l2norm_in_kernel) and (name != "underflow" or eta > tol.UNDERFLOW_NEGLIGIBLE)
+    ]
+    longest = int(problem.lengths.max(initial=1))
+    C = min(tol.MAX_CHUNK, 1 << max(1, (longest - 1).bit_length()))
+    p = pack_problem(problem, C)
+    N = p.v.shape[0]
+    copies = [name for name in names for _ in range(tol.PROBES)]
+    owner = np.repeat(np.arange(len(copies)), N)
+
+    def perturb(x, stage):
+        out = x
+        for absolute in (False, True):
+            chosen = np.array([stage in tol.ROUNDINGS[name] and (name == "underflow") == absolute for name in copies])
+            rows = np.flatnonzero(chosen[owner])
+            if not rows.size:
+                continue
+            out = out.copy() if out is x else out
+            signs = rng.integers(0, 2, size=(rows.size,) + x.shape[1:], dtype=np.int8) * 2.0 - 1.0
+            if absolute:
+                out[rows] += tol.PERTURBATION * eta * signs
+            else:
+                out[rows] *= 1.0 + tol.PERTURBATION * signs
+        return out
+
+    def stack(x):
+        return np.concatenate([x] * len(copies))
+
+    stacked = dataclasses.replace(
+        p,
+        q=perturb(stack(p.q), "qk"),
+        k=perturb(stack(p.k), "qk"),
+        v=stack(p.v),
+        g=stack(p.g),
+        beta=stack(p.beta),
+        initial_state=stack(p.initial_state),
+    )
+    o, S = chunk_core(stacked, C, hook=lambda stage, x: perturb(x, stage))
+    out = {name: np.zeros(3) for name in names}
+    for i, name in enumerate(copies):
+        part = slice(i * N, (i + 1) * N)
+        errors = tol.measure(
+            unpack_output(p, o[part]), export_state(p, S[part]), reference[0], reference[1], problem, scales
+        )
+        out[name] = np.maximum(out[name], [getattr(errors, m) / tol.PERTURBATION for m in tol.METRICS])
+    return {name: tuple(float(v) for v in x) for name, x in out.items()}
+
+
+def _slow_oracle_and_tolerance(problem: Problem, monkeypatch) -> tuple[tuple, tol.Kappa]:
+    """The reference and Kappa computed the straightforward way (an oracle that is not
+    ``numpy_oracle``, so every rerun is its own call; the scales from a rerun of the recurrence)."""
+    reference = _plain_oracle(problem)
+    with monkeypatch.context() as m:
+        m.setattr(tol, "recurrent_core", _plain_recurrent_core)
+        m.setattr(tol, "rounding_condition", _plain_rounding_condition)
+        kappa = tol.condition(problem, reference, oracle=_plain_oracle)
+    return reference, kappa
+
+
+def _problem(seed, B=1, T=40, H=1, HV=2, K=16, V=8, dtype=np.float32, cu=None, state=True, **kw) -> Problem:
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((B, T, H, K))
+    N = B if cu is None else len(cu) - 1
+    return Problem(
+        q=rng.standard_normal((B, T, H, K)),
+        k=k / np.linalg.norm(k, axis=-1, keepdims=True),
+        v=rng.standard_normal((B, T, HV, V)),
+        g=np.log(rng.uniform(0.9, 1.0, (B, T, HV))),
+        beta=rng.uniform(0.0, 1.0, (B, T, HV)),
+        initial_state=rng.standard_normal((N, HV, K, V)).astype(np.float32) if state else None,
+        cu_seqlens=None if cu is None else np.array(cu, np.int64),
+        **kw,
+    ).astype(dtype)
+
+
+def _spike(problem: Problem, token: int) -> Problem:
+    g = np.array(problem.g, np.float64)
+    g[:, token] = -1e4
+    return problem.replace(g=g.astype(problem.dtype))
+
+
+def _state_v_first(problem: Problem) -> Problem:
+    return problem.replace(
+        initial_state=np.ascontiguousarray(problem.initial_state.swapaxes(-1, -2)), state_v_first=True
+    )
+
+
+BF16 = DTYPES["bfloat16"]
+CORPUS = {
+    "g1 bfloat16 batched state": ShapeClass(2, 4, 128, 100, "bfloat16", False, True, False).example(),
+    "g2 bfloat16 varlen l2norm": ShapeClass(1, 2, 60, 32, "bfloat16", True, False, True).example(seed=1),
+    "gva bfloat16 batched scale blas": _problem(2, B=2, H=2, HV=4, K=32, V=48, dtype=BF16, scale=0.3),
+    "float16 varlen ragged l2norm": _problem(
+        3, T=64, cu=[0, 17, 60, 64], dtype=np.float16, use_qk_l2norm_in_kernel=True
+    ),
+    "float16 empty sequence, no state": _problem(4, T=30, cu=[0, 0, 30], dtype=np.float16, state=False),
+    "float32 saturated gate": _spike(_problem(5, B=2, T=70, K=16, V=8), 40),
+    "bfloat16 saturated gate blas": _spike(_problem(6, T=50, H=2, HV=2, K=64, V=40, dtype=BF16), 20),
+    "float32 no gates": _problem(7, T=20, dtype=np.float32).replace(g=np.zeros((1, 20, 2), np.float32)),
+    "bfloat16 state_v_first varlen": _state_v_first(
+        _problem(8, T=33, H=1, HV=1, K=40, V=32, cu=[0, 12, 33], dtype=BF16, scale=0.125)
+    ),
+    "float32 one token, no final state": _problem(9, T=1, output_final_state=False),
+}
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = np.maximum(np.abs(a), np.abs(b))
+    return float(np.max(np.abs(a - b) / np.where(scale > 0, scale, 1.0), initial=0.0))
+
+
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_fast_oracle_and_tolerance_equals_the_straightforward_path(name, monkeypatch):
+    problem = CORPUS[name]
+    (o, state), bound = oracle_and_tolerance(problem)
+    (slow_o, slow_state), kappa = _slow_oracle_and_tolerance(problem, monkeypatch)
+    assert _rel(o, slow_o) <= RTOL
+    if problem.output_final_state:
+        assert _rel(state, slow_state) <= RTOL
+    else:
+        assert state is None
+    fast = tol.condition(problem, numpy_oracle(problem))  # condition() on its own takes the fast path too
+    slow_bound = tol.tolerance(problem, kappa)
+    for field in ("output_rms", "output_token", "state", "kappa_output", "kappa_state", "algorithm"):
+        assert _rel(getattr(bound, field), getattr(slow_bound, field)) <= RTOL, field
+    for field in ("output_rms", "output_token", "state", "gate", "decay"):
+        assert _rel(getattr(fast, field), getattr(kappa, field)) <= RTOL, field
+    assert fast.rounding is not None and kappa.rounding is not None
+    assert fast.rounding.keys() == kappa.rounding.keys()
+    for key in kappa.rounding:
+        assert _rel(fast.rounding[key], kappa.rounding[key]) <= RTOL, key
+    assert fast.scales is not None and kappa.scales is not None
+    assert _rel(fast.scales.token, kappa.scales.token) <= RTOL
+    assert _rel(fast.scales.state, kappa.scales.state) <= RTOL
+    assert [n for n, _ in bound.terms] == [n for n, _ in slow_bound.terms]
+    assert _rel([v for _, v in bound.terms], [v for _, v in slow_bound.terms]) <= RTOL
+
+
+@pytest.mark.parametrize("name", ["g1 bfloat16 batched state", "gva bfloat16 batched scale blas", "float32 no gates"])
+def test_recurrent_core_is_the_plain_token_loop_bitwise(name):
+    # The BLAS rank-one update (blocks of 1024 elements and more) and NumPy's broadcast product
+    # round the same way; the norms come from the same einsum.
+    p = pack_problem(CORPUS[name])
+    norms, plain_norms = (np.zeros(p.v.shape[:3]) for _ in range(2))
+    o, S = recurrent_core(p, norms)
+    plain_o, plain_S = _plain_recurrent_core(p, plain_norms)
+    np.testing.assert_array_equal(o, plain_o)
+    np.testing.assert_array_equal(S, plain_S)
+    np.testing.assert_array_equal(norms, plain_norms)
+
+
+def test_stacked_oracle_runs_each_problem_as_numpy_oracle_does():
+    problem = CORPUS["gva bfloat16 batched scale blas"]
+    problems = [problem, problem.replace(scale=0.7), problem.replace(g=np.asarray(problem.g, np.float64) * 0.5)]
+    for (o, state), x in zip(numpy_oracle_stacked(problems), problems):
+        want_o, want_state = numpy_oracle(x)
+        np.testing.assert_array_equal(o, want_o)
+        np.testing.assert_array_equal(state, want_state)
