@@ -44,6 +44,7 @@ from gdn_verify.runners import workers as workers_runner
 from gdn_verify.runners.check import (
     CASES_DIR,
     NOT_PASSED,
+    SPLIT_LABELS,
     STATUSES,
     Failure,
     Progress,
@@ -287,6 +288,18 @@ class CheckResult:
         """Properties per status: passed, failed, unsupported, timeout, error, misuse."""
         return totals(self.results)
 
+    def time_split(self) -> dict[str, float]:
+        """Seconds of the whole check by where they went: ``compile`` (the shape pool, up front),
+        then the properties' ``kernel``, ``oracle``, ``causes`` and ``ours`` (see ``PropertyResult.split``)."""
+        split: dict[str, float] = {}
+        if self.shapes is not None and self.shapes.compile_seconds:
+            split["compile"] = self.shapes.compile_seconds
+        for label in (*SPLIT_LABELS, "ours"):
+            seconds = sum(r.split.get(label, 0.0) for r in self.results)
+            if seconds or label == "ours":
+                split[label] = seconds
+        return split
+
     def replay_command(self, result: PropertyResult) -> str | None:
         """The shell command that reruns a failed property's minimal example."""
         if result.failure is None or result.failure.case_path is None:
@@ -321,6 +334,7 @@ class CheckResult:
             totals=self.counts(),
             results=_rows(self.results, self.impl, self.convention),
             **_plan_dict(self.shapes, self.seconds),
+            time_split={label: round(t, 2) for label, t in self.time_split().items()},
         )
 
 
@@ -848,7 +862,9 @@ def plan_limits(
     version, device, dtype, head sizes and gradient mode, and the next run with the same key
     reuses it (no probe, no new classes: a warm cache compiles nothing); an explicit
     ``compile_budget`` plans afresh and replaces the stored plan, and without one
-    ``default_budget`` applies.
+    ``default_budget`` applies. The classes compile in parallel worker processes when ``impl`` was
+    resolved by name (``runners.compile_workers``; ``GDN_VERIFY_COMPILE_WORKERS=1``: none), their
+    calls guarded by ``timeout`` too.
     """
     budget = default_budget if compile_budget is None else _compile_budget(compile_budget)
     path, stored, key = None, None, None
@@ -867,14 +883,14 @@ def plan_limits(
         with warnings.catch_warnings():  # the kernel's warnings are counted by the properties, not streamed here
             warnings.simplefilter("ignore")
             if stored is not None:
-                plan = warm_plan(guard.guarded(impl), stored, on_compile)
+                plan = warm_plan(guard.guarded(impl), stored, on_compile, timeout=timeout)
             else:
-                plan = plan_shapes(guard.guarded(impl), pool_candidates(limits), budget, on_compile)
+                plan = plan_shapes(guard.guarded(impl), pool_candidates(limits), budget, on_compile, timeout=timeout)
     finally:
         guard.close()
     plan.path = path
     if plan.source == "planned":
-        plan.note = note
+        plan.note = "; ".join(n for n in (note, plan.note) if n)  # the planner's own: why no worker processes
         # No pool (a cheap implementation): nothing to store.
         if path is not None and key is not None and plan.classes is not None:
             try:
@@ -906,5 +922,14 @@ def _plan_dict(plan: ShapePlan | None, seconds: float) -> dict[str, Any]:
             plan_path=None if plan.path is None else str(plan.path),
             **({"plan_measured": plan.measured} if plan.measured else {}),
             **({"plan_note": plan.note} if plan.note else {}),
+            **(
+                {
+                    "workers": plan.workers,
+                    "worker_seconds": {c.describe(): round(t, 1) for c, t in plan.parallel_seconds.items()},
+                }
+                if plan.workers > 1
+                else {}
+            ),
+            **({"worker_errors": plan.worker_errors} if plan.worker_errors else {}),
         ),
     )

@@ -19,11 +19,13 @@ from gdn_verify.core.shapes import ShapeClass
 from gdn_verify.implementations import resolve
 from gdn_verify.properties.strategies import Limits
 from gdn_verify.runners.compile import MIN_CLASSES, PlanKey, device_name
+from gdn_verify.runners.compile_workers import WORKERS_ENV
 from tests import jit_like
 
 ROOT = Path(__file__).resolve().parent.parent
 COST = 0.6  # seconds per new class: above the 0.5 s threshold, cheap enough for the normal suite
 BUDGET = 3.0  # the default budget these tests plan with: a pool of about MIN_CLASSES
+WORKER_COST = 1.5  # seconds per new class with worker processes: well above a worker's start-up
 
 
 def fake_jit(calls: list) -> Implementation:
@@ -162,3 +164,34 @@ def test_cli_check_reuses_the_stored_plan_and_says_so(tmp_path):
     assert all(r.returncode == 0 for r in run), [r.stdout + r.stderr for r in run]
     assert "planned afresh" in run[0].stdout and "reused the plan stored in stored-plans/" in run[1].stdout
     assert len(list((tmp_path / "stored-plans").iterdir())) == 1 and not (tmp_path / ".gdn_verify" / "plans").exists()
+
+
+def test_a_pool_compiled_in_workers_is_stored_with_them_and_a_cold_process_uses_them_again(tmp_path, monkeypatch):
+    cache = tmp_path / "jit-cache"
+    monkeypatch.setenv(jit_like.CACHE_ENV, str(cache))
+    monkeypatch.setenv("GDN_TEST_COMPILE_SECONDS", str(WORKER_COST))
+    monkeypatch.setattr(jit_like, "COMPILE_SECONDS", WORKER_COST)
+    monkeypatch.setenv(WORKERS_ENV, "4")
+    jit_like.SEEN.clear()  # this process is cold for tests.jit_like:jit_gdn
+    impl = resolve("tests.jit_like:jit_gdn")
+    _, first = plan(impl, tmp_path / "plans", budget=4 * WORKER_COST)
+    assert first.workers == 4 and first.parallel_seconds and first.path is not None
+    stored = json.loads(first.path.read_text())
+    assert stored["workers"] == 4
+    rows = {ShapeClass(**{k: v for k, v in r.items() if not k.endswith("seconds")}): r for r in stored["classes"]}
+    assert {c for c, r in rows.items() if "child_seconds" in r} == set(first.parallel_seconds)
+    assert all(r["child_seconds"] >= WORKER_COST * 0.9 for r in rows.values() if "child_seconds" in r)
+    assert all(r["seconds"] is not None for r in rows.values())  # and what each class then cost here
+
+    jit_like.SEEN.clear()  # a new process on a machine with a cold disk cache: workers compile the stored pool
+    monkeypatch.setenv(jit_like.CACHE_ENV, str(tmp_path / "another-cache"))
+    _, cold = plan(impl, tmp_path / "plans")
+    assert cold.source == "stored" and cold.classes == first.classes and cold.workers == 4
+    assert set(cold.parallel_seconds) == set(first.classes[1:]) and "worker processes" in cold.describe()
+
+    jit_like.SEEN.clear()  # a new process, a warm disk cache: nothing compiles, here or in a worker
+    compiled = sorted((tmp_path / "another-cache").iterdir())
+    _, warm = plan(impl, tmp_path / "plans")
+    assert warm.source == "stored" and warm.classes == first.classes and warm.note is None
+    assert sorted((tmp_path / "another-cache").iterdir()) == compiled
+    jit_like.SEEN.clear()

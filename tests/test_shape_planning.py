@@ -24,7 +24,7 @@ from gdn_verify.core.shapes import ShapeClass
 from gdn_verify.implementations import planted, resolve
 from gdn_verify.properties import catalogue
 from gdn_verify.properties.strategies import Limits, pool_candidates
-from gdn_verify.runners import workers
+from gdn_verify.runners import compile_workers, workers
 from gdn_verify.runners.campaigns import append_campaign, campaign_row
 from gdn_verify.runners.check import RunSettings, run_property
 from gdn_verify.runners.compile import MIN_CLASSES, plan_shapes
@@ -317,3 +317,130 @@ def test_cli_fuzz_writes_its_json_and_a_campaign_row(tmp_path):
     assert len(rows) == 2 and rows[0]["impl"] == "numpy" and rows[0]["dtype"] == "float32"
     assert rows[0]["cases"] > 0 and rows[0]["device"]  # the CPU's name without a GPU
     assert json.loads((tmp_path / "fuzz.json").read_text())["campaign"]["cases"] == rows[1]["cases"]
+
+
+# Compiling in worker processes ----------------------------------------------------------------------
+WORKER_COST = 2.0  # seconds per new class in a worker test: well above a worker's start-up
+
+
+@pytest.fixture
+def jit_cache(tmp_path, monkeypatch):
+    """``tests.jit_like``'s plug-ins cold in this process, at ``WORKER_COST`` per class, with an
+    on-disk cache (the folder returned) that worker processes share with this one."""
+    cache = tmp_path / "jit-cache"
+    cache.mkdir()
+    monkeypatch.setenv(jit_like.CACHE_ENV, str(cache))
+    monkeypatch.setenv("GDN_TEST_COMPILE_SECONDS", str(WORKER_COST))
+    monkeypatch.setattr(jit_like, "COMPILE_SECONDS", WORKER_COST)
+    cold = [jit_like.SEEN, jit_like.jit_picky.seen, jit_like.jit_stuck.seen]
+    for seen in cold:
+        seen.clear()
+    yield cache
+    for seen in cold:
+        seen.clear()
+
+
+def compiler_pids(cache: Path) -> set[int]:
+    """Processes that compiled a class into ``cache`` (``tests.jit_like`` leaves ``compiling-<pid>``)."""
+    return {int(p.name.split("-")[1]) for p in cache.glob("compiling-*")} - {os.getpid()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def worker_children() -> list[int]:
+    """This process's children that are compile workers (Linux: read from /proc)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("PPid:")), None)
+        if ppid == os.getpid() and b"compile_workers" in cmdline:
+            found.append(int(status.parent.name))
+    return found
+
+
+def test_a_cold_pool_compiles_in_about_one_class_time_with_workers(jit_cache):
+    candidates = pool_candidates(Limits(dtype="float32"))[:16]
+    seen = []
+    plan = plan_shapes(resolve("tests.jit_like:jit_gdn"), candidates, 120, lambda *a: seen.append(a), workers=14)
+    serial = len(candidates) * WORKER_COST
+    print(f"\n{plan.describe()}")
+    assert plan.classes == candidates and plan.workers == 14 and not plan.note and not plan.worker_errors
+    assert plan.compile_seconds < serial / 2  # two probed classes, then the rest at once: not 16 x 2 s
+    assert set(plan.parallel_seconds) == set(candidates[2:])
+    assert all(s >= WORKER_COST * 0.9 for s in plan.parallel_seconds.values())  # each paid in its worker
+    assert all(plan.class_seconds[c] < WORKER_COST / 2 for c in candidates[2:])  # and was free here
+    assert "16 classes compiled in " in plan.describe() and "14 of them in 14 worker processes" in plan.describe()
+    assert len(compiler_pids(jit_cache)) == 14 and not any(map(alive, compiler_pids(jit_cache)))
+    assert seen[-1] == (16, 16, plan.compile_seconds)
+
+
+def test_without_a_disk_cache_the_planner_falls_back_to_compiling_here(jit_cache, monkeypatch):
+    monkeypatch.delenv(jit_like.CACHE_ENV)  # like a library that caches compiled kernels only in memory
+    candidates = pool_candidates(Limits(dtype="float32"))
+    plan = plan_shapes(resolve("tests.jit_like:jit_gdn"), candidates, 9, workers=8)
+    assert plan.note is not None and "did not carry over to this process" in plan.note, plan.note
+    assert plan.workers == 1 and plan.parallel() is None
+    assert plan.classes == candidates[: len(plan.classes)] and MIN_CLASSES <= len(plan.classes) <= 5
+    assert plan.compile_seconds < 9 + 4 * WORKER_COST  # the budget, and what the minimum pool forces
+    assert not worker_children()
+
+
+def test_a_worker_unsupported_class_is_left_out_and_a_failing_one_kept(jit_cache):
+    candidates = pool_candidates(Limits(dtype="float32"))[:8]  # 3 is MHA (unsupported), 4 and 5 have K=60 (fail)
+    plan = plan_shapes(resolve("tests.jit_like:jit_picky"), candidates, 60, workers=6)
+    assert plan.classes == tuple(c for i, c in enumerate(candidates) if i != 3)
+    assert len(plan.worker_errors) == 2 and all("ValueError: K=60 miscompiled" in e for e in plan.worker_errors)
+    assert {ShapeClass(*k) for k in jit_like.jit_picky.seen} == {candidates[i] for i in (0, 1, 2, 6, 7)}  # here
+    assert plan.workers == 6 and set(plan.parallel_seconds) == {candidates[i] for i in (2, 6, 7)}
+
+
+def test_one_worker_or_an_unnamed_implementation_compiles_here(jit_cache, monkeypatch):
+    monkeypatch.setattr(jit_like, "COMPILE_SECONDS", FAST)  # no worker: nothing to compare against
+    candidates = pool_candidates(Limits(dtype="float32"))[:5]
+    one = plan_shapes(resolve("tests.jit_like:jit_gdn"), candidates, 60, workers=1)
+    assert one.classes == candidates and one.workers == 1 and not one.parallel_seconds and one.note is None
+    assert not compiler_pids(jit_cache)  # no other process compiled anything
+    monkeypatch.delenv(jit_like.CACHE_ENV)  # the same kernel as jit_gdn: cold again
+    unnamed = jit_like.compiled_implementation(resolve("numpy-chunk"), seconds=FAST)
+    plan = plan_shapes(unnamed, candidates, 60, workers=4)
+    assert plan.classes == candidates and plan.workers == 1 and "handed in as a Python object" in (plan.note or "")
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.delenv(compile_workers.WORKERS_ENV, raising=False)
+    assert compile_workers.default_workers(18) == 15 and compile_workers.default_workers(3) == 3
+    monkeypatch.setenv(compile_workers.WORKERS_ENV, "1")
+    assert compile_workers.default_workers(18) == 1
+
+
+def test_ctrl_c_kills_every_worker(jit_cache):
+    candidates = pool_candidates(Limits(dtype="float32"))[:10]
+
+    def interrupt(done: int, planned: int, seconds: float) -> None:
+        deadline = time.monotonic() + 60
+        while len(compiler_pids(jit_cache)) < 4 and time.monotonic() < deadline:  # workers mid-compile
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        plan_shapes(resolve("tests.jit_like:jit_gdn"), candidates, 60, interrupt, workers=8)
+    pids = compiler_pids(jit_cache)
+    assert len(pids) >= 4 and not any(map(alive, pids)) and not worker_children()
+
+
+def test_a_worker_past_the_budget_is_killed_and_the_pool_stops_before_its_class(jit_cache, monkeypatch):
+    monkeypatch.setenv("GDN_TEST_COMPILE_SECONDS", "1")
+    monkeypatch.setattr(jit_like, "COMPILE_SECONDS", 1.0)
+    candidates = pool_candidates(Limits(dtype="float32"))[:8]  # 4 and 5 (K=60) hang in jit_stuck
+    plan = plan_shapes(resolve("tests.jit_like:jit_stuck"), candidates, 8, workers=6)
+    assert plan.classes == candidates[:4] and plan.compile_seconds < 8 + 3
+    pids = compiler_pids(jit_cache)
+    assert len(pids) == 6 and not any(map(alive, pids)) and not worker_children()

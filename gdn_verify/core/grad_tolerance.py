@@ -89,6 +89,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from gdn_verify.core import timing
 from gdn_verify.core.adjoint import cotangent
 from gdn_verify.core.conventions import L2NORM_EPS, Packed, pack
 from gdn_verify.core.gating import SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
@@ -634,6 +635,13 @@ def grad_reference_and_tolerance(
     do_arr, dht_arr = _check_cotangents(problem, do, dht)
     opts = _check_options(options)
     out_dtypes = _output_dtypes(problem, grad_dtypes)
+    with timing.timed(timing.ORACLE):
+        return _reference_and_tolerance(problem, do_arr, dht_arr, opts, out_dtypes, seed)
+
+
+def _reference_and_tolerance(
+    problem: Problem, do_arr: np.ndarray, dht_arr: np.ndarray | None, opts: dict, out_dtypes: dict, seed: int
+) -> tuple[dict[str, np.ndarray | None], GradTolerance]:
     T = problem.shape["T"]
     end = int(problem.bounds[-1]) if problem.cu_seqlens is not None else T
     trimmed = problem if end == T else problem.tokens(0, end).replace(cu_seqlens=problem.cu_seqlens)

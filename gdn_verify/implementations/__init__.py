@@ -207,6 +207,8 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
     """The implementation named ``name``; raises :class:`ConfigurationError` on misuse.
 
     ``array`` and ``convention`` apply to ``MODULE:FUNCTION`` plug-ins (built-ins know theirs).
+    They and ``name`` are kept in ``extra["resolved_as"]``, so that a child process can resolve
+    the same implementation again (``gdn_verify.runners.compile_workers``).
     """
     if array is not None and array not in arrays.ARRAY_KINDS:
         raise ConfigurationError("array", f"{array!r}: choose from {', '.join(arrays.ARRAY_KINDS)}")
@@ -244,6 +246,7 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
         arrays.check_kind(impl.array)
     except arrays.ArrayKindUnavailable as exc:
         raise ConfigurationError("array", str(exc)) from None
+    impl.extra["resolved_as"] = dict(name=name, array=array, convention=convention)
     return impl
 
 

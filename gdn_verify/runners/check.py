@@ -30,6 +30,7 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 
+from gdn_verify.core import timing
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Measurement, Property, Violation
@@ -37,6 +38,8 @@ from gdn_verify.runners import causes
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard, KernelTimeout, abandoned_calls
 
 CASES_DIR = Path(".gdn_verify") / "cases"
+CAUSES = "causes"  # timing label: the experiments that name a failure's cause
+SPLIT_LABELS = (timing.KERNEL, timing.ORACLE, CAUSES)
 
 Progress = Callable[[str, int, "Measurement | None"], None]  # (property, examples so far, worst so far)
 
@@ -89,6 +92,10 @@ class PropertyResult:
     example_counts: dict[str, int] = field(default_factory=dict)  # examples by status
     warnings: int = 0  # warnings raised while the property ran (the kernel's, mostly)
     warning: str = ""  # one line: the most frequent of them and where it was raised
+    # Seconds by where they went (gdn_verify.core.timing): "kernel" (inside the implementation's
+    # calls), "oracle" (our float64 oracle and tolerance model), "causes" (naming a failure's
+    # cause) and "ours" (the rest: Hypothesis, strategies, comparisons); they add up to ``seconds``.
+    split: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(
@@ -99,6 +106,7 @@ class PropertyResult:
             unsupported=self.unsupported,
             unsupported_reasons=dict(self.unsupported_reasons),
             seconds=round(self.seconds, 2),
+            split={label: round(t, 2) for label, t in self.split.items()},
             note=self.note,
         )
         if self.warnings:
@@ -232,7 +240,7 @@ def run_property(
     failures: list[Failure] = []
     counts: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
-    start = time.perf_counter()
+    start, clock = time.perf_counter(), timing.snapshot()
 
     def test(case):
         if run.deadline is not None and result.examples and not failures and time.monotonic() >= run.deadline:
@@ -329,9 +337,17 @@ def run_property(
         result.worst = result.failure.measurement
         f = result.failure  # named cause: short experiments on the minimal example, confirmed on others
         if f.status == "failed" and f.problem is not None:
-            cause = causes.explain(
-                impl, f.problem, f.params, prop.name, f.message, f.measurement, prop.form, _before_shrinking(failures)
-            )
+            with timing.timed(CAUSES):
+                cause = causes.explain(
+                    impl,
+                    f.problem,
+                    f.params,
+                    prop.name,
+                    f.message,
+                    f.measurement,
+                    prop.form,
+                    _before_shrinking(failures),
+                )
             f.cause, f.cause_model, f.kind = cause.text, cause.model, cause.kind
         result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     else:
@@ -350,7 +366,15 @@ def run_property(
     result.unsupported_reasons = dict(reasons.most_common())
     result.warnings, result.warning = sum(counter.counts.values()), counter.summary()
     result.seconds = time.perf_counter() - start
+    result.split = time_split(result.seconds, timing.since(clock))
     return result
+
+
+def time_split(seconds: float, labelled: dict[str, float]) -> dict[str, float]:
+    """``labelled`` (kernel, oracle, causes) in their order, and ``ours``: what is left of ``seconds``."""
+    split = {label: labelled[label] for label in SPLIT_LABELS if labelled.get(label)}
+    split["ours"] = max(seconds - sum(labelled.values()), 0.0)
+    return split
 
 
 def _reasons(reasons: Counter[str]) -> str:

@@ -8,9 +8,16 @@ times the first call of a new class against a repeat; when the difference exceed
 as many as ``budget`` seconds allow, and returns them as the pool the strategies draw from.
 Cheap implementations get no pool (``ShapePlan.classes is None``): full shape variety.
 
-A pool persists: :func:`save_plan` writes it, with each class's measured compile
-seconds, to one small JSON file per :class:`PlanKey` (implementation, version, device, dtype,
-head sizes, gradients or not) under ``PLANS_DIR``; :func:`load_plan` reads it back (``None`` and a
+The classes past the probe compile in parallel worker processes (``runners.compile_workers``)
+when the implementation can be re-created there by name: Triton's on-disk cache carries a class
+compiled in a worker over to this process, which then warms each class cheaply, so the budget
+bounds wall-clock time and a cold pool costs about the probe and its slowest class. When the
+first such class is still expensive here (a library caching only in memory), the rest compile in
+this process, as without workers.
+
+A pool persists: :func:`save_plan` writes it, with each class's measured compile seconds (here
+and in its worker), to one small JSON file per :class:`PlanKey` (implementation, version, device,
+dtype, head sizes, gradients or not) under ``PLANS_DIR``; :func:`load_plan` reads it back (``None`` and a
 note when there is none, or it is unreadable or for another key) and :func:`warm_plan` compiles
 a stored pool again without probing or adding classes, which costs little in a warm cache.
 """
@@ -34,11 +41,18 @@ from gdn_verify.core import environment
 from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.shapes import ShapeClass
+from gdn_verify.runners.compile_workers import CompilePool, ImplSpec, Outcome, default_workers
 from gdn_verify.runners.guard import KernelTimeout
 
 # A new class costing more than this beyond a repeat call makes per-example shape variety
 # unaffordable: 22 properties of 20-100 examples each would spend minutes compiling.
 EXPENSIVE_SECONDS = 0.5
+# A first call here costing more than this part of what compiling the class cost in a worker (or
+# in the run that stored the plan) compiled it again: the cache did not carry over. Not the
+# threshold alone: a class loaded from Triton's disk cache may still re-run its autotuning here.
+CARRY_FRACTION = 0.5
+# The probe times this many classes (a new class's cost: the second one's, free of one-off set-up).
+PROBE_CLASSES = 2
 # Fewer classes than this cannot cover GVA, K != V, an awkward size, varlen and batched, with and
 # without an initial state and l2norm (see gdn_verify.properties.strategies.pool_candidates).
 MIN_CLASSES = 4
@@ -62,7 +76,10 @@ class ShapePlan:
     source: str = "planned"  # "stored": the pool came from ``path`` (no probe); "planned": measured now
     path: Path | None = None  # the stored plan read or written (None: not persisted)
     measured: str | None = None  # when the stored pool was measured (ISO date and time)
-    note: str | None = None  # why the run planned afresh, or why nothing was stored
+    note: str | None = None  # why the run planned afresh, why nothing was stored, why no workers
+    workers: int = 1  # worker processes whose compiles this run used (1: none)
+    parallel_seconds: dict[ShapeClass, float] = field(default_factory=dict)  # per class compiled in a worker
+    worker_errors: list[str] = field(default_factory=list)  # a class's exception in its worker, or its death
 
     @property
     def expensive(self) -> bool:
@@ -72,8 +89,21 @@ class ShapePlan:
         """Which plan the run used and why: reused from a file, or planned afresh (and the reason)."""
         if self.source == "stored":
             assert self.classes is not None
-            return f"reused the plan stored in {self.path} ({len(self.classes)} classes, measured {self.measured})"
+            stored = f"reused the plan stored in {self.path} ({len(self.classes)} classes, measured {self.measured})"
+            return stored + (f"; {self.note}" if self.note else "")
         return "planned afresh" + (f": {self.note}" if self.note else "")
+
+    def parallel(self) -> str | None:
+        """How the workers compiled the pool, e.g. ``18 classes compiled in 71 s, 16 of them in 15
+        worker processes (slowest class 64 s; serial sum 880 s)``; None without workers."""
+        if self.workers <= 1 or not self.parallel_seconds or self.classes is None:
+            return None
+        serial = sum(self.parallel_seconds.get(c, self.class_seconds.get(c, 0.0)) for c in self.classes)
+        return (
+            f"{len(self.classes)} classes compiled in {_seconds(self.compile_seconds)}, "
+            f"{len(self.parallel_seconds)} of them in {self.workers} worker processes "
+            f"(slowest class {_seconds(max(self.parallel_seconds.values()))}; serial sum {_seconds(serial)})"
+        )
 
     def describe(self) -> str:
         """One line: why the implementation is (not) treated as compiled per class, and the pool size."""
@@ -87,7 +117,13 @@ class ShapePlan:
         if self.classes is None:
             return f"{cost}: every shape drawn freely"
         why = "declared JIT-compiled; " if self.declared else ""
-        return f"{why}{cost}: shapes drawn from {len(self.classes)} classes compiled up front; {self.origin()}"
+        text = f"{why}{cost}: shapes drawn from {len(self.classes)} classes compiled up front; {self.origin()}"
+        parallel = self.parallel()
+        return f"{text}; {parallel}" if parallel else text
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"
 
 
 def _key(impl: Implementation) -> Callable[[ShapeClass], object]:
@@ -110,32 +146,201 @@ def warm_class(impl: Implementation, c: ShapeClass) -> float:
     return time.perf_counter() - start
 
 
+def _try_warm(impl: Implementation, c: ShapeClass) -> tuple[str, float | None]:
+    """:func:`warm_class` as an outcome: ``("compiled", seconds)``, or ``("timeout" | "unsupported" |
+    "error", None)`` (a crash is the properties' to report, not the planner's)."""
+    try:
+        return "compiled", warm_class(impl, c)
+    except KernelTimeout:
+        return "timeout", None
+    except NotImplementedError:
+        return "unsupported", None
+    except Exception:  # noqa: BLE001 - see the docstring
+        return "error", None
+
+
+def _compiled_here(
+    impl: Implementation, c: ShapeClass, first: float, repeat: float | None, there: float | None
+) -> bool:
+    """Whether ``c``'s first call here (``first`` seconds) compiled it rather than loading it from the
+    disk cache: more than ``EXPENSIVE_SECONDS`` beyond a repeat call (``repeat``; None: called now)
+    and more than ``CARRY_FRACTION`` of what compiling it cost elsewhere (``there``; None: unknown)."""
+    if repeat is None:
+        repeat = _try_warm(impl, c)[1] or 0.0
+    cost = first - repeat
+    return cost > EXPENSIVE_SECONDS and (there is None or cost > CARRY_FRACTION * there)
+
+
+def _start_workers(
+    impl: Implementation, classes: Sequence[ShapeClass], workers: int | None, timeout: float | None
+) -> tuple[CompilePool | None, str | None]:
+    """Worker processes compiling ``classes``, or None and why not (None: one worker, nothing to say)."""
+    n = default_workers(len(classes)) if workers is None else min(workers, len(classes))
+    if n <= 1:
+        return None, None
+    spec = ImplSpec.of(impl)
+    if spec is None:
+        return None, (
+            "compiled in this process: the implementation was handed in as a Python object, "
+            "not by a name (built-in or MODULE:FUNCTION) a worker process can resolve"
+        )
+    return CompilePool(spec, classes, n, timeout), None
+
+
+def _from_worker(children: CompilePool, c: ShapeClass, until: float | None, plan: ShapePlan) -> Outcome | None:
+    """``c``'s outcome in its worker; None when this process compiles it (its worker did not finish by
+    ``until`` or was never started, died, or could not re-create the implementation: then ``plan.note``)."""
+    outcome = children.wait(c, until)
+    if outcome is None or outcome.status == "died":
+        if outcome is not None:
+            plan.worker_errors.append(f"{c.describe()}: {outcome.error}")
+        return None
+    if outcome.status == "unresolvable":
+        children.close()
+        plan.note = (
+            f"compiled in this process: a worker process could not re-create the implementation ({outcome.error})"
+        )
+        return None
+    if outcome.status == "error":
+        plan.worker_errors.append(f"{c.describe()}: {outcome.error}")
+    return outcome
+
+
+def _carried_over(
+    impl: Implementation, c: ShapeClass, seconds: float, outcome: Outcome, children: CompilePool, plan: ShapePlan
+) -> bool:
+    """Whether ``c``, compiled in its worker (``outcome``) and then warmed here in ``seconds``, came
+    from the disk cache; if not, the workers stop (the rest compile here) and ``plan.note`` says why."""
+    if not _compiled_here(impl, c, seconds, plan.repeat_seconds, outcome.seconds):
+        plan.workers = children.workers
+        return True
+    children.close()
+    plan.note = (
+        f"the compiles of worker processes did not carry over to this process ({c.describe()}: "
+        f"{seconds:.1f} s here after {outcome.seconds:.1f} s in its worker): the rest compiled in this process"
+    )
+    return False
+
+
+def _unique(classes: Sequence[ShapeClass], done: set[object], key: Callable[[ShapeClass], object]) -> list[ShapeClass]:
+    """The first class of each key not in ``done``, in order: what is left to compile."""
+    keys, out = set(done), []
+    for c in classes:
+        if key(c) not in keys:
+            keys.add(key(c))
+            out.append(c)
+    return out
+
+
 def plan_shapes(
     impl: Implementation,
     candidates: Sequence[ShapeClass],
     budget: float,
     progress: CompileProgress | None = None,
+    workers: int | None = None,
+    timeout: float | None = None,
 ) -> ShapePlan:
     """Probe ``impl`` on the first candidates; if a new class is expensive, compile a pool within ``budget``.
 
     Candidates are taken in order, so the pool is always a prefix of them (less the ones that
     raise ``NotImplementedError``: the properties then report that feature unsupported); ones
     that raise anything else stay in, for the properties to report. At least ``MIN_CLASSES``.
+    ``workers``: processes compiling the classes past the probe (default ``default_workers``; 1:
+    all in this process); a worker's calls are guarded by ``timeout`` like the probe's, and one
+    still compiling when the budget is spent is killed (the pool stops before its class). A
+    declared JIT-compiled implementation's workers start with the probe.
     """
     start = time.perf_counter()
+    deadline = time.monotonic() + budget
     declared = bool(impl.extra.get("compile_classes"))
     if impl.extra.get("compile_classes") is False:  # declared not compiled per class: nothing to learn
         return ShapePlan(None, None, None, False)
     key = _key(impl)
+    plan = ShapePlan(None, None, None, declared)
+    children: CompilePool | None = None
+    try:
+        if declared:  # compiled per class whatever the probe finds: no need to wait for it
+            later = _unique(candidates[PROBE_CLASSES:], {key(c) for c in candidates[:PROBE_CLASSES]}, key)
+            children, plan.note = _start_workers(impl, later, workers, timeout)
+        pool, costs = _probe(impl, candidates, plan)
+        if not (declared or (plan.new_class_seconds is not None and plan.new_class_seconds > EXPENSIVE_SECONDS)):
+            plan.class_seconds = {}
+            plan.compile_seconds = time.perf_counter() - start
+            return plan
+        seen = {key(c) for c in pool}
+        costs = costs[1:] or costs  # the first class's cost includes the one-off set-up
+        if not declared:
+            later = _unique([c for c in candidates if c not in pool], seen, key)
+            children, plan.note = _start_workers(impl, later, workers, timeout)
+        if children is not None:  # a child that cannot finish by the deadline is not worth starting
+            children.start_by = deadline - (sum(costs) / len(costs) if costs else 0.0)
+        checked = False  # whether the first class a worker compiled carried over to this process
+        for c in candidates:
+            if c in pool:
+                continue
+            if key(c) in seen:  # compiled already under the implementation's own key: free
+                pool.append(c)
+                plan.class_seconds[c] = 0.0
+                continue
+            must = len(pool) < MIN_CLASSES
+            outcome = None
+            if children is not None and not children.closed:  # (closed: the rest compile here)
+                if progress is not None:
+                    left = children.given[children.given.index(c) :] if c in children.given else [c]
+                    progress(len(pool), len(pool) + len(left), time.perf_counter() - start)
+                outcome = _from_worker(children, c, None if must else deadline, plan)
+            if outcome is None:  # this process compiles it, as without workers
+                elapsed = time.perf_counter() - start
+                estimate = sum(costs) / len(costs) if costs else 0.0
+                if not must and elapsed + estimate > budget:
+                    break
+                if progress is not None:
+                    more = int((budget - elapsed) // estimate) if estimate > 0 else len(candidates)
+                    planned = len(pool) + max(more, MIN_CLASSES - len(pool), 1)
+                    progress(len(pool), min(len(candidates), planned), elapsed)
+                status, seconds = _try_warm(impl, c)
+                if seconds is not None:
+                    costs.append(seconds)
+                    plan.class_seconds[c] = seconds
+            else:
+                assert children is not None
+                status = outcome.status
+                if status == "compiled":  # compiled in its worker: cheap here when the disk cache carried it over
+                    plan.parallel_seconds[c] = outcome.seconds
+                    status, seconds = _try_warm(impl, c)
+                    if seconds is not None:
+                        plan.class_seconds[c] = seconds
+                        if not checked and not _carried_over(impl, c, seconds, outcome, children, plan):
+                            costs.append(seconds)  # what a class costs here: the budget's estimate from now on
+                        checked = True
+            if status == "unsupported":
+                continue
+            seen.add(key(c))
+            pool.append(c)
+            if status == "timeout":  # a hung kernel: the properties report it, compiling on would only wait again
+                break
+    finally:
+        if children is not None:
+            children.close()
+    plan.classes = tuple(pool)
+    plan.parallel_seconds = {c: s for c, s in plan.parallel_seconds.items() if c in pool}
+    plan.compile_seconds = time.perf_counter() - start
+    if progress is not None:
+        progress(len(pool), len(pool), plan.compile_seconds)
+    return plan
+
+
+def _probe(
+    impl: Implementation, candidates: Sequence[ShapeClass], plan: ShapePlan
+) -> tuple[list[ShapeClass], list[float]]:
+    """Two classes, each called twice: the second class's first call against its repeat is the cost
+    of a new class (the very first call also pays one-off set-up: imports, a context). The pool so
+    far and each compiled class's first call minus its repeat; ``plan`` gets the measurements."""
     pool: list[ShapeClass] = []
     costs: list[float] = []  # first call minus repeat, per class compiled
-    seconds: dict[ShapeClass, float] = {}  # each class's first call (compiling it), for the stored plan
-    repeat = None
-    # The probe: two classes, each called twice. The second class's first call against its repeat
-    # is the cost of a new class (the very first call also pays one-off set-up: imports, a context).
     tried = 0
     for c in candidates:
-        if len(costs) == 2 or tried == 2 * 2:
+        if len(costs) == PROBE_CLASSES or tried == 2 * PROBE_CLASSES:
             break
         tried += 1
         try:
@@ -150,47 +355,10 @@ def plan_shapes(
             continue
         pool.append(c)
         costs.append(max(first - repeat, 0.0))
-        seconds[c] = first
-    new_class = costs[-1] if costs else None
-    plan = ShapePlan(None, new_class, repeat, declared)
-    if not (declared or (new_class is not None and new_class > EXPENSIVE_SECONDS)):
-        plan.compile_seconds = time.perf_counter() - start
-        return plan
-    seen = {key(c) for c in pool}
-    costs = costs[1:] or costs  # the first class's cost includes the one-off set-up
-    for c in candidates:
-        if c in pool:
-            continue
-        if key(c) in seen:  # compiled already under the implementation's own key: free
-            pool.append(c)
-            seconds[c] = 0.0
-            continue
-        elapsed = time.perf_counter() - start
-        estimate = sum(costs) / len(costs) if costs else 0.0
-        if len(pool) >= MIN_CLASSES and elapsed + estimate > budget:
-            break
-        if progress is not None:
-            more = int((budget - elapsed) // estimate) if estimate > 0 else len(candidates)
-            progress(len(pool), min(len(candidates), len(pool) + max(more, MIN_CLASSES - len(pool), 1)), elapsed)
-        try:
-            costs.append(warm_class(impl, c))
-            seconds[c] = costs[-1]
-        except KernelTimeout:
-            seen.add(key(c))
-            pool.append(c)
-            break
-        except NotImplementedError:
-            continue
-        except Exception:  # noqa: BLE001 - kept in the pool: the properties report it
-            pass
-        seen.add(key(c))
-        pool.append(c)
-    plan.classes = tuple(pool)
-    plan.class_seconds = seconds
-    plan.compile_seconds = time.perf_counter() - start
-    if progress is not None:
-        progress(len(pool), len(pool), plan.compile_seconds)
-    return plan
+        plan.class_seconds[c] = first
+        plan.repeat_seconds = repeat
+    plan.new_class_seconds = costs[-1] if costs else None
+    return pool, costs
 
 
 # The stored plan ---------------------------------------------------------------------------------
@@ -249,6 +417,8 @@ class StoredPlan:
     repeat_seconds: float | None
     declared: bool
     measured: str
+    workers: int = 1  # worker processes the plan was compiled with (1: none)
+    parallel_seconds: dict[ShapeClass, float] = field(default_factory=dict)  # per class compiled in a worker
 
 
 def _class_dict(c: ShapeClass) -> dict[str, Any]:
@@ -258,7 +428,7 @@ def _class_dict(c: ShapeClass) -> dict[str, Any]:
 def save_plan(path: Path, key: PlanKey, plan: ShapePlan) -> None:
     """Write ``plan``'s pool to ``path`` atomically (a temporary file in the same folder, renamed)."""
     assert plan.classes is not None
-    document = dict(
+    document: dict[str, Any] = dict(
         schema=PLAN_SCHEMA,
         key=key.as_dict(),
         measured=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -266,8 +436,14 @@ def save_plan(path: Path, key: PlanKey, plan: ShapePlan) -> None:
         repeat_seconds=plan.repeat_seconds,
         declared=plan.declared,
         compile_seconds=round(plan.compile_seconds, 3),
+        workers=plan.workers,
         classes=[
-            dict(_class_dict(c), seconds=None if c not in plan.class_seconds else round(plan.class_seconds[c], 3))
+            dict(
+                _class_dict(c),
+                seconds=_rounded(plan.class_seconds.get(c)),  # its first call in the planning process
+                # compiling it in its worker (absent: compiled in the planning process)
+                **({"child_seconds": _rounded(plan.parallel_seconds[c])} if c in plan.parallel_seconds else {}),
+            )
             for c in plan.classes
         ],
     )
@@ -284,6 +460,10 @@ def save_plan(path: Path, key: PlanKey, plan: ShapePlan) -> None:
     plan.measured = document["measured"]
 
 
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
 def load_plan(path: Path, key: PlanKey) -> tuple[StoredPlan | None, str]:
     """The pool stored at ``path`` for ``key``, or None and why not (a one-line note; never raises
     on a missing, unreadable, corrupt or foreign file)."""
@@ -296,7 +476,7 @@ def load_plan(path: Path, key: PlanKey) -> tuple[StoredPlan | None, str]:
         if document.get("key") != key.as_dict():
             return None, f"the stored plan {path} is for another key: ignored"
         names = {f.name for f in fields(ShapeClass)}
-        classes, seconds = [], {}
+        classes, seconds, parallel = [], {}, {}
         for row in document["classes"]:
             c = ShapeClass(**{k: v for k, v in row.items() if k in names})
             if not isinstance(c.H, int) or not isinstance(c.dtype, str):
@@ -304,6 +484,8 @@ def load_plan(path: Path, key: PlanKey) -> tuple[StoredPlan | None, str]:
             classes.append(c)
             if row.get("seconds") is not None:
                 seconds[c] = float(row["seconds"])
+            if row.get("child_seconds") is not None:  # absent from plans stored before workers
+                parallel[c] = float(row["child_seconds"])
         if not classes:
             raise ValueError("no classes")
         stored = StoredPlan(
@@ -313,6 +495,8 @@ def load_plan(path: Path, key: PlanKey) -> tuple[StoredPlan | None, str]:
             None if document.get("repeat_seconds") is None else float(document["repeat_seconds"]),
             bool(document.get("declared")),
             str(document.get("measured", "at an unknown time")),
+            int(document.get("workers", 1)),
+            parallel,
         )
     except Exception as exc:  # noqa: BLE001 - a corrupt plan costs a fresh plan, never the run
         what = " ".join(f"{type(exc).__name__}: {exc}".split())[:120]
@@ -320,33 +504,64 @@ def load_plan(path: Path, key: PlanKey) -> tuple[StoredPlan | None, str]:
     return stored, ""
 
 
-def warm_plan(impl: Implementation, stored: StoredPlan, progress: CompileProgress | None = None) -> ShapePlan:
+def warm_plan(
+    impl: Implementation,
+    stored: StoredPlan,
+    progress: CompileProgress | None = None,
+    workers: int | None = None,
+    timeout: float | None = None,
+) -> ShapePlan:
     """Compile a stored pool again (cheap in a warm cache), in order; no probe and no new classes.
 
     Classes that now raise ``NotImplementedError`` are left out; one that times out stays in (the
-    properties report it) and the rest are not warmed (they would only wait again).
+    properties report it) and the rest are not warmed (they would only wait again). ``workers`` as
+    for :func:`plan_shapes`: they start on the second class while this process warms the first,
+    and are stopped when the first proves cheap here (compiled already, here or on disk).
     """
     start = time.perf_counter()
-    pool: list[ShapeClass] = []
-    timed_out = False
-    for i, c in enumerate(stored.classes):
-        if timed_out:
-            pool.append(c)
-            continue
-        if progress is not None:
-            progress(i, len(stored.classes), time.perf_counter() - start)
-        try:
-            warm_class(impl, c)
-        except KernelTimeout:
-            timed_out = True
-        except NotImplementedError:
-            continue
-        except Exception:  # noqa: BLE001 - kept in the pool: the properties report it
-            pass
-        pool.append(c)
-    plan = ShapePlan(tuple(pool), stored.new_class_seconds, stored.repeat_seconds, stored.declared)
-    plan.class_seconds = dict(stored.class_seconds)
+    plan = ShapePlan(None, stored.new_class_seconds, stored.repeat_seconds, stored.declared)
     plan.source, plan.measured = "stored", stored.measured
+    pool: list[ShapeClass] = []
+    timed_out, checked = False, False
+    children: CompilePool | None = None
+    try:
+        children, why = _start_workers(impl, stored.classes[1:], workers, timeout)
+        for i, c in enumerate(stored.classes):
+            if timed_out:
+                pool.append(c)
+                continue
+            if progress is not None:
+                progress(i, len(stored.classes), time.perf_counter() - start)
+            outcome = None
+            if i > 0 and children is not None and not children.closed:
+                outcome = _from_worker(children, c, None, plan)  # a stored pool compiles whole: no deadline
+            if outcome is not None and outcome.status != "compiled":
+                status = outcome.status
+            else:
+                status, seconds = _try_warm(impl, c)
+                if outcome is not None:
+                    plan.parallel_seconds[c] = outcome.seconds
+                if seconds is not None and i == 0:  # against its first call when stored: cold here or not
+                    cold = _compiled_here(impl, c, seconds, stored.repeat_seconds or 0.0, stored.class_seconds.get(c))
+                    if not cold and children is not None:
+                        children.close()  # compiled already, here or on disk: nothing for workers to do
+                    elif cold:
+                        plan.note = why  # and why no workers help (None: they do)
+                elif seconds is not None and outcome is not None and not checked:
+                    assert children is not None
+                    checked = True
+                    _carried_over(impl, c, seconds, outcome, children, plan)
+            if status == "timeout":
+                timed_out = True
+            elif status == "unsupported":
+                continue
+            pool.append(c)
+    finally:
+        if children is not None:
+            children.close()
+    plan.classes = tuple(pool)
+    plan.class_seconds = dict(stored.class_seconds)
+    plan.parallel_seconds = {c: s for c, s in plan.parallel_seconds.items() if c in pool}
     plan.compile_seconds = time.perf_counter() - start
     if progress is not None:
         progress(len(pool), len(pool), plan.compile_seconds)

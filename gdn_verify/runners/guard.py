@@ -36,6 +36,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gdn_verify.core import timing
 from gdn_verify.core.implementation import Implementation
 
 DEFAULT_TIMEOUT = 60.0
@@ -129,6 +130,10 @@ class Guard:
         return limit
 
     def call(self, fn: Callable, args: tuple, kw: dict[str, Any]) -> Any:
+        with timing.timed(timing.KERNEL):
+            return self._call(fn, args, kw)
+
+    def _call(self, fn: Callable, args: tuple, kw: dict[str, Any]) -> Any:
         key = shape_class(args, kw)
         allowance = key not in self.seen and not abandoned_calls()
         limit = self.limit(key)
