@@ -406,10 +406,7 @@ def check(
     limits, shapes = _limits(impl, dtype, dims, max_tokens), None
     if not scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
         limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout), plans_dir)
-    # The float64 GPU recurrence checks a GPU kernel's long error_growth prefixes in seconds.
-    available = (
-        grad_catalogue(limits) if grad else catalogue(limits, oracle=implementations.choose_oracle(impl.array)[1])
-    )
+    available = grad_catalogue(limits) if grad else catalogue(limits)
     props = [] if scale_only else select(available, properties, impl)
     seed = seed if seed is not None else random.randrange(2**31)
     run = RunSettings(

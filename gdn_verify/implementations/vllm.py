@@ -54,7 +54,7 @@ import numpy as np
 
 from gdn_verify.core.conventions import VLLM_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
-from gdn_verify.implementations.fla import cuda_library
+from gdn_verify.implementations.fla import cuda_library, jit_compiled
 from gdn_verify.implementations.flashinfer import NumpyOps, TorchOps, raw_gates
 
 ENV = "GDN_VERIFY_VLLM_OPS"
@@ -463,6 +463,9 @@ def vllm_chunk() -> Implementation:
         "torch",
         f"vLLM chunk_gated_delta_rule ({ops.root})",
         "bfloat16",
+        # Triton, like FLA's: 82 s per new shape class cold on an H100 (2026-11-26), so its pool
+        # compiles in worker processes from the start instead of after a serial probe.
+        extra=jit_compiled(),
     )
 
 
