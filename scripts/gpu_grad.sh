@@ -13,17 +13,14 @@ set -u -o pipefail
 OUT=${OUT:-gpu_logs}
 LOGS=/tmp/gpu_grad
 mkdir -p "$OUT" "$LOGS"
-case ${1:-} in
-  --background)
-    setsid nohup bash "$0" run > "$LOGS/driver.txt" 2>&1 < /dev/null &
-    echo $! > "$LOGS/driver.pid"; echo "started driver $!"; exit 0 ;;
-  --collect)
-    for _ in $(seq "${2:-540}"); do kill -0 "$(cat "$LOGS/driver.pid")" 2>/dev/null || break; sleep 1; done
-    grep -hE "^(gdn-verify|  grad_|FAILED|ERROR|  minimal|  likely|[0-9]+ passed|exit|\[FLA|backend)" "$LOGS"/*.log \
-      | cut -c1-400 > "$OUT/summary.txt"
-    tar -czf "$OUT/grad.tar.gz" -C "$LOGS" $(cd "$LOGS" && ls ./*.log ./*.json ./*.txt 2>/dev/null)
-    cat "$OUT/summary.txt"; exit 0 ;;
-esac
+pack() {
+  grep -hE "^(gdn-verify|  grad_|FAILED|ERROR|  minimal|  likely|[0-9]+ passed|exit|\[FLA|backend)" "$LOGS"/*.log \
+    | cut -c1-400 > "$OUT/summary.txt"
+  tar -czf "$OUT/grad.tar.gz" -C "$LOGS" $(cd "$LOGS" && ls ./*.log ./*.json ./*.txt 2>/dev/null)
+  cat "$OUT/summary.txt"
+}
+. "$(dirname "$0")/detached.sh"
+detached "$@"
 SITE=/tmp/fqsite
 [ -f "$SITE/.fqla-site-complete" ] || SITE=$SITE bash .whl/fqla/install.sh || exit 3
 [ -d "$SITE/fla" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl

@@ -29,7 +29,8 @@ pack() {
       echo "== $(basename "$f")"
       grep -E "^(FAILED|ERROR|TIMEOUT|  minimal example|  [a-z_]+ +(passed|failed|error|timeout|unsupported)|[0-9]+ (passed|failed)|exit|gdn-verify check)" "$f" | cut -c1-600 | head -40
     done; } > "$OUT/summary.txt"
-  tar -czf "$OUT/scale.tar.gz" -C /tmp gpu_scale
+  # not the oracle cache (GBs: packing it outran a 10-minute device call, 2026-11-26) nor the cases
+  tar -czf "$OUT/scale.tar.gz" --exclude=oracle-cache --exclude="*.npz" -C /tmp gpu_scale
   cat "$OUT/summary.txt"
 }
 case ${1:-} in
