@@ -444,3 +444,29 @@ def test_a_worker_past_the_budget_is_killed_and_the_pool_stops_before_its_class(
     assert plan.classes == candidates[:4] and plan.compile_seconds < 8 + 3
     pids = compiler_pids(jit_cache)
     assert len(pids) == 6 and not any(map(alive, pids)) and not worker_children()
+
+
+def test_a_class_is_warmed_with_the_variants_the_properties_call():
+    """The state in [V, K] layout and no final state compile apart in a Triton kernel: warming a
+    class calls them too, and one the implementation does not support is skipped, not fatal."""
+    from gdn_verify import implementations
+    from gdn_verify.runners.compile import warm_class
+
+    impl = implementations.resolve("numpy")
+    impl.extra["compile_classes"] = True  # declared JIT-compiled: the variants are warmed too
+    seen = []
+
+    def recording(fn, refuse_v_first):
+        def call(*args, **kw):
+            seen.append((kw.get("state_v_first", False), kw.get("output_final_state")))
+            if refuse_v_first and kw.get("state_v_first"):
+                raise TypeError("got an unexpected keyword argument 'state_v_first'")
+            return fn(*args, **kw)
+
+        return call
+
+    for refuse in (False, True):
+        seen.clear()
+        impl.forms = {name: recording(fn, refuse) for name, fn in implementations.resolve("numpy").forms.items()}
+        warm_class(impl, ShapeClass(2, 4, 16, 8, "float32", initial_state=True))
+        assert (True, True) in seen and (False, False) in seen and (False, True) in seen

@@ -37,9 +37,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gdn_verify.core import environment
 from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
+from gdn_verify.core.problem import Problem
 from gdn_verify.core.shapes import ShapeClass
 from gdn_verify.runners.compile_workers import CompilePool, ImplSpec, Outcome, default_workers
 from gdn_verify.runners.guard import KernelTimeout
@@ -132,10 +135,27 @@ def _key(impl: Implementation) -> Callable[[ShapeClass], object]:
     return declared if callable(declared) else (lambda c: c)
 
 
+def variants(problem: Problem) -> list[Problem]:
+    """Calls of ``problem``'s class that the properties also make and that a Triton kernel compiles
+    apart (a constexpr each): the state in ``[V, K]`` layout (``matches_reference`` and
+    ``gate_extremes`` draw it) and no final state (``output_contract``). On an H100 (2026-11-26)
+    fla-chunk's cold check spent 273 s compiling variants inside the properties that the pool had
+    not warmed, 3 s warm."""
+    v_first = problem.replace(
+        state_v_first=True,
+        initial_state=None
+        if problem.initial_state is None
+        else np.ascontiguousarray(problem.initial_state.swapaxes(-1, -2)),
+    )
+    return [v_first, problem.replace(output_final_state=False)]
+
+
 def warm_class(impl: Implementation, c: ShapeClass) -> float:
     """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c`` (compiling
-    it); an implementation with a backward form (``check --grad``) runs that instead, which runs
-    (and compiles) its forward as well."""
+    it), then, for an implementation declared JIT-compiled (``extra["compile_classes"]``), its
+    :func:`variants` (ignored where unsupported or failing: the properties report those); an
+    implementation with a backward form (``check --grad``) runs that instead, which runs (and
+    compiles) its forward as well."""
     problem = c.example()
     start = time.perf_counter()
     if BACKWARD_FORM in impl.forms:
@@ -143,6 +163,14 @@ def warm_class(impl: Implementation, c: ShapeClass) -> float:
     else:
         for form in impl.native_forms:
             impl.run(problem, form)
+        for variant in variants(problem) if impl.extra.get("compile_classes") else []:
+            for form in impl.native_forms:
+                try:
+                    impl.run(variant, form)
+                except KernelTimeout:
+                    raise
+                except Exception:  # noqa: BLE001 - a warm-up: the properties meet and report it
+                    pass
     return time.perf_counter() - start
 
 
