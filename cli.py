@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
+import gdn_verify
 from gdn_verify import api, console, implementations
 from gdn_verify.core.implementation import ConfigurationError
 from gdn_verify.core.problem import DTYPES
@@ -109,6 +110,7 @@ def misuse_exit(r: PropertyResult) -> int:
 def cmd_sanitized(args: argparse.Namespace) -> int:
     """``check --sanitize``: the same check in a child under memcheck; its first error fails the run."""
     api.implementation(impl_name(args), args.array, args.convention)  # misuse: one line here, not in the child
+    sanitize.memcheck_tool()
     argv = [a for a in args.argv if a != "--sanitize"]
     print("gdn-verify check under compute-sanitizer memcheck (kernels run 10-100x slower)", flush=True)
     done = sanitize.run_sanitized(argv)
@@ -132,6 +134,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     grad = api.checks_gradients(impl, args.grad, args.convention)
     if grad:  # misuse (no backward to check) is one line before the header, not after it
         impl = implementations.with_backward(impl)
+    api.check_arguments(  # misuse is one line, before the header
+        impl,
+        dtype=args.dtype,
+        properties=split_list(args.properties),
+        max_examples=args.max_examples,
+        dims=dims,
+        max_tokens=args.max_tokens,
+        grad=grad,
+        scale=args.scale,
+    )
     if args.database and args.seed is not None:
         print(
             f"check: --database {args.database} takes precedence: Hypothesis ignores --seed {args.seed} "
@@ -223,13 +235,14 @@ def _print_compile(plan, seconds: float) -> None:
 def cmd_selftest(args: argparse.Namespace) -> int:
     out = json_path(args)
     rows: list = []
+    seed = args.seed if args.seed is not None else random.randrange(2**31)  # printed: a run can be repeated
 
     def save(status: str) -> None:
         if out is not None:
             doc = api.selftest_document(
                 rows,
                 args.dtype,
-                seed=args.seed,
+                seed=seed,
                 timeout=args.timeout or None,
                 status=status,
                 command=["gdn-verify", *args.argv],
@@ -254,12 +267,12 @@ def cmd_selftest(args: argparse.Namespace) -> int:
             print(f"  MISSED  {row.bug:<30} ({row.description}) ({row.seconds:.1f}s)", flush=True)
 
     what = "planted gradient bugs (the backward)" if args.grad else "planted bugs"
-    print(f"gdn-verify selftest: {what}, dtype={args.dtype}, seed={args.seed}")
+    print(f"gdn-verify selftest: {what}, dtype={args.dtype}, seed={seed}")
     save("running")
     try:
         api.selftest(
             dtype=args.dtype,
-            seed=args.seed,
+            seed=seed,
             max_examples=args.max_examples,
             timeout=args.timeout,
             on_bug=on_bug,
@@ -332,6 +345,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             display.print(f"  {r.name}: unsupported ({r.note})")
 
     workers = args.workers if args.workers == "auto" else int(args.workers)
+    api.fuzz_runner.parse_budget(args.budget)  # misuse is one line, before the header
     print(
         f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}"
         + (f", {workers} workers" if workers != 1 else "")
@@ -536,6 +550,7 @@ def _compile_option(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-verify", description="Verify Gated DeltaNet (GDN) implementations.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {gdn_verify.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="run the property suite against an implementation")
@@ -571,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     selftest = sub.add_parser("selftest", help="check the planted-bug implementations; all must be caught")
     selftest.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     selftest.add_argument("--max-examples", type=int)
-    selftest.add_argument("--seed", type=int)
+    selftest.add_argument("--seed", type=int, help="Hypothesis seed (default: random, printed)")
     selftest.add_argument(
         "--grad",
         action="store_true",

@@ -17,7 +17,13 @@ command line (``gdn-verify``, ``python -m gdn_verify``, ``cli.py``).
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = metadata.version("gdn-verify")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from gdn_verify.api import CheckResult, ReplayResult, check, fuzz, replay, selftest
@@ -25,6 +31,7 @@ if TYPE_CHECKING:
     from gdn_verify.core.problem import Problem
 
 __all__ = [
+    "__version__",
     "CheckResult",
     "ConfigurationError",
     "Implementation",

@@ -26,6 +26,7 @@ import random
 import tempfile
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -338,6 +339,27 @@ class CheckResult:
         )
 
 
+def check_arguments(
+    impl: Implementation,
+    *,
+    dtype: str | None = None,
+    properties: Sequence[str] | None = None,
+    max_examples: int | None = None,
+    dims: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+    grad: bool = False,
+    scale: bool = False,
+) -> None:
+    """Raise :class:`ConfigurationError` for what :func:`check` would refuse in these arguments,
+    before anything runs (the command line says so in one line, ahead of its run header)."""
+    dtype = _dtype(dtype, impl)
+    cases, names = ([], properties) if grad else scale_selection(impl, scale, None, properties)
+    limits = _limits(impl, dtype, dims, max_tokens)
+    if not (cases and names == []):
+        select(grad_catalogue(limits) if grad else catalogue(limits), names, impl)
+    _max_examples(max_examples)
+
+
 def check(
     impl: ImplLike,
     *,
@@ -583,8 +605,11 @@ def replay(
         raise ConfigurationError("case", f"{str(case)!r}: no such case file")
     try:
         problem, meta = Problem.load(path)
-    except (ValueError, KeyError, OSError) as exc:
-        raise ConfigurationError("case", f"{case}: cannot read the case: {exc}") from None
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
+        # NumPy's own message for a file that is not an .npz archive talks of pickles: say what it is not
+        raise ConfigurationError(
+            "case", f"{case}: not a case file that check saved (an .npz of a minimal example): {type(exc).__name__}"
+        ) from None
     name = property or meta.get("property", "matches_reference")
     prop = _replay_property(name, Limits(dtype=problem.dtype.name), case)
     if impl is None:

@@ -136,7 +136,7 @@ def duration(seconds: float) -> str:
 
 def format_time_split(split: dict[str, float], seconds: float) -> str:
     """``time: compile 1 min 35 s, kernel 40 s, oracle 60 s, ours 20 s of 3 min 35 s`` (in the split's order)."""
-    parts = ", ".join(f"{label} {duration(t)}" for label, t in split.items())
+    parts = ", ".join(f"{label} {duration(t)}" for label, t in split.items() if t >= 0.5 or label == "ours")
     return f"time: {parts} of {duration(seconds)}"
 
 

@@ -65,6 +65,8 @@ def plugins(tmp_path):
         (["check", "--impl", "numpy", "--max-tokens", "10"], "--max-tokens"),
         (["check", "--impl", "planted:not_a_bug"], "unknown bug"),
         (["replay", "missing.npz", "--impl", "numpy"], "CASE: 'missing.npz': no such case file"),
+        (["replay", "my_kernels.py", "--impl", "numpy"], "not a case file that check saved"),
+        (["check", "--impl", "./no_such_file.py:good"], "no such file (give FILE.py:FUNCTION"),
         (["check", "--impl", "numpy", "--dims", "a,b"], "--dims"),
         (["check", "--impl", "numpy", "--array", "torch"], "--array"),
         (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
@@ -81,6 +83,15 @@ def test_misuse_exits_2_with_one_line(args, message, plugins):
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout.strip() == ""  # no run header echoing the bad value first
+
+
+def test_a_plugin_given_as_a_file_path_loads(plugins):
+    result = cli(
+        "check", "--impl", "./my_kernels.py:good", "--properties", "determinism", "--max-examples", "3", cwd=plugins
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
 
 
 def test_plugin_passes_and_unsupported_features_are_reported(plugins):
@@ -214,3 +225,35 @@ def test_a_plugin_with_the_readme_signature_is_told_which_keyword_it_lacks(tmp_p
     assert set(dropped) == {"needs state_v_first="} and dropped["needs state_v_first="] > 0
     assert f"examples unsupported (needs state_v_first=: {dropped['needs state_v_first=']})" in result.stdout
     assert "raised NotImplementedError" not in result.stdout
+
+
+def test_version_is_printed_by_every_entry_point(capsys):
+    """``gdn-verify --version``, ``python -m gdn_verify --version`` and ``gdn_verify.__version__`` agree
+    with the installed package's metadata."""
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    import gdn_verify
+    from cli import main
+
+    assert gdn_verify.__version__ == metadata.version("gdn-verify")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gdn-verify {gdn_verify.__version__}"
+    out = subprocess.run([sys.executable, "-m", "gdn_verify", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"gdn-verify {gdn_verify.__version__}"
+
+
+def test_selftest_prints_the_seed_it_runs_with(monkeypatch, capsys):
+    """Without --seed, selftest draws one, prints it and runs with it: a failing run can be repeated."""
+    import re
+
+    import cli
+
+    used = []
+    monkeypatch.setattr(cli.api, "selftest", lambda **kw: used.append(kw["seed"]))
+    cli.main(["selftest"])
+    printed = re.search(r"seed=(\d+)", capsys.readouterr().out)
+    assert printed is not None and used == [int(printed.group(1))]

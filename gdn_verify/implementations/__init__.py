@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,15 +161,33 @@ def is_plugin(name: str) -> bool:
     return ":" in name and planted_prefix(name) is None
 
 
+def _import_file(path: Path) -> types.ModuleType:
+    """The Python file ``path`` imported as a module (its folder first on ``sys.path``, for its own imports)."""
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = f"gdn_verify_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"not a Python module: {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_plugin(spec_text: str, array: str = "numpy", convention: str = "native") -> Implementation:
-    """``MODULE:FUNCTION`` importable from ``PYTHONPATH`` or the current directory."""
+    """``MODULE:FUNCTION`` importable from ``PYTHONPATH`` or the current directory, or ``FILE.py:FUNCTION``."""
     module_name, _, function_name = spec_text.partition(":")
     if not module_name or not function_name:
         raise ConfigurationError("impl", f"{spec_text!r}: expected MODULE:FUNCTION")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
+    as_file = module_name.endswith(".py") or "/" in module_name
     try:
-        module = importlib.import_module(module_name)
+        if as_file and not Path(module_name).is_file():
+            raise ImportError("no such file (give FILE.py:FUNCTION, or MODULE:FUNCTION with MODULE importable)")
+        module = _import_file(Path(module_name)) if as_file else importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's configuration
         raise ConfigurationError("impl", f"{spec_text!r}: cannot import module {module_name!r}: {exc}") from None
     fn = getattr(module, function_name, None)

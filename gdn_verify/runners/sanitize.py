@@ -49,11 +49,17 @@ def first_error(output: str) -> str:
     return ""
 
 
-def run_sanitized(argv: list[str], timeout: float | None = None) -> Sanitized:
-    """``python -m gdn_verify ARGV`` under ``compute-sanitizer --tool memcheck``."""
+def memcheck_tool() -> str:
+    """The path of ``compute-sanitizer``; :class:`ConfigurationError` naming ``sanitize`` when absent."""
     tool = shutil.which("compute-sanitizer")
     if tool is None:
         raise ConfigurationError("sanitize", "compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
+    return tool
+
+
+def run_sanitized(argv: list[str], timeout: float | None = None) -> Sanitized:
+    """``python -m gdn_verify ARGV`` under ``compute-sanitizer --tool memcheck``."""
+    tool = memcheck_tool()
     command = [
         tool,
         "--tool",
