@@ -59,5 +59,5 @@ def test_the_cli_prints_the_split_and_writes_it(tmp_path, capsys):
     code = main(["check", "--impl", "numpy", "--properties", "determinism", "--max-examples", "3", "--json", str(out)])
     assert code == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time: "))
-    assert "kernel" in line and "ours" in line
-    assert set(json.loads(out.read_text())["time_split"]) >= {"kernel", "ours"}
+    assert "ours" in line and line.endswith(" s")  # labels under half a second are left out of the line
+    assert set(json.loads(out.read_text())["time_split"]) >= {"kernel", "ours"}  # the JSON keeps them all
