@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 import gdn_verify
@@ -260,7 +261,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
             cause = f"cause {row.cause_verdict}" + (f" ({failure.cause_model})" if failure.cause_model else "")
             print(
                 f"  caught  {row.bug:<30} by {row.caught_by.name} ({row.seconds:.1f}s, {margin}; {cause}): "
-                f"{failure.message[:80]}",
+                f"{textwrap.shorten(failure.message, 80, placeholder=' ...')}",
                 flush=True,
             )
         else:

@@ -257,3 +257,26 @@ def test_selftest_prints_the_seed_it_runs_with(monkeypatch, capsys):
     cli.main(["selftest"])
     printed = re.search(r"seed=(\d+)", capsys.readouterr().out)
     assert printed is not None and used == [int(printed.group(1))]
+
+
+def test_selftest_shortens_a_long_message_at_a_word(monkeypatch, capsys):
+    """A caught bug's message is shortened to 80 characters between words, never mid-word."""
+    from types import SimpleNamespace
+
+    import cli
+
+    words = " ".join(f"word{i:02d}" for i in range(40))  # 279 characters, no word longer than 6
+    failure = SimpleNamespace(message=words, measurement=None, cause_model="")
+    row = SimpleNamespace(
+        bug="a_bug",
+        caught_by=SimpleNamespace(name="matches_reference", failure=failure),
+        seconds=1.0,
+        cause_verdict="right",
+        description="",
+    )
+    monkeypatch.setattr(cli.api, "selftest", lambda **kw: kw["on_bug"](row))
+    monkeypatch.setattr(cli.api, "selftest_document", lambda *a, **kw: {})
+    cli.main(["selftest"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "a_bug" in x)
+    shown = line.split("): ", 1)[1]
+    assert shown.endswith(" ...") and all(w in words.split() for w in shown.removesuffix(" ...").split())
