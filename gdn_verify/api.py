@@ -349,15 +349,18 @@ def check_arguments(
     max_tokens: int | None = None,
     grad: bool = False,
     scale: bool = False,
-) -> None:
-    """Raise :class:`ConfigurationError` for what :func:`check` would refuse in these arguments,
-    before anything runs (the command line says so in one line, ahead of its run header)."""
+    scale_limits: scale_runner.ScaleLimits | None = None,
+) -> tuple[str, list[str], list[str] | None, Limits]:
+    """``(dtype, scale cases, properties, limits)`` of a :func:`check` with these arguments, or
+    :class:`ConfigurationError` for what it would refuse, before anything runs or compiles (the
+    command line says so in one line, ahead of its run header)."""
     dtype = _dtype(dtype, impl)
-    cases, names = ([], properties) if grad else scale_selection(impl, scale, None, properties)
+    cases, names = ([], properties) if grad else scale_selection(impl, scale, scale_limits, properties)
     limits = _limits(impl, dtype, dims, max_tokens)
     if not (cases and names == []):
         select(grad_catalogue(limits) if grad else catalogue(limits), names, impl)
     _max_examples(max_examples)
+    return dtype, cases, None if names is None else list(names), limits
 
 
 def check(
@@ -422,10 +425,19 @@ def check(
             raise ConfigurationError("scale", "the scale tier checks the forward pass; not with grad (yet)")
         impl = implementations.with_backward(impl)
     impl.check_signatures()
-    dtype = _dtype(dtype, impl)
-    scale_cases, properties = ([], properties) if grad else scale_selection(impl, scale, scale_limits, properties)
+    dtype, scale_cases, properties, limits = check_arguments(
+        impl,
+        dtype=dtype,
+        properties=properties,
+        max_examples=max_examples,
+        dims=dims,
+        max_tokens=max_tokens,
+        grad=grad,
+        scale=scale,
+        scale_limits=scale_limits,
+    )
     scale_only = bool(scale_cases) and properties == []
-    limits, shapes = _limits(impl, dtype, dims, max_tokens), None
+    shapes = None
     if not scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
         limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout), plans_dir)
     available = grad_catalogue(limits) if grad else catalogue(limits)

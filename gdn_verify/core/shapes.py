@@ -9,7 +9,7 @@ builds a tiny problem of it (to compile it once, up front).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,16 @@ class ShapeClass:
 
     def replace(self, **changes: Any) -> ShapeClass:
         return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its fields by name (JSON: a stored plan, a compile worker's request)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> ShapeClass:
+        """The class whose fields ``row`` holds (other keys, such as a stored plan's seconds, ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in names})
 
     def describe(self) -> str:
         """``H=2 HV=4 K=128 V=100 bfloat16 varlen state l2norm`` (flags absent when off)."""

@@ -33,7 +33,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.shapes import ShapeClass
-from gdn_verify.runners.compile_workers import CompilePool, ImplSpec, Outcome, default_workers
+from gdn_verify.runners.compile_workers import CompilePool, ImplSpec, Outcome, default_workers, error_text
 from gdn_verify.runners.guard import KernelTimeout
 
 # A new class costing more than this beyond a repeat call makes per-example shape variety
@@ -174,17 +174,18 @@ def warm_class(impl: Implementation, c: ShapeClass) -> float:
     return time.perf_counter() - start
 
 
-def _try_warm(impl: Implementation, c: ShapeClass) -> tuple[str, float | None]:
-    """:func:`warm_class` as an outcome: ``("compiled", seconds)``, or ``("timeout" | "unsupported" |
-    "error", None)`` (a crash is the properties' to report, not the planner's)."""
+def try_warm(impl: Implementation, c: ShapeClass) -> tuple[str, float | None, str]:
+    """:func:`warm_class` as an outcome: ``("compiled", seconds, "")``, or ``("timeout" |
+    "unsupported" | "error", None, the exception in one line)`` (a crash is the properties' to
+    report, not the planner's). Here and in a compile worker alike."""
     try:
-        return "compiled", warm_class(impl, c)
-    except KernelTimeout:
-        return "timeout", None
-    except NotImplementedError:
-        return "unsupported", None
-    except Exception:  # noqa: BLE001 - see the docstring
-        return "error", None
+        return "compiled", warm_class(impl, c), ""
+    except KernelTimeout as exc:
+        return "timeout", None, error_text(exc)
+    except NotImplementedError as exc:
+        return "unsupported", None, error_text(exc)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return "error", None, error_text(exc)
 
 
 def _compiled_here(
@@ -194,7 +195,7 @@ def _compiled_here(
     disk cache: more than ``EXPENSIVE_SECONDS`` beyond a repeat call (``repeat``; None: called now)
     and more than ``CARRY_FRACTION`` of what compiling it cost elsewhere (``there``; None: unknown)."""
     if repeat is None:
-        repeat = _try_warm(impl, c)[1] or 0.0
+        repeat = try_warm(impl, c)[1] or 0.0
     cost = first - repeat
     return cost > EXPENSIVE_SECONDS and (there is None or cost > CARRY_FRACTION * there)
 
@@ -326,7 +327,7 @@ def plan_shapes(
                     more = int((budget - elapsed) // estimate) if estimate > 0 else len(candidates)
                     planned = len(pool) + max(more, MIN_CLASSES - len(pool), 1)
                     progress(len(pool), min(len(candidates), planned), elapsed)
-                status, seconds = _try_warm(impl, c)
+                status, seconds, _ = try_warm(impl, c)
                 if seconds is not None:
                     costs.append(seconds)
                     plan.class_seconds[c] = seconds
@@ -335,7 +336,7 @@ def plan_shapes(
                 status = outcome.status
                 if status == "compiled":  # compiled in its worker: cheap here when the disk cache carried it over
                     plan.parallel_seconds[c] = outcome.seconds
-                    status, seconds = _try_warm(impl, c)
+                    status, seconds, _ = try_warm(impl, c)
                     if seconds is not None:
                         plan.class_seconds[c] = seconds
                         if not checked and not _carried_over(impl, c, seconds, outcome, children, plan):
@@ -449,10 +450,6 @@ class StoredPlan:
     parallel_seconds: dict[ShapeClass, float] = field(default_factory=dict)  # per class compiled in a worker
 
 
-def _class_dict(c: ShapeClass) -> dict[str, Any]:
-    return {f.name: getattr(c, f.name) for f in fields(ShapeClass)}
-
-
 def save_plan(path: Path, key: PlanKey, plan: ShapePlan) -> None:
     """Write ``plan``'s pool to ``path`` atomically (a temporary file in the same folder, renamed)."""
     assert plan.classes is not None
@@ -467,7 +464,7 @@ def save_plan(path: Path, key: PlanKey, plan: ShapePlan) -> None:
         workers=plan.workers,
         classes=[
             dict(
-                _class_dict(c),
+                c.as_dict(),
                 seconds=_rounded(plan.class_seconds.get(c)),  # its first call in the planning process
                 # compiling it in its worker (absent: compiled in the planning process)
                 **({"child_seconds": _rounded(plan.parallel_seconds[c])} if c in plan.parallel_seconds else {}),
@@ -503,10 +500,9 @@ def load_plan(path: Path, key: PlanKey) -> tuple[StoredPlan | None, str]:
             return None, f"the stored plan {path} has another schema ({document.get('schema')!r}): ignored"
         if document.get("key") != key.as_dict():
             return None, f"the stored plan {path} is for another key: ignored"
-        names = {f.name for f in fields(ShapeClass)}
         classes, seconds, parallel = [], {}, {}
         for row in document["classes"]:
-            c = ShapeClass(**{k: v for k, v in row.items() if k in names})
+            c = ShapeClass.from_dict(row)
             if not isinstance(c.H, int) or not isinstance(c.dtype, str):
                 raise TypeError(f"not a shape class: {row!r}")
             classes.append(c)
@@ -527,8 +523,7 @@ def load_plan(path: Path, key: PlanKey) -> tuple[StoredPlan | None, str]:
             parallel,
         )
     except Exception as exc:  # noqa: BLE001 - a corrupt plan costs a fresh plan, never the run
-        what = " ".join(f"{type(exc).__name__}: {exc}".split())[:120]
-        return None, f"the stored plan {path} is unreadable ({what}): ignored"
+        return None, f"the stored plan {path} is unreadable ({error_text(exc, 120)}): ignored"
     return stored, ""
 
 
@@ -566,7 +561,7 @@ def warm_plan(
             if outcome is not None and outcome.status != "compiled":
                 status = outcome.status
             else:
-                status, seconds = _try_warm(impl, c)
+                status, seconds, _ = try_warm(impl, c)
                 if outcome is not None:
                     plan.parallel_seconds[c] = outcome.seconds
                 if seconds is not None and i == 0:  # against its first call when stored: cold here or not

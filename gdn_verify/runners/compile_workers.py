@@ -20,13 +20,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import IO, Any
 
 from gdn_verify import implementations
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.shapes import ShapeClass
-from gdn_verify.runners.guard import Guard, KernelTimeout
+from gdn_verify.runners.guard import Guard
 from gdn_verify.runners.workers import SINGLE_THREAD
 
 WORKERS_ENV = "GDN_VERIFY_COMPILE_WORKERS"  # a number of worker processes; 1: compile in this process
@@ -157,7 +157,7 @@ class CompilePool:
     def _start(self, c: ShapeClass) -> _Child:
         request = dict(
             impl=asdict(self.spec),
-            shape_class=asdict(c),
+            shape_class=c.as_dict(),
             timeout=self.timeout,
             path=[p for p in sys.path if isinstance(p, str)],
         )
@@ -206,33 +206,30 @@ def _exit_with_parent() -> None:
     os._exit(3)
 
 
-def _text(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+def error_text(exc: BaseException, limit: int = 500) -> str:
+    """``Type: message`` on one line, at most ``limit`` characters."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
 
 
 def compile_one(request: dict[str, Any]) -> dict[str, Any]:
     """A child's work: resolve the implementation and warm one class; the outcome as a dict."""
-    from gdn_verify.runners.compile import warm_class  # imported here: compile.py imports this module
+    from gdn_verify.runners.compile import try_warm  # imported here: compile.py imports this module
 
     start = time.perf_counter()
     spec = ImplSpec(**dict(request["impl"], forms=tuple(request["impl"]["forms"])))
-    names = {f.name for f in fields(ShapeClass)}
-    c = ShapeClass(**{k: v for k, v in request["shape_class"].items() if k in names})
+    c = ShapeClass.from_dict(request["shape_class"])
     try:
         impl = spec.resolve()
     except Exception as exc:  # noqa: BLE001 - the parent compiles in its own process instead
-        return dict(status="unresolvable", seconds=time.perf_counter() - start, error=_text(exc))
+        return dict(status="unresolvable", seconds=time.perf_counter() - start, error=error_text(exc))
     guard = Guard(request.get("timeout"))
     try:
-        return dict(status="compiled", seconds=warm_class(guard.guarded(impl), c))
-    except KernelTimeout as exc:
-        return dict(status="timeout", seconds=time.perf_counter() - start, error=_text(exc))
-    except NotImplementedError as exc:
-        return dict(status="unsupported", seconds=time.perf_counter() - start, error=_text(exc))
-    except Exception as exc:  # noqa: BLE001 - the properties report it; the parent records the text
-        return dict(status="error", seconds=time.perf_counter() - start, error=_text(exc))
+        status, seconds, error = try_warm(guard.guarded(impl), c)
     finally:
         guard.close()
+    if seconds is None:  # not compiled: the child's time until then
+        return dict(status=status, seconds=time.perf_counter() - start, error=error)
+    return dict(status=status, seconds=seconds)
 
 
 def main(argv: Sequence[str]) -> None:
