@@ -2,7 +2,8 @@
 # `check --grad` on one H100/H200: FLA 0.6's chunk_gated_delta_rule backward (its own kernels:
 # FlashQLA dispatch off) in bfloat16 and float16, cold then warm, and FlashQLA's, directly and
 # through FLA's dispatch. Detached, so that the work outlives one device call while the machine
-# stays warm. Run from a copy outside the synced checkout (/tmp), as
+# stays warm. AFTER_WARM: a command started once the timed cold and warm runs are done (the next
+# GPU job, kept off the timed runs). Run from a copy outside the synced checkout (/tmp), as
 #   bash scripts/gpu_grad.sh --background        start the driver
 #   bash scripts/gpu_grad.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
 # Needs .whl/fqla (FlashQLA 0.1.3, TileLang 0.1.15 and their deps; .whl/fqla/README.txt) and the FLA
@@ -41,6 +42,7 @@ check() {  # NAME ARGS...: one check --grad, its log and JSON
 export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla
 check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1
 check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1
+[ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
 # the rest side by side (their compile costs are not the measurement)
 ( check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 ) &
 ( export TRITON_CACHE_DIR=/tmp/triton-qla
