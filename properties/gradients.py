@@ -14,6 +14,13 @@ rebuilds its ``do`` and ``dht`` with ``core.gradients.cotangents``. Tolerances a
 5. ``grad_gate_extremes``           no decay, strong and saturated gates, beta at 0 and 1.
 6. ``grad_error_growth``            error vs T within tolerance at each T, growth exponent at most
                                     ``native.GROWTH_BOUND``.
+7. ``grad_empty_sequences``         a call with no tokens, or a pack with empty sequences, runs and
+                                    gives the oracle's gradients (an empty sequence's dh0 is its dht).
+
+Properties 1-6 draw sequences of at least one token, so that a kernel which fails only on empty
+sequences is named by property 7 instead of shrinking every other property to T = 0 (FLA 0.6's
+backward on an H100, 2026-11-26). Property 7 runs last: a crash there can take the CUDA context
+down with it.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ def check_grad_matches_reference(impl: Implementation, problem: Problem, params:
 
 
 def strategy_grad_reference(limits: Limits, regimes=gs.GATE_REGIMES) -> st.SearchStrategy:
-    return _with_cotangents(gs.problems(limits, max_len=MAX_LEN, gate_regimes=regimes, state_layouts=False))
+    return _with_cotangents(gs.problems(limits, max_len=MAX_LEN, gate_regimes=regimes, min_len=1))
 
 
 # 2. grad_varlen_equals_separate ----------------------------------------------------------------
@@ -112,8 +119,7 @@ def check_grad_varlen(impl: Implementation, problem: Problem, params: dict) -> M
 
 def strategy_grad_varlen(limits: Limits) -> st.SearchStrategy:
     classes = gs.pool_classes(limits, varlen=True, twins=(gs.batched_twin,))
-    problems = gs.problems(limits, max_len=MAX_LEN, varlen=True, classes=classes).filter(lambda p: any(p.lengths))
-    return _with_cotangents(problems)
+    return _with_cotangents(gs.problems(limits, max_len=MAX_LEN, varlen=True, classes=classes, min_len=1))
 
 
 # 3. grad_padding_zero --------------------------------------------------------------------------
@@ -151,7 +157,7 @@ def check_grad_padding(impl: Implementation, problem: Problem, params: dict) -> 
 
 @st.composite
 def strategy_grad_padding(draw, limits: Limits):
-    problem = draw(gs.problems(limits, max_len=MAX_LEN, varlen=True))
+    problem = draw(gs.problems(limits, max_len=MAX_LEN, varlen=True, min_len=1))
     extra = draw(st.sampled_from((1, 7, 64, 65)))
     return padded(problem, extra, draw(st.integers(0, 2**31 - 1))), draw(cotangent_params())
 
@@ -215,6 +221,32 @@ def strategy_grad_growth(limits: Limits) -> st.SearchStrategy:
     return st.tuples(strategy_growth(capped), cotangent_params()).map(lambda t: (t[0][0], {**t[0][1], **t[1]}))
 
 
+# 7. grad_empty_sequences -----------------------------------------------------------------------
+def with_empty_sequence(problem: Problem, position: int, seed: int) -> Problem:
+    """``problem`` (varlen) with an empty sequence inserted before sequence ``position`` (with an
+    initial state of its own when the problem has one)."""
+    cu = np.asarray(problem.cu_seqlens, np.int64)
+    changes: dict = {"cu_seqlens": np.insert(cu, position, cu[position])}
+    if problem.initial_state is not None:
+        state = problem.initial_state
+        row = np.random.default_rng(seed).standard_normal((1,) + state.shape[1:]).astype(state.dtype)
+        changes["initial_state"] = np.concatenate([state[:position], row, state[position:]])
+    return problem.replace(**changes)
+
+
+@st.composite
+def strategy_grad_empty(draw, limits: Limits):
+    if draw(st.booleans()):  # a batched call with T = 0
+        problem = draw(gs.problems(limits, max_len=0, varlen=False))
+    else:
+        problem = draw(gs.problems(limits, max_len=MAX_LEN, varlen=True))
+        for _ in range(draw(st.integers(1, 2))):
+            problem = with_empty_sequence(
+                problem, draw(st.integers(0, problem.num_sequences)), draw(st.integers(0, 2**31 - 1))
+            )
+    return problem, draw(cotangent_params())
+
+
 # ---------------------------------------------------------------------------------------------
 def _needs_backward(impl: Implementation) -> str | None:
     return None if BACKWARD_FORM in impl.forms else f"{impl.name} has no backward form"
@@ -268,6 +300,13 @@ def grad_properties(limits: Limits) -> list[Property]:
             strategy_grad_growth(limits),
             check_grad_error_growth,
             3,
+        ),
+        prop(  # last: see the module docstring
+            "grad_empty_sequences",
+            "a call without tokens and packs with empty sequences give the oracle's gradients",
+            strategy_grad_empty(limits),
+            check_grad_matches_reference,
+            15,
         ),
     ]
 

@@ -44,6 +44,7 @@ from gdn_verify.core.verdict import (
     bitwise_equal,
     compare,
     oracle_and_tolerance,
+    oracles_and_tolerances,
     output_contract_violations,
     run_checked,
     sequence_part,
@@ -298,9 +299,9 @@ def growth_points(
     measurement is kept and the next length runs (the precision-contract table reads them all).
     """
     points = []
-    for T in (T for T in lengths if T <= problem.q.shape[1]):
-        part = problem.tokens(0, T)
-        reference, tolerance = oracle_and_tolerance(part, state_dtype=state_dtype_of(impl))
+    parts = [problem.tokens(0, T) for T in lengths if T <= problem.q.shape[1]]
+    for part, (reference, tolerance) in zip(parts, oracles_and_tolerances(parts, state_dtype_of(impl))):
+        T = part.q.shape[1]
         result = run_checked(impl, part)
         try:
             m = compare(part, result, reference, tolerance)

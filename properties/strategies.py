@@ -201,17 +201,19 @@ def head_dims(limits: Limits, max_dim: int | None = None) -> st.SearchStrategy[t
     return st.tuples(dims, dims)
 
 
-def sequence_length(chunk_size: int, max_len: int) -> st.SearchStrategy[int]:
-    """Lengths where chunked kernels break: 0, 1, C-1, C, C+1, multiples of C, or any."""
+def sequence_length(chunk_size: int, max_len: int, min_len: int = 0) -> st.SearchStrategy[int]:
+    """Lengths where chunked kernels break: 0, 1, C-1, C, C+1, multiples of C, or any (at least ``min_len``)."""
     C = chunk_size
-    special = [n for n in (0, 1, C - 1, C, C + 1, 2 * C, 3 * C - 1) if n <= max_len]
-    return st.one_of(st.sampled_from(special), st.integers(0, max_len))
+    special = [n for n in (0, 1, C - 1, C, C + 1, 2 * C, 3 * C - 1) if min_len <= n <= max_len]
+    return st.one_of(st.sampled_from(special), st.integers(min_len, max_len))
 
 
-def varlen_lengths(max_sequences: int = 6, max_len: int = 130, min_sequences: int = 1) -> st.SearchStrategy:
+def varlen_lengths(
+    max_sequences: int = 6, max_len: int = 130, min_sequences: int = 1, min_len: int = 0
+) -> st.SearchStrategy:
     """Per-sequence lengths of a ``cu_seqlens`` pack, biased to chunk boundaries of 16/32/64."""
     return st.sampled_from(CHUNK_SIZES).flatmap(
-        lambda C: st.lists(sequence_length(C, max_len), min_size=min_sequences, max_size=max_sequences)
+        lambda C: st.lists(sequence_length(C, max_len, min_len), min_size=min_sequences, max_size=max_sequences)
     )
 
 
@@ -223,16 +225,19 @@ def layouts(
     max_len: int = 130,
     varlen: bool | None = None,
     min_sequences: int | None = None,
+    min_len: int = 0,
 ):
     """``(B, T, cu_seqlens | None)``: batched ``B > 1`` or a varlen pack with ``B == 1``
-    (at least ``min_sequences`` sequences: by default 2 when ``varlen`` is asked for, else 1)."""
+    (at least ``min_sequences`` sequences: by default 2 when ``varlen`` is asked for, else 1;
+    every sequence at least ``min_len`` tokens)."""
     use_varlen = draw(st.booleans()) if varlen is None else varlen
     if use_varlen:
         least = min_sequences if min_sequences is not None else (2 if varlen else 1)
-        lengths = draw(varlen_lengths(max_sequences, max_len, min_sequences=least))
+        lengths = draw(varlen_lengths(max_sequences, max_len, min_sequences=least, min_len=min_len))
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         return 1, int(cu[-1]), cu
-    return draw(st.integers(1, max_batch)), draw(sequence_length(draw(st.sampled_from(CHUNK_SIZES)), max_len)), None
+    B = draw(st.integers(1, max_batch))  # drawn first: the same seed draws the same B as before min_len
+    return B, draw(sequence_length(draw(st.sampled_from(CHUNK_SIZES)), max_len, min_len)), None
 
 
 def gate_values(rng: np.random.Generator, shape: tuple[int, ...], regime: str) -> np.ndarray:
@@ -287,8 +292,10 @@ def problems(
     gate_regimes=GATE_REGIMES,
     state_layouts: bool = False,
     classes: Sequence[ShapeClass] | None = None,
+    min_len: int = 0,
 ) -> Problem:
-    """A well-posed GDN problem within ``limits`` (``max_len`` and ``max_dim`` tighten them).
+    """A well-posed GDN problem within ``limits`` (``max_len`` and ``max_dim`` tighten them;
+    every sequence at least ``min_len`` tokens).
 
     With a shape pool (``limits.shape_classes``) the class comes from ``classes`` (default: the
     pool's classes of the requested ``varlen``; ``heads`` and ``max_dim`` then do not apply):
@@ -301,6 +308,7 @@ def problems(
         max_batch=limits.max_batch,
         max_sequences=limits.max_sequences,
         max_len=limits.max_len if max_len is None else max_len,
+        min_len=min_len,
     )
     if classes:
         c = draw(st.sampled_from(tuple(classes)))

@@ -7,7 +7,7 @@
 #   bash scripts/gpu_check_timing.sh --background      start the driver
 #   bash scripts/gpu_check_timing.sh --collect SECONDS wait up to SECONDS for it, then pack $OUT
 # AFTER_WARM: a command the driver starts once fla-chunk's warm run is done (the next GPU job, so
-# that it does not share the machine with the timed runs). Carried: .whl/*.whl (FLA), .whl/vllm_fla.
+# that it does not share the machine with the timed runs); VLLM=0 stops after it. Carried: .whl/*.whl (FLA), .whl/vllm_fla.
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
 LOGS=/tmp/gpu_check_timing
@@ -37,6 +37,7 @@ export TRITON_CACHE_DIR=/tmp/triton-timing  # fresh: the machine is new, the fol
 check fla-chunk-cold --impl fla-chunk
 check fla-chunk-warm --impl fla-chunk
 [ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
+[ "${VLLM:-1}" = 1 ] || exit 0  # VLLM=0: fla-chunk's cold and warm runs only
 check vllm-chunk-cold --impl vllm-chunk
 check vllm-chunk-warm --impl vllm-chunk
 # where a warm example's second goes, function by function (cProfile slows Python code: not timed)

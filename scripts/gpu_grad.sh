@@ -15,7 +15,7 @@ OUT=${OUT:-gpu_logs}
 LOGS=/tmp/gpu_grad
 mkdir -p "$OUT" "$LOGS"
 pack() {
-  grep -hE "^(gdn-verify|  grad_|FAILED|ERROR|  minimal|  likely|[0-9]+ passed|exit|\[FLA|backend)" "$LOGS"/*.log \
+  grep -hE "^(gdn-verify|  grad_|FAILED|ERROR|  minimal|  likely|[0-9]+ passed|exit|\[FLA|backend|fla-|qla-)" "$LOGS"/*.log \
     | cut -c1-400 > "$OUT/summary.txt"
   tar -czf "$OUT/grad.tar.gz" -C "$LOGS" $(cd "$LOGS" && ls ./*.log ./*.json ./*.txt 2>/dev/null)
   cat "$OUT/summary.txt"
@@ -37,34 +37,24 @@ check() {  # NAME ARGS...: one check --grad, its log and JSON
     > "$LOGS/$name.log" 2>&1
   echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
 }
+# The independent repro of what the checks reported (scripts/fla_grad_repro.py: float64 torch
+# autograd of the token loop, each kernel call in a subprocess of its own), beside the checks.
+[ "${REPRO:-1}" = 1 ] && ( timeout 900 python3 scripts/fla_grad_repro.py "$LOGS/repro.json" > "$LOGS/repro.log" 2>&1
+  echo "exit $?" >> "$LOGS/repro.log" ) &
 # Cold (fresh Triton and TileLang caches) then the same command again (warm), one check at a time:
 # on 2026-11-26 four checks compiling side by side took over 8 minutes for FLA's 4 classes.
 export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla
 check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1
 check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1
 [ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
-# the rest side by side (their compile costs are not the measurement)
-( check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 ) &
-( export TRITON_CACHE_DIR=/tmp/triton-qla
-  check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1
-  check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 ) &
-( export FLA_FLASH_QLA=1 TRITON_CACHE_DIR=/tmp/triton-dispatch
-  check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 ) &
-wait
-# Which backend FLA 0.6 runs (its dispatcher logs the first use of each), FlashQLA allowed and not.
-for qla in 1 0; do
-  FLA_FLASH_QLA=$qla timeout 600 python3 - > "$LOGS/backends-qla$qla.log" 2>&1 <<'EOF'
-import logging, os, torch
-logging.basicConfig(level=logging.INFO, format="%(message)s")
-from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-for dtype in (torch.bfloat16, torch.float16):
-    B, T, H, HV, K = 2, 130, 2, 4, 128
-    x = [torch.randn(B, T, h, K, device="cuda", dtype=dtype, requires_grad=True) for h in (H, H, HV)]
-    g = (-0.05 * torch.rand(B, T, HV, device="cuda")).requires_grad_(True)
-    beta = torch.rand(B, T, HV, device="cuda", dtype=dtype).requires_grad_(True)
-    o, _ = chunk_gated_delta_rule(*x, g, beta, use_qk_l2norm_in_kernel=True)
-    o.float().square().sum().backward()
-    print(f"backend FLA_FLASH_QLA={os.environ['FLA_FLASH_QLA']} {dtype}: forward and backward ran, dq finite {bool(x[0].grad.isfinite().all())}")
-EOF
-  echo "exit $?" >> "$LOGS/backends-qla$qla.log"
+# the rest side by side (their compile costs are not the measurement); GRAD_MORE picks them
+for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
+  case $job in
+    fp16) check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 & ;;
+    qla-bf16) TRITON_CACHE_DIR=/tmp/triton-qla check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1 & ;;
+    qla-fp16) TRITON_CACHE_DIR=/tmp/triton-qla16 check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 & ;;
+    dispatch) FLA_FLASH_QLA=1 TRITON_CACHE_DIR=/tmp/triton-dispatch \
+      check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 & ;;
+  esac
 done
+wait

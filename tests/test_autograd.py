@@ -8,7 +8,7 @@ import pytest
 from gdn_verify.core.grad_verdict import gradient_contract_violations
 from gdn_verify.core.gradients import cotangents, problem_gradients
 from gdn_verify.core.implementation import Implementation
-from gdn_verify.core.problem import Problem
+from gdn_verify.core.problem import DTYPES, Problem
 
 torch = pytest.importorskip("torch", reason="the autograd path needs PyTorch (pip install '.[torch]')")
 
@@ -73,18 +73,26 @@ def test_a_call_without_tokens_has_zero_gradients():
     assert all(not np.any(x) for x in grads.grads.values())
 
 
-def test_flashqla_refusing_an_empty_call_is_unsupported_not_an_error():
-    from gdn_verify.implementations.flashqla import refuse_empty
+def test_flashqla_contract_refuses_empty_sequences_and_passes_float32_gates():
+    from gdn_verify.implementations.flashqla import training_contract
+    from gdn_verify.properties.gradients import with_empty_sequence
 
-    def kernel(q, k, v, g, beta, cu_seqlens=None, **kw):  # FlashQLA 0.1.3's answer to no tokens
-        if q.shape[1] == 0 or (cu_seqlens is not None and int(cu_seqlens[-1]) == 0):
-            raise ValueError("invalid sequence lengths: [0]")
+    seen = []
+
+    def kernel(q, k, v, g, beta, cu_seqlens=None, **kw):  # FlashQLA 0.1.3's answers
+        lengths = [q.shape[1]] if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        if min(lengths) == 0:
+            raise ValueError(f"invalid sequence lengths: {lengths}")
+        seen.append(g.dtype)
         return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
 
-    empty = _problem(varlen=False, initial_state=False, l2norm=False).tokens(0, 0)
-    impl = Implementation("qla", {"chunk": refuse_empty(kernel)}, array="torch")
+    impl = Implementation("qla", {"chunk": training_contract(kernel)}, array="torch")
     impl.forms["backward"] = autograd_backward(impl.forms["chunk"])
-    with pytest.raises(NotImplementedError, match="no tokens"):
-        impl.run_backward(empty, *cotangents(empty, seed=0, with_dht=False))
-    full = _problem(varlen=True, initial_state=False, l2norm=False)
-    assert impl.run_backward(full, *cotangents(full, seed=0)).grads["dq"].shape == full.q.shape
+    empty = _problem(varlen=False, initial_state=False, l2norm=False).tokens(0, 0)
+    full = _problem(varlen=True, initial_state=True, l2norm=False).astype(DTYPES["bfloat16"])
+    for problem in (empty, with_empty_sequence(full, 1, seed=0)):
+        with pytest.raises(NotImplementedError, match="empty sequence"):
+            impl.run_backward(problem, *cotangents(problem, seed=0, with_dht=False))
+    grads = impl.run_backward(full, *cotangents(full, seed=0))
+    assert grads.grads["dq"].shape == full.q.shape
+    assert seen and all(str(d) == "torch.float32" for d in seen)

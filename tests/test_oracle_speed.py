@@ -213,3 +213,32 @@ def test_stacked_oracle_runs_each_problem_as_numpy_oracle_does():
         want_o, want_state = numpy_oracle(x)
         np.testing.assert_array_equal(o, want_o)
         np.testing.assert_array_equal(state, want_state)
+
+
+def test_prefix_oracles_in_worker_processes_equal_them_one_by_one():
+    """error_growth's prefixes may run their oracles in spawned processes: the same references and
+    tolerances, bitwise, as in this process."""
+    from gdn_verify.core.verdict import oracle_and_tolerance, oracles_and_tolerances
+
+    rng = np.random.default_rng(5)
+    T, H, HV, K, V = 130, 1, 2, 8, 6
+    long = Problem(
+        rng.standard_normal((1, T, H, K)),
+        rng.standard_normal((1, T, H, K)) / np.sqrt(K),
+        rng.standard_normal((1, T, HV, V)),
+        np.log(rng.uniform(0.9, 1.0, (1, T, HV))),
+        rng.uniform(0, 1, (1, T, HV)),
+        initial_state=rng.standard_normal((1, HV, K, V)).astype(np.float32),
+    ).astype(np.float32)
+    parts = [long.tokens(0, n) for n in (64, 130)]
+    parallel = oracles_and_tolerances(parts, workers=2)
+    for part, (reference, tolerance) in zip(parts, parallel):
+        want_reference, want_tolerance = oracle_and_tolerance(part)
+        for got, want in zip(reference, want_reference):
+            assert got.tobytes() == want.tobytes()
+        # field by field (Tolerance compares by identity); Scales.of names the problem object
+        for f in dataclasses.fields(tolerance):
+            if f.name != "scales":
+                assert getattr(tolerance, f.name) == getattr(want_tolerance, f.name), f.name
+        for name in ("token", "state"):
+            assert getattr(tolerance.scales, name).tobytes() == getattr(want_tolerance.scales, name).tobytes()

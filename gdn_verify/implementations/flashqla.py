@@ -17,14 +17,23 @@ from gdn_verify.core.implementation import Implementation
 from gdn_verify.implementations.fla import cuda_library, jit_compiled, wrap
 
 
-def refuse_empty(fn: Callable) -> Callable:
-    """``fn``, with a call without tokens reported unsupported: FlashQLA 0.1.3 raises
-    ``ValueError: invalid sequence lengths: [0]`` for it (H100, 2026-11-26), an explicit refusal."""
+def training_contract(fn: Callable) -> Callable:
+    """``fn`` under FlashQLA 0.1.3's contract, as read from its source and seen on an H100
+    (2026-11-26):
 
-    def call(q, *args, cu_seqlens=None, **kw):
-        if q.shape[1] == 0 or (cu_seqlens is not None and int(cu_seqlens[-1]) == 0):
-            raise NotImplementedError("FlashQLA refuses a call with no tokens")
-        return fn(q, *args, cu_seqlens=cu_seqlens, **kw)
+    - a call with an empty sequence is reported unsupported: FlashQLA raises ``ValueError: invalid
+      sequence lengths: [0, 1]`` for any zero length (its context-parallel planner), an explicit
+      refusal;
+    - ``g`` is passed in float32, as models compute it: FlashQLA keeps the chunk-local cumsum of
+      ``g`` in ``g``'s dtype and its backward asserts ``dg should be fp32``. The values are those of
+      the drawn 16-bit ``g``, so the oracle's inputs do not change.
+    """
+
+    def call(q, k, v, g, *args, cu_seqlens=None, **kw):
+        lengths = [q.shape[1]] if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        if min(lengths, default=0) == 0:
+            raise NotImplementedError("FlashQLA refuses a call with an empty sequence")
+        return fn(q, k, v, g.float(), *args, cu_seqlens=cu_seqlens, **kw)
 
     return call
 
@@ -39,7 +48,7 @@ def flash_qla() -> Implementation:
     arrays.check_kind("torch")
     return Implementation(
         "flash-qla",
-        {"chunk": refuse_empty(wrap(chunk))},
+        {"chunk": training_contract(wrap(chunk))},
         "torch",
         "FlashQLA chunk_gated_delta_rule (TileLang, auto intra-card context parallelism)",
         "bfloat16",
