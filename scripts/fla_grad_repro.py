@@ -24,6 +24,9 @@ CASES = [
     ("fla-bf16-K64-V32", "0", "fla", "bfloat16", 64, 32, [128], "same"),
     ("fla-bf16-K100-V100", "0", "fla", "bfloat16", 100, 100, [128], "same"),
     ("fla-bf16-K128-V128", "0", "fla", "bfloat16", 128, 128, [128], "same"),
+    ("fla-bf16-K64-V64", "0", "fla", "bfloat16", 64, 64, [128], "same"),
+    ("fla-bf16-K128-V32", "0", "fla", "bfloat16", 128, 32, [128], "same"),
+    ("fla-bf16-K32-V128", "0", "fla", "bfloat16", 32, 128, [128], "same"),
     ("fla-fp32-K60-V32", "0", "fla", "float32", 60, 32, [128], "same"),
     ("fla-fp32-K64-V32", "0", "fla", "float32", 64, 32, [128], "same"),
     ("fla-bf16-K60-V32-g-fp32", "0", "fla", "bfloat16", 60, 32, [128], "float32"),
@@ -106,8 +109,11 @@ def main():
         except Exception as exc:  # the kernel's own error is the finding
             print("RESULT " + json.dumps({"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}))
         return
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None  # argv: [JSON [CASE,CASE...]]
     results = []
     for name, qla, entry, dtype, K, V, lengths, g_dtype in CASES:
+        if only and name not in only:
+            continue
         env = {**os.environ, "FLA_FLASH_QLA": qla}
         try:
             p = subprocess.run(
