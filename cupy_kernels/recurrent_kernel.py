@@ -89,7 +89,8 @@ VARIANTS = {
     "narrow-cs-pf": DecodeVariant(True, True, 3, True),
     "wide-cs-pf": DecodeVariant(False, True, 2, True),
 }
-# wide-cs: fastest at B >= 64 on an H100 (2026-11-22; reports/bench-h100-2026-11-22.md), within 1 us below.
+# wide-cs: fastest at B >= 64 on an H100, within 1 us below
+# (2026-11-22; reports/2026-11-22-decode-prefill-bench/README.md).
 DEFAULT_VARIANT = "wide-cs"
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 13's "Done when", first bullet: correct implementations pass `check` with the defaults
-# (token loop, FLA-style chunk 64 and 16 with a float32 gate cumsum, float64-cumsum chunk) in
-# float32 and float16 under several seeds. 24 runs, in parallel on a machine with many cores:
+# CPU matrix: the correct NumPy implementations pass `check` with the defaults (token loop, FLA-style
+# chunk 64 and 16 with a float32 gate cumsum, float64-cumsum chunk) in float32 and float16 under
+# three seeds. 24 runs, in parallel on a machine with many cores:
 #   JOBS=12 OUT=logs bash scripts/check_matrix.sh
 # Writes $OUT/check_matrix.log (one line per run: implementation, dtype, seed, exit status,
 # counts) and exits nonzero if any run did not exit 0.

@@ -5,14 +5,18 @@ two questions about FLA 0.6's ``chunk_gated_delta_rule`` in 16 bits:
 
 1. Is its error with ``use_qk_l2norm_in_kernel=True`` exactly the error of FLA run on q and k
    l2-normalised in float32 and rounded to the input dtype beforehand (its l2norm stage writes
-   them in the input dtype)? And is the committed ``head_mapping`` case of 2026-11-23 the same
-   call as its ``H = HV`` expansion (bitwise)?
+   them in the input dtype)? And, given ``--case`` (the ``head_mapping`` case of 2026-11-23), is
+   that call the same as its ``H = HV`` expansion (bitwise)?
 2. How close is FLA to ``gdn_verify.implementations.precision``'s ``fla16`` model (FLA's
    algorithm with every allowed 16-bit rounding)? Per case: FLA's and the model's relative RMS
    error against the oracle, and FLA's distance from the model relative to its distance from
    the oracle.
 
-    python scripts/fla_rounding_probe.py --cases 200 --out DIR    (on a GPU with FLA installed)
+    python scripts/fla_rounding_probe.py --cases 200 --out DIR [--case CASE.npz]   (GPU, FLA installed)
+
+The 2026-11-23 case is kept in git history, not in the tree:
+``git show c0320a6:reports/2026-11-23/issue14-logs/head_mapping-896bf1fae2.npz > head_mapping-896bf1fae2.npz``.
+Results of 2026-11-25: ``reports/2026-11-23-fla-compile-planning/README.md`` (the correction at its end).
 """
 
 from __future__ import annotations
@@ -30,8 +34,6 @@ from gdn_verify.core.conventions import l2norm
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.implementations.precision import BY_NAME
-
-CASE = Path("reports/2026-11-23/issue14-logs/head_mapping-896bf1fae2.npz")
 
 
 def fla(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -106,10 +108,11 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--case", type=Path, help="a saved head_mapping case: compare it with its H = HV expansion")
     args = parser.parse_args()
     report: dict = dict(environment=environment.describe("torch"), date=time.strftime("%Y-%m-%d"))
-    if CASE.is_file():  # the committed head_mapping case
-        p, _ = Problem.load(CASE)
+    if args.case is not None:
+        p, _ = Problem.load(args.case)
         heads = np.arange(p.v.shape[2]) // (p.v.shape[2] // p.q.shape[2])
         o, s = fla(p)
         oe, se = fla(p.replace(q=p.q[:, :, heads], k=p.k[:, :, heads]))
@@ -117,7 +120,7 @@ def main() -> None:
         block = np.linalg.norm(o - ref_o, axis=-1) / np.maximum(np.linalg.norm(ref_o, axis=-1), 1e-30)
         t, h = np.unravel_index(np.argmax(block.reshape(-1, block.shape[-1])), block.reshape(-1, block.shape[-1]).shape)
         report["head_mapping_case"] = dict(
-            case=str(CASE),
+            case=str(args.case),
             problem=p.describe(),
             gva_equals_expansion_bitwise=bool(np.array_equal(o, oe) and np.array_equal(s, se)),
             output_rel_rms_vs_oracle=rel(o, ref_o),

@@ -5,9 +5,10 @@
 #   bash scripts/gpu_checks.sh --background STEP ...    the same in a detached process (outlives the command)
 #   bash scripts/gpu_checks.sh --collect SECONDS        wait up to SECONDS for a detached run, then pack
 # A STEP is IMPL:DTYPE:SEED (e.g. fla-chunk:bfloat16:1), `wait` (for the runs started so far),
-# `probe` (scripts/fla_rounding_probe.py) or warm:IMPL:DTYPE (scripts/warm_pool.py). IMPL:DTYPE:SEED
-# runs start at once, in parallel (one NumPy thread each); `wait`, probe and warm steps wait for them.
-# Carried wheels in .whl/ are installed once into /tmp/site. Logs and JSON go to /tmp/gpu_checks;
+# `probe` (scripts/fla_rounding_probe.py; PROBE_CASE names a head_mapping case file for it) or
+# warm:IMPL:DTYPE (scripts/warm_pool.py). IMPL:DTYPE:SEED runs start at once, in parallel (one NumPy
+# thread each); `wait`, probe and warm steps wait for them.
+# Carried wheels in .whl/ are installed once into /tmp/site (scripts/common.sh). Logs and JSON go to /tmp/gpu_checks;
 # packing writes $OUT/checks.tar.gz and $OUT/summary.txt (the device tool returns 8 files at most).
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
@@ -34,11 +35,8 @@ case ${1:-} in
     kill -0 "$(cat "$LOGS/driver.pid" 2>/dev/null)" 2>/dev/null && echo "driver still running: packing what is there"
     pack; exit 0 ;;
 esac
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/fla ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-fi
-[ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/common.sh"  # PYTHONPATH, and the carried wheels installed once into /tmp/site
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, cupy, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__, 'numpy', numpy.__version__)"
   python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1; } > "$LOGS/env.txt" 2>&1
@@ -48,7 +46,7 @@ for step in "$@"; do
   IFS=: read -r what a b <<< "$step"
   case $what in
     wait) flush ;;
-    probe) flush; timeout "${PROBE_TIMEOUT:-300}" python3 scripts/fla_rounding_probe.py --cases "${PROBE_CASES:-100}" --out "$LOGS" > "$LOGS/probe.log" 2>&1; echo "probe exit $?" >> "$LOGS/probe.log" ;;
+    probe) flush; timeout "${PROBE_TIMEOUT:-300}" python3 scripts/fla_rounding_probe.py --cases "${PROBE_CASES:-100}" --out "$LOGS" ${PROBE_CASE:+--case "$PROBE_CASE"} > "$LOGS/probe.log" 2>&1; echo "probe exit $?" >> "$LOGS/probe.log" ;;
     warm) flush; timeout "${WARM_TIMEOUT:-400}" python3 scripts/warm_pool.py --impl "$a" --dtype "$b" --processes "${WARM_PROCESSES:-16}" > "$LOGS/warm-$a-$b.log" 2>&1 ;;
     *) name="check-$what-$a-$b"
        ( start=$(date +%s)

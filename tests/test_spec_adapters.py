@@ -3,7 +3,8 @@
 Each stand-in takes the kernel's own convention (as its signature and docstring document it) and
 computes it with the float64 oracle one token at a time; the vLLM stand-in reads its indices the
 way the Triton kernel does (a flat, unchecked ``row * width + column``), so the property suite
-sees the same hazards the real kernel has. The GPU runs use the real kernels (scripts/gpu_issue15.sh).
+sees the same hazards the real kernel has. The GPU runs use the real kernels
+(`scripts/gpu_session.sh` phases adapters_check and adapters_fuzz).
 """
 
 from __future__ import annotations

@@ -1,0 +1,69 @@
+"""One small launch of each kernel, for compute-sanitizer racecheck / synccheck (GPU only).
+
+The recurrent kernel uses no shared memory (warp-local, shuffles only); the chunked kernels share
+tiles between warps on both the FP32 and the tensor-core (cp.async pipeline) paths, at every
+chunk size, so each path runs once with a ragged last chunk and an empty sequence:
+
+    compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 python3 scripts/sanitize_launches.py
+    compute-sanitizer --tool synccheck --error-exitcode 9 python3 scripts/sanitize_launches.py
+    bash scripts/gpu_session.sh racecheck
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def main() -> int:
+    import cupy as cp
+
+    from cupy_kernels.chunk import chunk_gated_delta_rule
+    from cupy_kernels.decode import pooled_decode
+    from cupy_kernels.recurrent import recurrent_gated_delta_rule
+
+    rng = np.random.default_rng(0)
+    T, H, HV, K, V = 150, 1, 2, 64, 48
+
+    def arr(*shape):
+        return cp.asarray(rng.standard_normal(shape).astype(np.float32))
+
+    q, k, v = arr(1, T, H, K), arr(1, T, H, K), arr(1, T, HV, V)
+    g = cp.asarray(np.log(rng.uniform(0.5, 1.0, (1, T, HV))).astype(np.float32))
+    beta = cp.asarray(rng.uniform(0, 1, (1, T, HV)).astype(np.float32))
+    cu = [0, 70, 70, 150]
+    state = arr(3, HV, K, V)
+    recurrent_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cp.asarray(cu),
+        checked=True,
+    )
+    pooled_decode(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], state, cp.asarray([2]), checked=True)
+    for tc in (False, True):
+        for C in (16, 32, 64):
+            chunk_gated_delta_rule(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=state,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                cu_seqlens=cu,
+                chunk_size=C,
+                use_tensor_cores=tc,
+            )
+    cp.cuda.runtime.deviceSynchronize()
+    print("racecheck launches done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
