@@ -1,4 +1,5 @@
-"""The README's Python example runs as printed (docs that match the code)."""
+"""The README's Python example runs as printed, its install-and-test line is what CI runs, and the
+layout table (docs/development.md) matches the tree: docs that match the code."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+LAYOUT = README.parent / "docs" / "development.md"
 
 
 def test_the_python_api_example_runs(tmp_path, monkeypatch, capsys):
@@ -16,13 +18,24 @@ def test_the_python_api_example_runs(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("True {'passed': 2")
 
 
+def test_the_install_and_test_line_is_what_ci_runs():
+    section = README.read_text().split("### Install and test", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "no install-and-test block"
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    lines = block.group(1).strip().splitlines()
+    assert lines and lines[-1].startswith("python3 -m venv .venv && ")
+    for line in lines:
+        assert line in ci, f"the README's install-and-test line is not in .ci/run: {line}"
+
+
 def test_the_layout_table_matches_the_tree():
     root = README.parent
-    section = README.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    section = LAYOUT.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([^`]+)`", section, re.M)
     assert rows, "no layout table"
     for path in rows:
-        assert (root / path).exists(), f"README layout lists {path}, which does not exist"
+        assert (root / path).exists(), f"the layout table lists {path}, which does not exist"
     folders = {
         f"gdn_verify/{p.name}/"
         for p in (root / "gdn_verify").iterdir()
