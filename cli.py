@@ -10,23 +10,32 @@ written on Ctrl-C (status ``interrupted``).
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import random
-import signal
 import sys
-import textwrap
-from pathlib import Path
 
-import gdn_verify
-from gdn_verify import api, console, implementations
-from gdn_verify.core.implementation import ConfigurationError
-from gdn_verify.core.problem import DTYPES
-from gdn_verify.properties import NAMES
-from gdn_verify.runners import sanitize
-from gdn_verify.runners.check import PropertyResult
-from gdn_verify.runners.guard import DEFAULT_TIMEOUT, FIRST_CALL_FACTOR, abandoned_calls
+INTERRUPTED = "gdn-verify: interrupted"  # the line a Ctrl-C ends with, wherever it lands (exit 130)
+
+# NumPy, SciPy and Hypothesis load here, a second or more before main() runs: a Ctrl-C meanwhile
+# ends the program with the same one line as anywhere else, not a traceback through importlib.
+try:
+    import argparse
+    import json
+    import os
+    import random
+    import signal
+    import textwrap
+    from pathlib import Path
+
+    import gdn_verify
+    from gdn_verify import api, console, implementations
+    from gdn_verify.core.implementation import ConfigurationError
+    from gdn_verify.core.problem import DTYPES
+    from gdn_verify.properties import NAMES
+    from gdn_verify.runners import sanitize
+    from gdn_verify.runners.check import PropertyResult
+    from gdn_verify.runners.guard import DEFAULT_TIMEOUT, FIRST_CALL_FACTOR, abandoned_calls
+except KeyboardInterrupt:
+    sys.stderr.write(INTERRUPTED + "\n")
+    raise SystemExit(130) from None
 
 ARRAYS = ("numpy", "torch", "cupy")
 # Library argument names that are not spelled --name on the command line.
@@ -639,7 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--array", choices=ARRAYS, help="array type a MODULE:FUNCTION takes")
     rep.add_argument("--dtype", action="append", help="input dtype; repeat for several (default: float32 and bfloat16)")
-    rep.add_argument("--out", help="report directory (default: reports/report-<UTC date and time>)")
+    rep.add_argument(
+        "--out",
+        help="report directory (default: .gdn_verify/reports/report-<UTC date and time>, which git ignores "
+        "like the rest of .gdn_verify/)",
+    )
     rep.add_argument(
         "--max-tokens",
         type=int,
@@ -665,16 +678,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    args.argv = argv
+    """Run one command; a Ctrl-C anywhere in it, start-up included, is one line and exit 130 (the
+    commands themselves save their partial results first)."""
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(argv)
+        args.argv = argv
         return args.func(args)
     except ConfigurationError as exc:
         print(f"error: {flag(exc.field)}: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
 
 

@@ -34,20 +34,29 @@ def margin(m: Measurement | None) -> str:
 
 
 class ProgressDisplay:
-    """One status line on ``stream``: rewritten in place on a terminal, else a line every ``interval`` seconds.
+    """One status line on ``stream`` (stderr): rewritten in place on a terminal. Elsewhere (a pipe, a
+    file, a CI log) each status line would stay for good, so one is written only after ``interval``
+    seconds without any output: a log holds the results, and in a long silence a line now and then
+    that shows the run is alive.
 
-    ``update(text)`` is throttled; ``print(line)`` writes a permanent line above the status line.
+    ``update(text)`` is throttled (``force``: shown at once, terminal or not); ``print(line)`` writes
+    a permanent line (to stdout) above the status line.
     """
 
-    def __init__(self, stream: TextIO | None = None, interval: float = 10.0):
+    def __init__(
+        self, stream: TextIO | None = None, interval: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ):
         self.stream = stream if stream is not None else sys.stderr
         self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.interval = 0.1 if self.live else interval
-        self.last = float("-inf")
+        self.clock = clock
+        # Off a terminal the silence counts from the start: a run that prints its results sooner
+        # leaves no status line in the log at all.
+        self.last = float("-inf") if self.live else clock()
         self.shown = False
 
     def update(self, text: str, force: bool = False) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not force and now - self.last < self.interval:
             return
         self.last = now
@@ -69,6 +78,8 @@ class ProgressDisplay:
         out = stream if stream is not None else sys.stdout
         out.write(line + "\n")
         out.flush()
+        if not self.live:
+            self.last = self.clock()  # output itself shows progress: the next status line waits for silence
 
 
 def replay_command(case: str | Path, impl: Implementation, convention: str = "native") -> str:
@@ -107,14 +118,20 @@ def format_result(r: PropertyResult) -> str:
     return f"  {r.name:<24} {r.status:<11} {r.examples:4d} examples  {worst}  {r.seconds:.1f}s{note}"
 
 
-def format_failure(r: PropertyResult, replay: str | None) -> str:
+def format_failure(r: PropertyResult, replay: str | None, headline: bool = True) -> str:
     """A property that did not pass (failed, timeout, error, misuse): the message, the minimal
     example (for a timeout: the example that hung), its parameters, the kernel's own traceback
-    (error) and the replay command."""
+    (error) and the replay command. ``headline=False`` leaves ``FAILED name:`` off the first line,
+    for a report that names the property and says FAILED itself (pytest's); other statuses keep
+    their word (``TIMEOUT: ...``)."""
     f = r.failure
     assert f is not None
     example = "example that hung" if f.status == "timeout" else "minimal example"
-    lines = [f"{f.status.upper()} {r.name}: {f.message}", f"  {example}: {f.describe()}"]
+    if headline:
+        first = f"{f.status.upper()} {r.name}: {f.message}"
+    else:
+        first = f.message if f.status == "failed" else f"{f.status.upper()}: {f.message}"
+    lines = [first, f"  {example}: {f.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
     if f.kind:

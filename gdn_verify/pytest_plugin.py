@@ -16,7 +16,7 @@ error before any item runs. For tests of one's own, the ``gdn_check`` fixture ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -74,6 +74,17 @@ def _options(config: pytest.Config) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+class PropertySuite(pytest.Collector):
+    """The ``gdn-verify`` node: one :class:`PropertyItem` per property (and scale case) selected."""
+
+    def __init__(self, *, suite: dict[str, Any], **kw: Any):
+        super().__init__(**kw)
+        self.suite = suite
+
+    def collect(self) -> list[pytest.Item]:
+        return [PropertyItem.from_parent(self, name=name, prop=name, suite=self.suite) for name in self.suite["names"]]
+
+
 class PropertyItem(pytest.Item):
     """One property of the suite against the implementation named by ``--gdn-impl``."""
 
@@ -92,7 +103,8 @@ class PropertyItem(pytest.Item):
         if r.status == "unsupported":
             pytest.skip(r.note)
         if r.failure is not None:  # failed, timeout, error, misuse
-            raise PropertyFailed(console.format_failure(r, result.replay_command(r)))
+            # pytest's report names the item and says FAILED: the message starts with what went wrong.
+            raise PropertyFailed(console.format_failure(r, result.replay_command(r), headline=False))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, PropertyFailed):
@@ -146,21 +158,27 @@ def pytest_configure(config: pytest.Config) -> None:
             scale, _ = api.scale_selection(impl, True, None, None)
         except ConfigurationError as exc:
             raise pytest.UsageError(f"--gdn-scale: {exc.message}") from None
-    config.stash[_SUITE] = dict(impl=impl, options=options, scale=[api.SCALE_PREFIX + name for name in scale])
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    suite = config.stash.get(_SUITE, None)
-    if suite is None:
-        return
-    impl = suite["impl"]
-    names = config.getoption("gdn_properties")
+    selected = config.getoption("gdn_properties")
     try:
-        props = api.select(api.catalogue_for(impl, suite["options"]), names.split(",") if names else None, impl)
+        props = api.select(api.catalogue_for(impl, options), selected.split(",") if selected else None, impl)
     except ConfigurationError as exc:
         raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
-    for name in [p.name for p in props] + suite["scale"]:
-        items.append(PropertyItem.from_parent(session, name=name, nodeid=f"gdn-verify::{name}", prop=name, suite=suite))
+    names = [p.name for p in props] + [api.SCALE_PREFIX + name for name in scale]
+    config.stash[_SUITE] = dict(impl=impl, options=options, names=names)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """The suite is collected as a child of the session, beside the paths given: pytest counts its
+    items (``collected 14 items``), ``-k`` and ``-m`` select among them, ``--collect-only`` lists them.
+    (Items appended in ``pytest_collection_modifyitems`` ran but were never counted.)"""
+    report = yield
+    suite = collector.config.stash.get(_SUITE, None)
+    if isinstance(collector, pytest.Session) and suite is not None and report.passed:
+        report.result.append(PropertySuite.from_parent(collector, name="gdn-verify", nodeid="gdn-verify", suite=suite))
+    return report
 
 
 @pytest.fixture

@@ -280,3 +280,75 @@ def test_selftest_shortens_a_long_message_at_a_word(monkeypatch, capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if "a_bug" in x)
     shown = line.split("): ", 1)[1]
     assert shown.endswith(" ...") and all(w in words.split() for w in shown.removesuffix(" ...").split())
+
+
+# Ctrl-C before the first property runs ---------------------------------------------------------
+CTRL_C_DURING_IMPORTS = textwrap.dedent("""
+    import importlib.abc, os, runpy, signal, sys
+
+    class CtrlCAtHypothesis(importlib.abc.MetaPathFinder):
+        # A Ctrl-C at the moment the command line imports Hypothesis: start-up, before main() runs.
+        def find_spec(self, name, path=None, target=None):
+            if name == "hypothesis":
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever the parent ignores
+    sys.meta_path.insert(0, CtrlCAtHypothesis())
+    entry, sys.argv = sys.argv[1], sys.argv[1:]
+    if entry == "-m":  # python -m gdn_verify, as the gdn-verify script: gdn_verify._cli imported from a package
+        runpy.run_module("gdn_verify", run_name="__main__", alter_sys=True)
+    else:  # python cli.py
+        sys.path.insert(0, os.path.dirname(entry))
+        runpy.run_path(entry, run_name="__main__")
+""")
+
+
+@pytest.mark.parametrize("entry", [str(ROOT / "cli.py"), "-m"])
+def test_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(entry, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_DURING_IMPORTS, entry, "check", "--impl", "numpy"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "gdn-verify: interrupted\n" and done.stdout == ""
+
+
+@pytest.mark.parametrize("where", ["build_parser", "implementation"])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(where, monkeypatch, capsys, tmp_path):
+    """Building the parser (it lists the implementations) and resolving --impl (it imports torch,
+    CuPy or FLA) come before the first property: a Ctrl-C there is the same one line."""
+    import cli
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        *((cli, "build_parser") if where == "build_parser" else (cli.api, "implementation")), interrupted
+    )
+    out = tmp_path / "r.json"
+    try:
+        code = cli.main(["check", "--impl", "numpy", "--json", str(out)])
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C escaped main() (a traceback for the user)")
+    assert code == 130
+    captured = capsys.readouterr()
+    assert captured.err == "gdn-verify: interrupted\n" and captured.out == ""
+    assert not out.exists()  # nothing had run, so nothing was written
+
+
+def test_report_writes_into_an_ignored_folder_by_default(tmp_path):
+    """``report`` without --out writes under .gdn_verify/ (git-ignored), not into the tracked reports/."""
+    from gdn_verify import report
+
+    out = report.options(["numpy"], dtypes=["float32"], quick=True).out
+    assert out.parent == Path(".gdn_verify") / "reports" and out.name.startswith("report-")
+    if shutil.which("git") is None:
+        pytest.skip("git is not on PATH")
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(out / "index.html")], cwd=ROOT)
+    assert ignored.returncode == 0, f"{out} is not ignored by git"
+    assert "default: .gdn_verify/reports/" in " ".join(cli("report", "--help").stdout.split())

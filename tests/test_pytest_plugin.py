@@ -22,10 +22,10 @@ KERNELS = textwrap.dedent("""
 """)
 
 
-def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
+def run_pytest(folder: Path, *args: str, quiet: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(folder)}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", *(["-q"] if quiet else []), "-p", "no:cacheprovider", *args],
         cwd=folder,
         capture_output=True,
         text=True,
@@ -83,11 +83,30 @@ def test_a_buggy_plugin_fails_with_its_minimal_example(folder):
     assert "1 failed, 1 passed" in done.stdout
 
 
+def test_the_items_are_counted_selected_and_summarized_once(folder):
+    """pytest said "collected 0 items" (the items were appended after collection, uncounted) and
+    its short summary read "FAILED gdn-verify::x - FAILED x: ..."."""
+    done = run_pytest(
+        folder,
+        "--gdn-impl", "kernels:bad", "--gdn-array", "numpy", "--gdn-max-examples", "20", "--gdn-seed", "1",
+        "--gdn-properties", "matches_reference,determinism,varlen_equals_separate", "-k", "not varlen", "-rf",
+        quiet=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "collected 3 items / 1 deselected / 2 selected" in done.stdout
+    summary = [line for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    assert len(summary) == 1 and summary[0].startswith("FAILED gdn-verify::matches_reference - state error")
+    assert "1 failed, 1 passed, 1 deselected" in done.stdout
+    assert "minimal example: B=" in done.stdout and "replay: gdn-verify replay /" in done.stdout
+
+
 def test_misuse_is_a_usage_error(folder):
     done = run_pytest(folder, "--gdn-impl", "kernels:missing")
     assert done.returncode == 4 and "--gdn-impl" in done.stderr and "has no function" in done.stderr
     done = run_pytest(folder, "--gdn-impl", "numpy", "--gdn-scale")
     assert done.returncode == 4 and "--gdn-scale: the scale tier needs a GPU" in done.stderr
+    done = run_pytest(folder, "--gdn-impl", "numpy", "--gdn-properties", "matches_reference,bogus")
+    assert done.returncode == 4 and "--gdn-properties" in done.stderr and "bogus" in done.stderr
 
 
 def test_the_fixture_checks_a_kernel_inside_a_users_own_test(folder):

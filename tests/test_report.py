@@ -346,6 +346,56 @@ def test_property_table_has_failures_with_replay_commands(made):
     assert "skipped: `cupy-chunk`" in md or "cupy-chunk" in [i["name"] for i in doc["config"]["implementations"]]
 
 
+def markdown_tables(md: str) -> list[list[list[str]]]:
+    """Every table in ``md`` as rows of cells, split at the pipes that are not escaped."""
+    tables, rows = [], []
+    for line in [*md.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def test_every_markdown_table_has_as_many_cells_in_each_row_as_in_its_header(made):
+    """GitHub drops a table whose separator has fewer cells than its header: the ULP column's
+    "|exact|" once made 13 header cells over 11."""
+    out, doc, _ = made
+    tables = markdown_tables((out / "report.md").read_text())
+    assert len(tables) == 2 + len(doc["properties"])  # summary, one per (implementation, dtype), environment
+    for head, separator, *rows in tables:
+        assert set(separator) == {"---"} and len(separator) == len(head), head
+        assert all(len(row) == len(head) for row in rows), head
+    assert any("\\|exact\\|" in cell for cell in tables[0][0])
+
+
+def test_no_legend_covers_a_plot(made, monkeypatch, tmp_path):
+    """Every legend lies outside every axes: none hides a bar or a line (the ULP histogram's did)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.legend import Legend
+    from matplotlib.transforms import Bbox
+
+    _, doc, _ = made
+    figures, drawn = capture_figure(monkeypatch)
+    names = [i["name"] for i in doc["config"]["implementations"]]
+    for draw in (figures.error_vs_length, figures.distributions, figures.gate_beta):
+        draw(doc, names, tmp_path / "x.png")
+    for fig in drawn:
+        FigureCanvasAgg(fig).draw()
+        renderer = fig.canvas.get_renderer()
+        legends = fig.findobj(Legend)
+        assert legends
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            for ax in fig.axes:
+                frame = ax.get_window_extent(renderer)
+                assert not box.overlaps(frame), ax.get_title()
+                # A bar's drawn part: on a log axis it reaches down to -inf, clipped at the frame.
+                bars = [Bbox.intersection(p.get_window_extent(renderer), frame) for p in ax.patches]
+                assert not any(bar is not None and box.overlaps(bar) for bar in bars), ax.get_title()
+
+
 def test_progress_and_summary_are_printed(made):
     out, _, printed = made
     percents = [int(p) for p in re.findall(r"\[\s*(\d+)%\]", printed)]
@@ -451,7 +501,7 @@ def test_every_figure_renders_in_headless_chromium(made, tmp_path):
     assert body_counts(chromium_dom(broken / "index.html", tmp_path)) == (len(FIGURE_NAMES) - 1, len(FIGURE_NAMES))
 
 
-COMMITTED_GPU_REPORT = Path(__file__).resolve().parents[1] / "reports" / "gpu-h100-2026-11-22"
+COMMITTED_GPU_REPORT = Path(__file__).resolve().parents[1] / "reports" / "2026-11-22-precision-report"
 
 
 def test_committed_gpu_report_renders_every_figure(tmp_path):

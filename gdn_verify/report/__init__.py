@@ -33,6 +33,7 @@ from gdn_verify.report import environment, measurements
 GPU_DEFAULTS = ("cupy-chunk", "cupy-recurrent", "fla-chunk", "fla-recurrent")
 CPU_DEFAULTS = ("numpy", "numpy-recurrent")
 DEFAULT_DTYPES = ("float32", "bfloat16")
+DEFAULT_OUT = Path(".gdn_verify") / "reports"  # --out's default folder, relative to where the command runs
 
 
 def gpu_usable() -> bool:
@@ -119,7 +120,9 @@ def options(
     sizes = measurements.FULL if not quick and gpu_usable() else measurements.SMALL
     if max_tokens is not None:
         sizes = dataclasses.replace(sizes, max_tokens=max_tokens)
-    out = Path(out) if out else Path("reports") / time.strftime("report-%Y%m%d-%H%M%S", time.gmtime())
+    # By default under .gdn_verify/ (git-ignored, beside the cases and plans): reports/ is tracked,
+    # and every run left an untracked folder there.
+    out = Path(out) if out else DEFAULT_OUT / time.strftime("report-%Y%m%d-%H%M%S", time.gmtime())
     if out.exists() and not out.is_dir():
         raise ConfigurationError("out", f"{out}: exists and is not a directory")
     return Options(

@@ -81,6 +81,13 @@ def _dedupe_legend(ax, **kw) -> None:
     ax.legend(unique.values(), unique.keys(), **kw)
 
 
+def _legend_below(panel, ax) -> None:
+    """``ax``'s legend under it, outside the axes (constrained layout makes the room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        panel.legend(handles, labels, fontsize=8, loc="outside lower center")
+
+
 def percent(x: float) -> str:
     """``x`` as a percentage that never shows 100.0% or 0.0% unless it is exactly that."""
     for digits in (1, 2, 3, 4):
@@ -150,11 +157,14 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
     """Per dtype: histogram of per-element relative error (top) and of ULP distance (bottom)."""
     color = _color_of(impls)
     dtypes = list(dict.fromkeys(d["dtype"] for d in results["distributions"])) or ["(none)"]
-    fig = Figure(figsize=(6.5 * len(dtypes), 7.5), layout="constrained")
-    axes = fig.subplots(2, len(dtypes), squeeze=False)
+    legends = 0.3 + 0.35 * max(len(impls), 1)  # inches for the two legends' lines, one per implementation
+    fig = Figure(figsize=(6.5 * len(dtypes), 7.5 + legends), layout="constrained")
+    # One subfigure per panel, so that each panel's legend sits below it ("outside lower center"),
+    # never over the bars and lines: a legend inside covered the tallest bars, those at 0 and 1 ULP.
+    panels = fig.subfigures(2, len(dtypes), squeeze=False)
     for col, dtype in enumerate(dtypes):
         entries = [d for d in results["distributions"] if d["dtype"] == dtype]
-        top, bottom = axes[0, col], axes[1, col]
+        top, bottom = panels[0, col].add_subplot(), panels[1, col].add_subplot()
         for d in entries:
             rel = d["relative_error"]
             fraction = np.array(rel["counts"], float) / max(rel["total"], 1)
@@ -173,7 +183,7 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
         top.set_ylabel("fraction of elements")
         top.set_title(f"{dtype}: per-element relative error")
         top.grid(True, alpha=0.3)
-        top.legend(fontsize=8)
+        _legend_below(panels[0, col], top)
         width = 0.8 / max(len(entries), 1)
         for i, d in enumerate(entries):
             u = d["ulp"]
@@ -201,7 +211,7 @@ def distributions(results: dict, impls: list[str], path: Path) -> Path:
         bottom.set_ylabel("fraction of elements")
         bottom.set_title(f"{dtype}: ULP distance")
         bottom.grid(True, axis="y", alpha=0.3)
-        bottom.legend(fontsize=8)
+        _legend_below(panels[1, col], bottom)
     return _save(fig, path)
 
 

@@ -179,7 +179,8 @@ def _md_cell(text: str) -> str:
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    # Header cells are escaped too: the ULP column's "|exact|" made 13 header cells over 11.
+    lines = ["| " + " | ".join(_md_cell(c) for c in head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
