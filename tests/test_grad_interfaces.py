@@ -403,3 +403,37 @@ def test_pytest_gdn_grad_adds_one_item_per_gradient_property(plugins, stand_ins)
     assert done.returncode == 4 and "--gdn-grad: numpy has no backward form" in done.stderr
     done = run("--gdn-impl", "my_grads:good", "--gdn-convention", "backward", "--gdn-scale")
     assert done.returncode == 4 and "--gdn-scale:" in done.stderr
+
+
+def test_only_grad_empty_sequences_draws_empty_sequences():
+    """Properties 1-5 draw sequences of at least one token (a kernel failing only on empty ones
+    must not shrink every property to T = 0); grad_empty_sequences always has one, and runs last."""
+    from hypothesis import HealthCheck, given, settings
+
+    from gdn_verify.properties.gradients import grad_properties
+    from gdn_verify.properties.strategies import Limits
+
+    props = grad_properties(Limits(dtype="float32"))
+    assert props[-1].name == "grad_empty_sequences"
+    seen = {}
+
+    def smallest_lengths(strategy) -> list[int]:
+        found: list[int] = []
+
+        @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def draw(case):
+            lengths = case[0].lengths
+            found.append(int(lengths.min()) if len(lengths) else 0)
+
+        draw()
+        return found
+
+    for p in props:
+        if p.name != "grad_error_growth":  # long single sequences: non-empty by construction
+            seen[p.name] = smallest_lengths(p.strategy(None))
+    for name, minima in seen.items():
+        if name == "grad_empty_sequences":
+            assert all(m == 0 for m in minima), name
+        else:
+            assert all(m >= 1 for m in minima), (name, minima)
