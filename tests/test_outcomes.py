@@ -401,7 +401,7 @@ def test_the_plugin_reports_a_timeout(folder):
         cwd=folder, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "TIMEOUT matches_reference" in done.stdout
+    assert "gdn-verify::matches_reference - TIMEOUT:" in done.stdout  # the outcome word, once
     usage = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gdn-impl", "kernels:wrong_signature"],
         cwd=folder, capture_output=True, text=True, timeout=120, env=env,
