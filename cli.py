@@ -513,7 +513,8 @@ def _impl_options(p: argparse.ArgumentParser) -> None:
         help="calling convention of a MODULE:FUNCTION: native (FLA), spec (vLLM speculative decoding) or "
         "backward (a functional backward fn(q, k, v, g, beta, scale=None, initial_state=None, "
         "use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, do, dht=None) -> (dq, dk, dv, dg, dbeta, dh0); "
-        "check then verifies the gradients, as with --grad)",
+        "check then verifies the gradients, as with --grad) or max (a callable in Modular MAX's gated_delta "
+        "convention, gdn_verify/core/max_convention.py)",
     )
 
 

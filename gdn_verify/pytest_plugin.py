@@ -2,7 +2,7 @@
 
 ``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
 [--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
-[--gdn-convention native|spec|backward] [--gdn-timeout SECONDS] [--gdn-scale] [--gdn-grad]`` adds one
+[--gdn-convention native|spec|backward|max] [--gdn-timeout SECONDS] [--gdn-scale] [--gdn-grad]`` adds one
 test item per property (``gdn-verify::NAME``), in any folder (``--gdn-grad``: the gradient properties,
 against the implementation's backward, as ``check --grad``); an item that fails, times out or on which the kernel
 raised shows the minimal example (the kernel's traceback too) and the replay command, an
@@ -37,7 +37,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--gdn-convention",
         default="native",
-        help="native (FLA), spec (speculative decoding) or backward (a functional backward: the gradient properties)",
+        help="native (FLA), spec (speculative decoding), backward (a functional backward: the gradient properties) "
+        "or max (Modular MAX's gated_delta convention)",
     )
     group.addoption(
         "--gdn-timeout",

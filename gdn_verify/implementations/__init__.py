@@ -7,9 +7,10 @@ algorithm (``numpy-chunk-fla`` and its C=32/16 variants with a float32 chunk-loc
 with TF32 products), ``oracle``, ``planted:BUG`` (``planted.py``), ``planted-grad:BUG`` (planted
 gradient bugs, ``planted_grad.py``), ``numpy-grad`` and ``numpy-grad16`` (NumPy backwards,
 ``numpy_grad.py``); imported on demand: the CuPy kernels (``cupy.py``), FLA (``fla.py``),
-FlashInfer (``flashinfer.py``) and vLLM's kernel files (``vllm.py``). A plug-in's function is its native form, with
-``convention="spec"`` its speculative-decoding form, or with ``convention="backward"`` its
-functional backward (``BACKWARD_KEYWORDS``). :func:`with_backward` gives an implementation the
+FlashInfer (``flashinfer.py``), vLLM's kernel files (``vllm.py``) and Modular MAX (``max_kernels.py``).
+A plug-in's function is its native form, with ``convention="spec"`` its speculative-decoding form,
+with ``convention="backward"`` its functional backward (``BACKWARD_KEYWORDS``), or with
+``convention="max"`` a callable in MAX's ``gated_delta`` convention. :func:`with_backward` gives an implementation the
 backward form that gradient checks call (a torch forward's through autograd).
 :func:`choose_oracle` is the one place that picks the float64 oracle for problems of a given
 array kind.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gdn_verify.core import arrays, reference
+from gdn_verify.core import arrays, max_convention, reference
 from gdn_verify.core.implementation import (
     BACKWARD_FORM,
     SPEC_FORM,
@@ -39,9 +40,10 @@ from gdn_verify.core.implementation import (
 from gdn_verify.core.oracle import Oracle, from_implementation, numpy_oracle
 from gdn_verify.implementations import numpy_impl, precision, spec
 
-CONVENTIONS = ("native", "spec", "backward")
-# Forms a plug-in's callable becomes, by convention (native: the default native form).
-_CONVENTION_FORMS = {"native": "default", "spec": SPEC_FORM, "backward": BACKWARD_FORM}
+CONVENTIONS = ("native", "spec", "backward", "max")
+# Forms a plug-in's callable becomes, by convention (native: the default native form; max: Modular
+# MAX's gated_delta convention, run as the native form through ``max_convention.native_form``).
+_CONVENTION_FORMS = {"native": "default", "spec": SPEC_FORM, "backward": BACKWARD_FORM, "max": "default"}
 # Names of planted-bug implementations: PREFIX + BUG, each prefix a module of this package.
 PLANTED = {"planted:": "planted", "planted-grad:": "planted_grad"}
 
@@ -143,6 +145,10 @@ LAZY: dict[str, str] = {
     "vllm-sigmoid-spec": "gdn_verify.implementations.vllm:vllm_sigmoid_spec",
     "vllm-sigmoid-recurrent": "gdn_verify.implementations.vllm:vllm_sigmoid_recurrent",
     "vllm-packed-decode": "gdn_verify.implementations.vllm:vllm_packed_decode",
+    "max-recurrence": "gdn_verify.implementations.max_kernels:max_recurrence",
+    "max-recurrence-bf16": "gdn_verify.implementations.max_kernels:max_recurrence_bf16",
+    "max-verify-ring": "gdn_verify.implementations.max_kernels:max_verify_ring",
+    "max-verify-ring-bf16": "gdn_verify.implementations.max_kernels:max_verify_ring_bf16",
 }
 
 
@@ -199,8 +205,9 @@ def load_plugin(spec_text: str, array: str = "numpy", convention: str = "native"
 def from_callable(
     fn: Callable, array: str = "numpy", convention: str = "native", name: str | None = None
 ) -> Implementation:
-    """A user's callable as an implementation: its only form, native, spec with ``convention="spec"``
-    or the functional backward with ``convention="backward"``.
+    """A user's callable as an implementation: its only form, native, spec with ``convention="spec"``,
+    the functional backward with ``convention="backward"``, or with ``convention="max"`` a callable
+    in MAX's convention (``gdn_verify.core.max_convention``) run as the native form.
 
     A chunked plug-in may expose its stages for ``replay --diagnose`` as ``fn.stages`` (a
     ``gdn_verify.runners.diagnose.StagedImplementation``).
@@ -213,6 +220,8 @@ def from_callable(
     stages = getattr(fn, "stages", None)
     rules = getattr(fn, "spec_rules", None)  # a spec plug-in's SpecRules (padding, null slot, pool layout)
     form = _CONVENTION_FORMS[convention]
+    if convention == "max":
+        fn = max_convention.native_form(fn, array)
     return Implementation(
         name,
         {form: fn},

@@ -15,8 +15,9 @@ import numpy as np
 
 from gdn_verify.core.conventions import export_state, l2norm, pack, unpack_output
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
+from gdn_verify.core.max_convention import native_form
 from gdn_verify.core.reference import segment_sums, unit_lower_inverse
-from gdn_verify.implementations import numpy_impl
+from gdn_verify.implementations import max_numpy, numpy_impl
 from gdn_verify.implementations.spec import spec_reads_first_slot
 
 
@@ -412,6 +413,15 @@ BUGS: dict[str, tuple[str, Callable]] = {
         "speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
         spec_reads_first_slot,
     ),
+    # Kernels in Modular MAX's convention (max_numpy.py), run through --convention max's adapter.
+    "max_decay_as_log_rate": (
+        "MAX convention: the linear decay_per_token read as a log-space rate, the state times exp(-decay)",
+        native_form(max_numpy.with_bug("decay_as_log_rate")),
+    ),
+    "max_slot_read_off_by_one": (
+        "MAX convention: the state read from pool row slot_idx[b] + 1 (stored back to slot_idx[b])",
+        native_form(max_numpy.with_bug("slot_read_off_by_one")),
+    ),
 }
 
 
@@ -442,6 +452,10 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "neg_eigval_ignored": ("neg_eigval_ignored",),
     "nondeterministic": (),
     "spec_reads_first_slot": (),
+    # exp(-exp(g)) is no error model's decay; the row after an item's slot is a spare zero row
+    # (max_convention's layout), so the state read is zero: the initial state ignored.
+    "max_decay_as_log_rate": (),
+    "max_slot_read_off_by_one": ("initial_state_ignored",),
     "l2norm_eps_outside_sqrt": ("l2norm_eps_outside_sqrt", "l2norm_without_eps"),
     "l2norm_as_rmsnorm": ("l2norm_as_rmsnorm",),
     "qk_l2norm_ignored": ("qk_l2norm_ignored",),

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Modular MAX's gated_delta kernels under `check` and a short `fuzz` campaign on one H100/H200: the
+# recurrence and the speculative verify ring, each on a float32 and a bfloat16 pool (max-recurrence,
+# max-recurrence-bf16, max-verify-ring, max-verify-ring-bf16), drawn from MAX's Qwen3.5 shapes (16
+# key heads; 32, 48 or 64 value heads; K = V = 128; stored as the shape pool every run reuses).
+# MAX 26.7.0 is 243 MB of wheels: it travels as one xz-compressed site in three parts of at most
+# 56 MiB, one per device call (scripts/README.md, "MAX wheels"). Detached, so that the work outlives
+# one device call while the machine stays warm:
+#   bash scripts/gpu_max.sh pack                  here, once: .whl/max/*.whl -> .whl/max1 .whl/max2 .whl/max3
+#   bash scripts/gpu_max.sh stage                 on the GPU machine, once per carried part (calls 1-3)
+#   bash scripts/gpu_max.sh install               after the third: check the parts, unpack /tmp/maxsite
+#   bash scripts/gpu_max.sh copy                  the checkout (less .whl) to /tmp/gdnv, where the driver runs
+#   bash scripts/gpu_max.sh --background          (from /tmp/gdnv) start the driver
+#   bash scripts/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
+# IMPLS, CHECK_EXAMPLES (10), FUZZ_BUDGET (3m), TIMEOUT (300 s: compiles run inside calls) and
+# SMOKE (1) narrow a rerun.
+set -u -o pipefail
+OUT=${OUT:-gpu_logs}
+LOGS=/tmp/gpu_max
+SITE=/tmp/maxsite
+PARTS=/tmp/maxparts
+IMPLS=${IMPLS:-max-recurrence max-recurrence-bf16 max-verify-ring max-verify-ring-bf16}
+
+case ${1:-} in
+  pack)  # here (network, any Python): the site as pip lays it out for CPython 3.12, xz, split
+    set -e
+    site=$(mktemp -d)
+    python3 -m pip install -q --no-deps --no-compile --target "$site" --python-version 3.12 --implementation cp \
+      --only-binary=:all: --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 .whl/max/*.whl
+    tar -cf - -C "$site" . | xz -9 -T0 > .whl/max-site.tar.xz
+    rm -rf "$site" .whl/max1 .whl/max2 .whl/max3 && mkdir -p .whl/max1 .whl/max2 .whl/max3
+    split -b 56M -d -a 1 .whl/max-site.tar.xz .whl/max-site.tar.xz.part
+    for i in 0 1 2; do mv ".whl/max-site.tar.xz.part$i" ".whl/max$((i + 1))/"; done
+    [ ! -e .whl/max-site.tar.xz.part3 ] || { echo "more than three parts: split again"; exit 1; }
+    (cd .whl && sha256sum max-site.tar.xz max1/max-site.tar.xz.part0 max2/max-site.tar.xz.part1 \
+      max3/max-site.tar.xz.part2 | sed 's#  max[123]/#  #' > sums && mv sums max3/SHA256SUMS)
+    ls -l .whl/max1 .whl/max2 .whl/max3; exit 0 ;;
+  stage)  # on the GPU machine: keep the carried part outside the synced checkout
+    mkdir -p "$PARTS" && cp .whl/max[123]/max-site.tar.xz.part* "$PARTS"/ 2>/dev/null
+    [ -f .whl/max3/SHA256SUMS ] && cp .whl/max3/SHA256SUMS "$PARTS"/
+    ls -l "$PARTS"; shift; [ "${1:-}" = install ] || exit 0 ;;
+esac
+if [ "${1:-}" = install ]; then
+  [ -f "$SITE/.max-site-complete" ] && { echo "site already complete"; exit 0; }
+  cd "$PARTS" || exit 3
+  for i in 0 1 2; do [ -f "max-site.tar.xz.part$i" ] || { echo "part $i missing: stage all three"; exit 3; }; done
+  sha256sum -c --ignore-missing SHA256SUMS || { echo "a part is damaged: carry it again"; exit 3; }
+  cat max-site.tar.xz.part0 max-site.tar.xz.part1 max-site.tar.xz.part2 > max-site.tar.xz
+  grep " max-site.tar.xz$" SHA256SUMS | sha256sum -c || exit 3
+  rm -rf "$SITE" && mkdir -p "$SITE"
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" max-site.tar.xz "$SITE" \
+    && rm -f max-site.tar.xz && touch "$SITE/.max-site-complete" && du -sh "$SITE"
+  exit $?
+fi
+if [ "${1:-}" = copy ]; then
+  rm -rf /tmp/gdnv && mkdir -p /tmp/gdnv
+  tar -cf - --exclude=./.whl --exclude=./.scratch --exclude=./.gdn_verify --exclude=./.venv --exclude=./.git . \
+    | tar -xf - -C /tmp/gdnv && echo "copied to /tmp/gdnv"
+  exit $?
+fi
+
+mkdir -p "$OUT" "$LOGS"
+pack() {
+  grep -hE "^(gdn-verify|  [a-z_]+ +(passed|FAILED|failed|ERROR|error|unsupported|timeout)|[0-9]+ passed|FAILED|ERROR|  minimal|  likely|campaign|exit|smoke|plan|torch|[A-Z].*(H100|H200))" \
+    "$LOGS"/*.log "$LOGS"/env.txt 2>/dev/null | cut -c1-400 > "$OUT/summary.txt"
+  local out; out=$(cd "$OUT" && pwd)
+  (cd "$LOGS" && find . -maxdepth 2 \( -name '*.log' -o -name '*.json' -o -name '*.txt' -o -name '*.npz' \) -size -4M \
+    | tar -czf "$out/max.tar.gz" -T -)
+  cat "$OUT/summary.txt"
+}
+. "$(dirname "$0")/detached.sh"
+detached "$@"
+[ -f "$SITE/.max-site-complete" ] || { echo "MAX site missing: stage the three parts and install first"; exit 3; }
+export PYTHONPATH="$PWD:$SITE" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import importlib.metadata as m, torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__, *(p + ' ' + m.version(p) for p in ('max', 'max-core', 'mojo-compiler')))"
+} > "$LOGS/env.txt" 2>&1
+# Smoke: one Qwen3.5-sized call of each kernel against the float64 oracle, with the compile timed,
+# so that an engine that cannot compile or run here says so in a few lines.
+[ "${SMOKE:-1}" = 1 ] && timeout 900 python3 - > "$LOGS/smoke.log" 2>&1 <<'EOF'
+import time
+import numpy as np
+from gdn_verify.core.oracle import numpy_oracle
+from gdn_verify.core.problem import DTYPES, Problem
+from gdn_verify.implementations import resolve
+
+rng = np.random.default_rng(0)
+H, HV, K, lengths = 16, 32, 128, [1, 7, 0, 33]
+cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+T = int(cu[-1])
+problem = Problem(
+    q=rng.standard_normal((1, T, H, K)), k=rng.standard_normal((1, T, H, K)), v=rng.standard_normal((1, T, HV, K)),
+    g=np.log(rng.uniform(0.9, 1.0, (1, T, HV))), beta=rng.uniform(0, 1, (1, T, HV)),
+    initial_state=rng.standard_normal((len(lengths), HV, K, K)).astype(np.float32),
+    use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+).astype(DTYPES["bfloat16"])
+want_o, want_s = numpy_oracle(problem)
+for name in ("max-recurrence", "max-verify-ring"):
+    try:
+        impl = resolve(name)
+        for attempt in ("first (compiles)", "second"):
+            start = time.perf_counter()
+            r = impl.run(problem)
+            print(f"smoke {name} {attempt} call: {time.perf_counter() - start:.1f} s")
+        o_err = np.abs(np.asarray(r.o, np.float64) - want_o).max()
+        s_err = np.abs(np.asarray(r.final_state, np.float64) - want_s).max()
+        print(f"smoke {name}: max |o - oracle| {o_err:.3g}, max |state - oracle| {s_err:.3g}")
+    except Exception as exc:  # noqa: BLE001 - the smoke test reports, the checks judge
+        print(f"smoke {name} FAILED: {type(exc).__name__}: {exc}")
+EOF
+echo "exit $?" >> "$LOGS/smoke.log"
+# The shape pool: MAX's Qwen3.5 classes, stored as the plan check and fuzz reuse (no probe, no other classes).
+python3 - "$LOGS/plans" $IMPLS > "$LOGS/plans.log" 2>&1 <<'EOF'
+import sys
+from pathlib import Path
+from gdn_verify.implementations import resolve
+from gdn_verify.implementations.max_kernels import qwen35_classes
+from gdn_verify.runners.compile import PlanKey, ShapePlan, save_plan
+
+for name in sys.argv[2:]:
+    impl = resolve(name)
+    key = PlanKey.of(impl, "bfloat16", (128,))
+    classes = qwen35_classes("bfloat16")
+    save_plan(Path(sys.argv[1]) / key.filename(), key, ShapePlan(classes, None, None, True))
+    print(f"plan {name}: {len(classes)} classes -> {key.filename()}")
+EOF
+echo "exit $?" >> "$LOGS/plans.log"
+common=(--dtype bfloat16 --dims 128 --plans "$LOGS/plans" --cases "$LOGS/cases" --timeout "${TIMEOUT:-300}")
+for impl in $IMPLS; do
+  ( start=$(date +%s)
+    timeout 1500 python3 cli.py check --impl "$impl" "${common[@]}" --seed 1 --max-examples "${CHECK_EXAMPLES:-10}" \
+      --json "$LOGS/check-$impl.json" > "$LOGS/check-$impl.log" 2>&1
+    echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/check-$impl.log" ) &
+done
+wait
+for impl in $IMPLS; do
+  ( start=$(date +%s)
+    timeout 1500 python3 cli.py fuzz --impl "$impl" "${common[@]}" --seed 2 --budget "${FUZZ_BUDGET:-3m}" \
+      --database "$LOGS/hypothesis-$impl" --campaigns "$LOGS/campaigns.json" --json "$LOGS/fuzz-$impl.json" \
+      > "$LOGS/fuzz-$impl.log" 2>&1
+    echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/fuzz-$impl.log" ) &
+done
+wait

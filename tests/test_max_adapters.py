@@ -1,0 +1,216 @@
+"""The MAX adapters' translation, with the NumPy kernels of ``max_numpy`` standing in for MAX's.
+
+What runs here is everything but the engine: the graph input layouts (checked against
+``max/nn/state_space/gated_delta.py`` of MAX 26.7.0), the verify ring's geometry and arguments,
+the MAX rules the verify adapter checks between its launches, and the recipe's shape classes.
+The graphs themselves were compiled for sm_90a under MAX's virtual device on 2026-11-26 (see
+scripts/README.md, "MAX wheels"); where ``max`` is importable the last test moves a
+bfloat16 pool through MAX buffers.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gdn_verify.api import check
+from gdn_verify.core import max_convention as mc
+from gdn_verify.core.implementation import ContractError, Implementation
+from gdn_verify.core.oracle import numpy_oracle
+from gdn_verify.implementations import ConfigurationError, max_numpy, resolve
+from gdn_verify.implementations import max_kernels as mk
+from tests.test_max_convention import make_problem
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def ring_form(verify=max_numpy.verify_ring, fold=max_numpy.state_fold, pool_dtype=np.float32):
+    return mk.verify_ring_form(verify, fold, pool_dtype=pool_dtype)
+
+
+def test_recurrence_inputs_follow_the_wrapper():
+    specs = mk.recurrence_specs(16, 48, 128, 128, BF16)
+    assert [s.name for s in specs] == [
+        "qkv_conv_output",
+        "decay_per_token",
+        "beta_per_token",
+        "recurrent_state",
+        "slot_idx",
+        "input_row_offsets",
+    ]
+    assert specs[0].shape == ("total_seq_len", 2 * 16 * 128 + 48 * 128)
+    assert [s.dtype for s in specs] == ["float32", "float32", "float32", "bfloat16", "uint32", "uint32"]
+    assert [s.buffer for s in specs] == [False, False, False, True, False, False]  # the pool is mutated in place
+    assert specs[3].shape == ("max_slots", 48, 128, 128)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        mk.recurrence_specs(1, 1, 8, 8, np.float16)
+
+
+@pytest.mark.parametrize("nv, stride", [(32, 416), (48, 544), (64, 672)])
+def test_verify_and_fold_inputs_follow_the_wrapper(nv, stride):
+    verify = mk.verify_specs(16, nv, 128, 128, np.float32, 4)
+    assert [s.name for s in verify] == [
+        "qkv_conv_output",
+        "decay_per_token",
+        "beta_per_token",
+        "recurrent_state",
+        "ring",
+        "slot_idx",
+        "ring_slot_idx",
+        "input_row_offsets",
+        "verify_width",
+    ]
+    ring = verify[4]
+    # [ring_rows, nk, RING_LEN, record_stride]; a record: raw key, a delta row and a decay per value head
+    assert ring.buffer and ring.dtype == "float32" and ring.shape == ("ring_rows", 16, 4, stride)
+    assert mc.ring_record_elements(128, 128, nv // 16) <= stride and stride % 32 == 0
+    width = verify[-1]
+    assert width.host and width.dtype == "int64" and not width.buffer
+    fold = mk.fold_specs(16, nv, 128, 128, np.float32, 4)
+    assert [s.name for s in fold] == [
+        "recurrent_state",
+        "ring",
+        "row_ids",
+        "ring_row_ids",
+        "num_accepted",
+        "verify_width",
+    ]
+    assert fold[2].shape == (1, "batch_size") and fold[4].dtype == "uint32"
+    assert np.array_equal(mk.width_operand(3), np.arange(3)) and mk.width_operand(-1).size == 0
+    assert [mc.ring_len_for(w) for w in (0, 1, 2, 3, 5, 8, 9)] == [2, 2, 2, 4, 8, 8, 8]
+
+
+CASES = [
+    dict(),
+    dict(H=1, HV=4, lengths=(1, 7, 0, 3)),
+    dict(H=3, HV=9, K=4, V=4, lengths=(2, 2)),
+    dict(batch=3, lengths=(5,), regime="spikes"),
+    dict(lengths=(1, 1, 0)),  # verify width 0: the plain recurrence, the fold a no-op
+    dict(lengths=(12, 3, 8)),  # 12 > RING_LEN 8: that row commits itself, the fold skips it
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_verify_then_fold_equals_the_recurrence_bit_for_bit(case):
+    problem = make_problem(**case).astype(np.float32)
+    o, state = ring_form()(**problem.kwargs())
+    o_ref, state_ref = mc.native_form(max_numpy.gated_delta_recurrence)(**problem.kwargs())
+    assert o.tobytes() == o_ref.tobytes() and state.tobytes() == state_ref.tobytes()
+    want_o, want_state = numpy_oracle(problem)
+    assert np.max(np.abs(o - want_o), initial=0.0) <= 2e-4 * max(1.0, np.abs(want_state).max())
+    assert np.max(np.abs(state - want_state)) <= 2e-4 * max(1.0, np.abs(want_state).max())
+
+
+def test_the_verify_gets_the_ring_and_width_max_expects():
+    seen = {}
+
+    def verify(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width):
+        seen.update(ring=ring.copy(), ring_slot_idx=ring_slot_idx.copy(), width=width.copy())
+        return max_numpy.verify_ring(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width)
+
+    problem = make_problem(H=2, HV=6, K=8, V=8, lengths=(3, 0, 2)).astype(np.float32)
+    ring_form(verify)(**problem.kwargs())
+    assert seen["ring"].shape == (4, 2, 4, mc.ring_record_stride(8, 8, 3)) and np.isnan(seen["ring"]).all()
+    assert seen["ring_slot_idx"].tolist() == [3, 2, 1] and seen["ring_slot_idx"].dtype == np.uint32
+    assert seen["width"].tolist() == [0, 1] and seen["width"].dtype == np.int64  # K = 3 - 1 drafts
+
+
+def test_a_verify_that_writes_the_live_pool_breaks_maxs_rule():
+    def writes_pool(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width):
+        out = max_numpy.verify_ring(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width)
+        max_numpy.gated_delta_recurrence(qkv, decay, beta, pool, slot_idx, offsets)  # commits as well
+        return out
+
+    with pytest.raises(ContractError, match="row 1 changed"):
+        ring_form(writes_pool)(**make_problem(lengths=(3, 2)).astype(np.float32).kwargs())
+
+
+def test_a_fold_of_zero_accepted_records_must_leave_the_pool():
+    def folds_one_at_least(pool, ring, row_ids, ring_row_ids, num_accepted, width):
+        max_numpy.state_fold(pool, ring, row_ids, ring_row_ids, np.maximum(num_accepted, 1), width)
+
+    with pytest.raises(ContractError, match="num_accepted == 0"):
+        ring_form(fold=folds_one_at_least)(**make_problem(lengths=(3, 2)).astype(np.float32).kwargs())
+
+
+def test_records_without_the_raw_key_or_decays_are_caught():
+    def normalised_keys(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width):
+        out = max_numpy.verify_ring(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width)
+        ring[..., :8] /= 2.0  # a record holding a scaled key
+        return out
+
+    with pytest.raises(ContractError, match="raw key"):
+        ring_form(normalised_keys)(**make_problem(lengths=(3, 2)).astype(np.float32).kwargs())
+
+    def records_item_0_on_row_0(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width):
+        return max_numpy.verify_ring(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx - 1, offsets, width)
+
+    with pytest.raises(ContractError, match="spare ring row 0"):
+        ring_form(records_item_0_on_row_0)(**make_problem(lengths=(3, 2)).astype(np.float32).kwargs())
+
+
+def test_the_verify_ring_form_passes_check(tmp_path):
+    impl = Implementation("standin-verify-ring", {"recurrent": ring_form()})
+    result = check(impl, dtype="float32", properties=["matches_reference"], max_examples=6, seed=3, cases_dir=tmp_path)[
+        "matches_reference"
+    ]
+    assert result.status == "passed", result.failure and result.failure.message
+    o, state = ring_form(pool_dtype=BF16)(**make_problem(lengths=(3, 2)).astype(np.float32).kwargs())
+    assert state.dtype == BF16 and o.dtype == np.float32
+
+
+def test_head_sizes_max_cannot_compile_are_unsupported():
+    kernel = mk.same_head_dims(max_numpy.gated_delta_recurrence)
+    with pytest.raises(NotImplementedError, match="KEY_HEAD_DIM == VALUE_HEAD_DIM"):
+        mc.native_form(kernel)(**make_problem(K=8, V=4).astype(np.float32).kwargs())
+    o, _ = mc.native_form(kernel)(**make_problem(K=8, V=8).astype(np.float32).kwargs())
+    assert o.shape[-1] == 8
+
+
+def test_qwen35_shape_classes():
+    classes = mk.qwen35_classes("bfloat16")
+    assert {(c.H, c.HV, c.K, c.V) for c in classes} == {(16, 32, 128, 128), (16, 48, 128, 128), (16, 64, 128, 128)}
+    assert all(c.l2norm and c.dtype == "bfloat16" for c in classes)
+    assert {(c.varlen, c.initial_state) for c in classes} == {(True, True), (False, False)}
+
+
+def test_declared_state_dtype_of_the_bfloat16_pool_adapters():
+    form = mc.native_form(max_numpy.gated_delta_recurrence, pool_dtype=BF16)
+    impl = mk._implementation("max-recurrence-bf16", form, "bf16 pool", BF16)  # noqa: SLF001
+    assert impl.extra["state_dtype"] == "bfloat16" and impl.extra["compile_classes"] and impl.array == "torch"
+    assert "state_dtype" not in mk._implementation("max-recurrence", form, "f32 pool", np.float32).extra  # noqa: SLF001
+
+
+def _max_importable() -> bool:
+    try:
+        import max.driver  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["max-recurrence", "max-recurrence-bf16", "max-verify-ring", "max-verify-ring-bf16"])
+def test_missing_max_or_gpu_is_a_configuration_error(name):
+    if _max_importable():
+        with pytest.raises(ConfigurationError, match="GPU"):
+            resolve(name)  # a CPU machine with MAX installed: no GPU for its kernels
+    else:
+        with pytest.raises(
+            ConfigurationError, match=r"MAX is not installed \(pip install max==26.7.0 max-core==26.7.0\)"
+        ):
+            resolve(name)
+
+
+@pytest.mark.skipif(not _max_importable(), reason="MAX is not installed")
+def test_bfloat16_pools_travel_through_max_buffers_as_their_bits():
+    from max.driver import CPU, Buffer
+    from max.dtype import DType
+
+    pool = (np.arange(24, dtype=np.float32) / 7).reshape(1, 2, 3, 4).astype(BF16)
+    buffer = mk._numpy_in(pool, Buffer, DType)  # noqa: SLF001
+    assert buffer.dtype == DType.bfloat16 and tuple(buffer.shape) == pool.shape
+    back = mk._numpy_out(buffer, CPU, DType)  # noqa: SLF001
+    assert back.dtype == BF16 and back.tobytes() == pool.tobytes()
+    plain = mk._numpy_out(mk._numpy_in(np.arange(5, dtype=np.uint32), Buffer, DType), CPU, DType)  # noqa: SLF001
+    assert plain.dtype == np.uint32 and plain.tolist() == [0, 1, 2, 3, 4]
