@@ -27,6 +27,11 @@ CASES = [
     ("fla-bf16-K64-V64", "0", "fla", "bfloat16", 64, 64, [128], "same"),
     ("fla-bf16-K128-V32", "0", "fla", "bfloat16", 128, 32, [128], "same"),
     ("fla-bf16-K32-V128", "0", "fla", "bfloat16", 32, 128, [128], "same"),
+    # which value sizes: below, between and above the failing 32
+    ("fla-bf16-K64-V16", "0", "fla", "bfloat16", 64, 16, [128], "same"),
+    ("fla-bf16-K64-V48", "0", "fla", "bfloat16", 64, 48, [128], "same"),
+    ("fla-bf16-K64-V96", "0", "fla", "bfloat16", 64, 96, [128], "same"),
+    ("fla-bf16-K64-V32-T64", "0", "fla", "bfloat16", 64, 32, [64], "same"),  # one chunk: no state passing
     ("fla-fp32-K60-V32", "0", "fla", "float32", 60, 32, [128], "same"),
     ("fla-fp32-K64-V32", "0", "fla", "float32", 64, 32, [128], "same"),
     ("fla-bf16-K60-V32-g-fp32", "0", "fla", "bfloat16", 60, 32, [128], "float32"),

@@ -39,7 +39,7 @@ check() {  # NAME ARGS...: one check --grad, its log and JSON
 }
 # The independent repro of what the checks reported (scripts/fla_grad_repro.py: float64 torch
 # autograd of the token loop, each kernel call in a subprocess of its own), beside the checks.
-[ "${REPRO:-1}" = 1 ] && ( timeout 900 python3 scripts/fla_grad_repro.py "$LOGS/repro.json" > "$LOGS/repro.log" 2>&1
+[ "${REPRO:-1}" = 1 ] && ( timeout 1500 python3 scripts/fla_grad_repro.py "$LOGS/repro.json" > "$LOGS/repro.log" 2>&1
   echo "exit $?" >> "$LOGS/repro.log" ) &
 # Cold (fresh Triton and TileLang caches) then the same command again (warm), one check at a time:
 # on 2026-11-26 four checks compiling side by side took over 8 minutes for FLA's 4 classes.
