@@ -7,7 +7,8 @@
 #   bash scripts/gpu_scale.sh --collect SECONDS           wait up to SECONDS for the drivers, then pack
 # Knobs: SCALE_IMPLS entries are IMPL or IMPL:case,case (a rerun of some cases); GUARD_IMPLS=""
 # and MEMCHECK=0 skip the guarded runs and memcheck; GRID_REPRO=1 first runs scripts/fla_grid_repro.py.
-# FI_GUARD_IMPLS (default FI_IMPLS) the FlashInfer guarded runs. An empty list (GUARD_IMPLS="") runs none. Run it from a copy outside the synced checkout (/tmp): a
+# FI_GUARD_IMPLS (default FI_IMPLS) the FlashInfer guarded runs; FI_REPRO cases of scripts/limits_repro.py
+# run after FlashInfer's tier. An empty list (GUARD_IMPLS="") runs none. Run it from a copy outside the synced checkout (/tmp): a
 # later device call that does not carry a folder removes it.
 # Carried: .whl/*.whl (FLA), .whl/vllm_fla (vLLM's ops), and for `flashinfer` the site that
 # .whl/gpu1/install1.sh and .whl/gpu2/install.sh unpack into /tmp/site (two calls, one machine).
@@ -28,7 +29,8 @@ pack() {
       [ -e "$f" ] || continue
       echo "== $(basename "$f")"
       grep -E "^(FAILED|ERROR|TIMEOUT|  minimal example|  [a-z_]+ +(passed|failed|error|timeout|unsupported)|[0-9]+ (passed|failed)|exit|gdn-verify check)" "$f" | cut -c1-600 | head -40
-    done; } > "$OUT/summary.txt"
+    done
+    [ -f "$LOGS/limits_repro.log" ] && { echo "== limits_repro.log"; tail -n 30 "$LOGS/limits_repro.log"; }; } > "$OUT/summary.txt"
   # not the oracle cache (GBs: packing it outran a 10-minute device call, 2026-11-26) nor the cases
   tar -czf "$OUT/scale.tar.gz" --exclude=oracle-cache --exclude="*.npz" -C /tmp gpu_scale
   cat "$OUT/summary.txt"
@@ -73,6 +75,10 @@ if [ "${1:-}" = flashinfer ]; then
   for impl in ${FI_GUARD_IMPLS-$FI_IMPLS}; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 --dims 128; done
   while [ -n "$(pgrep -f 'gpu_scale.sh main' || true)" ]; do sleep 5; done
   for impl in $FI_IMPLS; do scale "$impl"; done
+  # FI_REPRO: cases of scripts/limits_repro.py run after the tier (the direct confirmation of a failure)
+  if [ -n "${FI_REPRO:-}" ]; then
+    timeout 900 python3 scripts/limits_repro.py $FI_REPRO > "$LOGS/limits_repro.log" 2>&1; echo "exit $?" >> "$LOGS/limits_repro.log"
+  fi
   exit 0
 fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

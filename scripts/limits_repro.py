@@ -190,6 +190,27 @@ def flashinfer_prefill_empty(_: int) -> str:
     )
 
 
+def flashinfer_decode_kmajor(N: int) -> str:
+    """One decode step for N requests x HV = 16 heads through ``gated_delta_rule_decode`` (the
+    k-major state [N, 16, 128, 128] float32: past the 65535 grid limit once N * 16 > 65535, its last
+    state past 2^31 elements once N > 8192): the last requests against the same kernel on them alone."""
+    import flashinfer.gdn_decode as d
+
+    H, HV = 4, 16
+    q, k = randn(N, 1, H, K), randn(N, 1, H, K, seed=1)
+    v = randn(N, 1, HV, K, seed=2)
+    a, b = randn(N, 1, HV, seed=3), randn(N, 1, HV, seed=4)
+    zeros = torch.zeros(HV, device="cuda", dtype=torch.float32)
+    state = randn(N, HV, K, K, dtype=torch.float32, seed=5)
+    last = state[-2:].clone()
+    print(f"  last state starts at element {(N - 1) * HV * K * K:,} (2^31 = {2**31:,})", flush=True)
+    kw = dict(A_log=zeros, dt_bias=zeros, use_qk_l2norm=True, backend="flashinfer")
+    o, state = d.gated_delta_rule_decode(q=q, k=k, v=v, state=state, a=a, b=b, **kw)
+    torch.cuda.synchronize()
+    o2, last = d.gated_delta_rule_decode(q=q[-2:], k=k[-2:], v=v[-2:], state=last, a=a[-2:], b=b[-2:], **kw)
+    return f"ok, last 2 requests vs them alone: o {rel(o[-2:], o2):.2e}, state {rel(state[-2:], last):.2e}"
+
+
 CASES = {
     "vllm-chunk-dense": (vllm_chunk_dense, (65535 // 16, 65535 // 16 + 1)),
     "vllm-chunk-varlen": (vllm_chunk_varlen, (65535 // 16, 65535 // 16 + 1)),
@@ -199,6 +220,7 @@ CASES = {
     "flashinfer-decode-saturated": (flashinfer_decode_saturated, (20, 80, 100, 1000, 9984)),
     "flashinfer-prefill-empty": (flashinfer_prefill_empty, (0,)),
     "flashinfer-prefill-states": (flashinfer_prefill_states, (8190, 8194)),
+    "flashinfer-decode-kmajor": (flashinfer_decode_kmajor, (4095, 4097, 8190, 8194)),
 }
 
 
