@@ -116,7 +116,9 @@ def test_a_dropped_or_doubled_gradient_errs_by_about_its_size_and_nan_stays_nan(
         for wrong in (dropped, doubled):
             error = gtol.grad_errors(problem, wrong, reference, tolerance)[name]
             assert 0.2 < error <= 1.0 + 1e-12, (name, error)
-            assert error > 20 * tolerance.bounds[name]
+            # by a clear margin: at least 10 times the bound (bf16, K = 8, V = 4: dg's bound is 6% of
+            # its size since the backward's operand roundings, seen in FLA's and FlashQLA's dh0)
+            assert error > 10 * tolerance.bounds[name]
     poisoned = {**reference, "dv": reference["dv"].copy()}
     poisoned["dv"][0, 3, 1, 0] = np.nan
     assert math.isnan(gtol.grad_errors(problem, poisoned, reference, tolerance)["dv"])

@@ -21,10 +21,16 @@ import numpy as np
 from gdn_verify.core.conventions import L2NORM_EPS, Packed
 
 # hook(stage, x, index) -> what the algorithm goes on with. Axis 0 of x is always the sequence
-# axis N; ``index`` is the chunk (h, dh, dq, dk_state, dk_pred) or the token position (v_new, dv_new).
+# axis N; ``index`` is the chunk (h, dh, dq, dk_state, dk_pred) or the token position (v_new, dv_new
+# and the operands).
 Hook = Callable[[str, np.ndarray, int], np.ndarray]
-# The intermediates a hook sees, in the order the engine meets them (qk is applied by the caller).
-STAGES = ("qk", "h", "v_new", "dh", "dv_new", "dq", "dk_state", "dk_pred")
+# The intermediates a hook sees (qk is applied by the caller): the stored ones in the order the
+# engine meets them, then the reverse pass's product operands, per token ``[N, HV, K]``:
+# ``q_operand`` scale q_t as the state-cotangent update dS += (scale q_t) do_t^T reads it (FLA's
+# q scaled by scale exp(G) in ``chunk_gated_delta_rule_bwd_dhu``), ``k_operand`` k_t as du_t = dS^T k_t
+# reads it (FLA's decayed k of dv2 = k dh and the k q^T of ``chunk_bwd_dv_local``), ``w_operand``
+# k_t as the erase update dS += k_t dp_t^T reads it (FLA's recomputed W = T (beta exp(G) k)).
+STAGES = ("qk", "h", "v_new", "dh", "dv_new", "dq", "dk_state", "dk_pred", "q_operand", "k_operand", "w_operand")
 SIXTEEN_STAGES = STAGES
 # "both": the direct dg in ``dg`` and the cumsum one in ``dg_cumsum`` (the tolerance probes take both).
 DG_FORMS = ("direct", "cumsum", "both")
@@ -222,10 +228,16 @@ def adjoint(
         dS_decay = np.array(dh, copy=True) if cumsum else None
         for j in range(C - 1, -1, -1):
             t = t0 + j
-            out_term = (p.scale * p.q[:, t, :, :, None]) * do[:, t, :, None, :]
-            cur = np.add(dS, out_term, out=dS_at[j])  # the cotangent of S_t
+            q_op = p.scale * p.q[:, t]
             k_t = p.k[:, t, :, None, :]
-            du = (k_t @ cur)[:, :, 0]  # dS^T k
+            k_du = k_w = k_t
+            if hook is not None:
+                q_op = hook("q_operand", q_op, t)
+                k_du = hook("k_operand", p.k[:, t], t)[:, :, None, :]
+                k_w = hook("w_operand", p.k[:, t], t)[:, :, None, :]
+            out_term = q_op[..., None] * do[:, t, :, None, :]
+            cur = np.add(dS, out_term, out=dS_at[j])  # the cotangent of S_t
+            du = (k_du @ cur)[:, :, 0]  # dS^T k
             if dS_decay is not None:
                 dS_decay += out_term
                 w_at[j] = (k_t @ dS_decay)[:, :, 0]
@@ -235,7 +247,7 @@ def adjoint(
                 du = hook("dv_new", du, t)
             du_at[j] = du
             # dp = -beta du is the cotangent of D^T k; D feeds S_t directly and through D^T k.
-            dS = k_t.swapaxes(-1, -2) * (-p.beta[:, t, :, None] * du)[:, :, None, :]
+            dS = k_w.swapaxes(-1, -2) * (-p.beta[:, t, :, None] * du)[:, :, None, :]
             dS += cur
             skip = (bug == "chunk_boundary_decay_missing" and j == 0 and c > 0) or (bug == "dh0_undecayed" and t == 0)
             if not skip:

@@ -55,7 +55,10 @@ l2-normalised q/k (``qk``), the state entering each chunk as the chunk reads it 
 write (``recompute``: FLA's ``h`` and ``v_new``), the state cotangent leaving each chunk as the
 chunk reads it and each token's ``du`` (``cotangents``: FLA's ``dh`` and ``dv2``), the
 per-value-head parts of ``dq`` and ``dk`` (``parts``, local: perturbed on the unperturbed run's
-parts, no rerun), and for float16 the same intermediates' underflow (absolute
+parts, no rerun), the reverse pass's product operands (``operands``: ``scale q_t`` of the
+cotangent update, ``k_t`` of ``du_t`` and of the erase update, FLA's ``q scale exp(G)``, decayed
+``k`` and ``W``; adopted when FLA's and FlashQLA's ``dh0`` at T = 1 erred by 0.4-0.9 ``u_in``,
+H100 2026-11-26), and for float16 the same intermediates' underflow (absolute
 ``underflow_unit``); ``kappa_gate`` for each gate shifted by ``PERTURBATION r a`` with ``a =
 tolerance.chunk_gate_sums`` (two draws, the second with every other sign flipped), and
 ``kappa_decay`` for every nonzero gate shifted alike. All draws run as one float64 engine call,
@@ -90,7 +93,7 @@ import ml_dtypes
 import numpy as np
 
 from gdn_verify.core import timing
-from gdn_verify.core.adjoint import cotangent
+from gdn_verify.core.adjoint import STAGES, cotangent
 from gdn_verify.core.conventions import L2NORM_EPS, Packed, pack
 from gdn_verify.core.gating import SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
 from gdn_verify.core.gradients import problem_gradients
@@ -121,13 +124,15 @@ GRAD_ROUNDINGS: dict[str, tuple[str, ...]] = {
     "recompute": ("h", "v_new"),
     "cotangents": ("dh", "dv_new"),
     "parts": ("dq", "dk_state", "dk_pred"),
-    "underflow": ("qk", "h", "v_new", "dh", "dv_new", "dq", "dk_state", "dk_pred"),
+    "operands": ("q_operand", "k_operand", "w_operand"),
+    "underflow": STAGES,
 }
 GRAD_ROUNDING_TEXT = {
     "qk": "l2-normalised q/k stored in the input dtype",
     "recompute": "chunk-start states h and v_new stored in the input dtype",
     "cotangents": "chunk-end state cotangents dh and dv2 stored in the input dtype",
     "parts": "per-value-head dq and dk parts stored in the input dtype",
+    "operands": "the backward's product operands (scale q, k, W) in the input dtype",
     "underflow": "underflow of the intermediates stored in the input dtype",
 }
 OUTPUT_TEXT = "output rounding"
@@ -386,7 +391,6 @@ def _probe_hook(specs: list[_Copy], N: int, seed: int):
     """The engine hook of a batch of stacked copies: copy ``i`` owns rows ``[i N, (i + 1) N)`` and
     perturbs its stages. Signs depend only on ``(seed, stage, index)``, so a chunk recomputed in
     the reverse pass sees the same perturbation as in the forward pass."""
-    from gdn_verify.core.adjoint import STAGES
 
     def hook(stage: str, x: np.ndarray, index: int) -> np.ndarray:
         chosen = [i for i, c in enumerate(specs) if stage in c.stages]

@@ -35,6 +35,10 @@ stores in the input dtype, and nothing else (:data:`SIXTEEN_STAGES`):
   ``dq`` and both halves of ``dk`` per value head in the input dtype before the GVA sum and
   ``dk.add_(dk2)``); ``dk_state = dS_t u_t`` is the half of ``chunk_bwd_dqkwg``, ``dk_pred =
   D_t dp_t`` the half of ``prepare_wy_repr_bwd``;
+- ``q_operand``, ``k_operand``, ``w_operand``: the reverse pass's product operands, per token
+  (``scale q_t`` of the cotangent update, ``k_t`` as ``du_t`` and as the erase update read it:
+  FLA's ``q scale exp(G)``, decayed ``k`` and recomputed ``W``, cast to the input dtype for its
+  tensor-core products);
 - the outputs ``dq, dk, dv, dg, dbeta`` in the input dtype (``dh0`` float32).
 
 Everything else is float32 arithmetic. ``dg_form="cumsum"`` forms ``dg`` as FLA does, per-token
