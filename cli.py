@@ -218,9 +218,16 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"partial results ({len(partial.results)} properties) written to {out}", file=sys.stderr)
         raise
     partial = result  # the final document is the result's own: it also carries the compile plan and time
-    save("misuse" if result.misuse is not None else "complete")
+    save("misuse" if result.misuse is not None else "stopped" if result.not_run else "complete")
     if result.misuse is not None:
         return misuse_exit(result.misuse)
+    if result.not_run:
+        lost = result.results[-1].name
+        print(
+            f"not run: {', '.join(result.not_run)} (the GPU context was lost in {lost}); run them in a fresh "
+            f"process: gdn-verify check --impl {impl.name} --properties {','.join(result.not_run)}",
+            file=sys.stderr,
+        )
     print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
     _print_compile(result.shapes, result.seconds)
     print(console.format_time_split(result.time_split(), result.seconds))

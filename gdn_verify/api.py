@@ -70,7 +70,7 @@ from gdn_verify.runners.selftest import Planted, run_selftest
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "result.schema.json"
-RUN_STATUSES = ("running", "complete", "interrupted", "misuse")  # a JSON document's own status
+RUN_STATUSES = ("running", "complete", "interrupted", "misuse", "stopped")  # a JSON document's own status
 
 ImplLike = Implementation | Callable | str
 
@@ -263,6 +263,9 @@ class CheckResult:
     shapes: ShapePlan | None = None  # compile-aware shape planning (None: not planned)
     seconds: float = 0.0  # the whole check, compilation included
     grad: bool = False  # the gradient properties, against the backward
+    # Properties not run: a property left the GPU context broken (PropertyResult.context_lost) and
+    # every later call of this process would fail alike; run them in a fresh process.
+    not_run: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -322,7 +325,7 @@ class CheckResult:
     def as_dict(self, status: str | None = None, command: Sequence[str] | None = None) -> dict[str, Any]:
         """The JSON document (schema ``kind: check``); ``status`` defaults to complete (misuse when
         the kernel could not take the arguments); ``command``: the command line, recorded."""
-        status = status or ("misuse" if self.misuse is not None else "complete")
+        status = status or ("misuse" if self.misuse is not None else "stopped" if self.not_run else "complete")
         return dict(
             _header("check", status, command, self.impl.array),
             impl=self.impl.name,
@@ -336,6 +339,7 @@ class CheckResult:
             results=_rows(self.results, self.impl, self.convention),
             **_plan_dict(self.shapes, self.seconds),
             time_split={label: round(t, 2) for label, t in self.time_split().items()},
+            **({"not_run": self.not_run} if self.not_run else {}),
         )
 
 
@@ -452,6 +456,8 @@ def check(
     )
     result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout, shapes=shapes, grad=grad)
     result.results = run_check(impl, props, run, progress, on_result)
+    if result.results and result.results[-1].context_lost:
+        result.not_run = [p.name for p in props[len(result.results) :]]
     if scale_cases:
         result.results += _run_scale(impl, dtype, scale_cases, scale_limits, seed, run.timeout, progress, on_result)
     result.seconds = time.perf_counter() - start

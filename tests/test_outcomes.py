@@ -80,6 +80,17 @@ KERNELS = textwrap.dedent("""
         return good(q, k, v, g, beta, **kw)
 
 
+    _context = {"lost": False}
+
+
+    def loses_context(q, k, v, g, beta, **kw):
+        # a sticky CUDA error: from the first example with 3 <= T <= 6 on, every call fails alike
+        if 3 <= q.shape[1] <= 6 or _context["lost"]:
+            _context["lost"] = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return good(q, k, v, g, beta, **kw)
+
+
     def noisy(q, k, v, g, beta, **kw):
         for _ in range(20):
             np.exp(np.float32(1e4) * np.ones(3, np.float32))  # RuntimeWarning: overflow
@@ -195,6 +206,24 @@ def test_a_raising_kernel_is_an_error_with_its_own_traceback(folder):
     row = validate(json.loads(out.read_text()))["results"][0]
     assert row["status"] == "error" and "_inner" in row["failure"]["traceback"]
     assert row["examples_by_status"]["error"] >= 1
+
+
+def test_a_lost_gpu_context_stops_the_run_at_its_first_example_and_names_what_did_not_run(folder):
+    out = folder / "r.json"
+    done = cli(
+        "check", "--impl", "kernels:loses_context", "--properties", "matches_reference,determinism,state_continuation",
+        "--max-examples", "20", "--seed", "1", "--json", str(out), cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "illegal memory access was encountered; the GPU context is lost" in done.stdout
+    # the example that raised first (3 <= T <= 6), not a "minimal" one shrunk on a dead context (T <= 1)
+    shown = done.stdout.split("minimal example:", 1)[1].split(";", 1)[0]
+    assert 3 <= int(shown.split("T=", 1)[1].split()[0]) <= 6, shown
+    assert "not run: determinism, state_continuation (the GPU context was lost in matches_reference)" in done.stderr
+    doc = validate(json.loads(out.read_text()))
+    assert doc["status"] == "stopped" and doc["not_run"] == ["determinism", "state_continuation"]
+    assert [r["name"] for r in doc["results"]] == ["matches_reference"]
+    assert doc["results"][0]["status"] == "error" and doc["results"][0]["failure"]["case"]
 
 
 def test_warnings_from_the_kernel_are_counted_not_streamed(folder):

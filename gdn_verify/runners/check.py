@@ -6,7 +6,8 @@ a replayable ``.npz`` case); ``unsupported`` (the property does not apply, the i
 lacks a keyword it needs, or it raised ``NotImplementedError`` on every example; examples dropped
 so are counted per reason); ``timeout`` (a kernel call
 overran the limit of ``gdn_verify.runners.guard``; the example that hung is saved, nothing is
-shrunk); ``error`` (the kernel raised: shrunk like a failure, with the kernel's own traceback);
+shrunk); ``error`` (the kernel raised: shrunk like a failure, with the kernel's own traceback; a sticky
+CUDA error, :func:`device_lost`, is not shrunk and ends the run);
 ``misuse`` (the kernel cannot take the arguments: :func:`run_check` stops there). Each example
 has one of the same statuses (``PropertyResult.example_counts``). Warnings raised while a
 property runs are counted, never shown one by one. Properties arrive as objects
@@ -68,7 +69,46 @@ class Failure:
 
 
 class _Stop(BaseException):
-    """Ends a property's Hypothesis run at once (misuse: every further call would fail alike)."""
+    """Ends a property's Hypothesis run at once (misuse, or a lost GPU context: every further call
+    would fail alike)."""
+
+
+# CUDA's sticky errors: after one, every call in the process fails, whatever its inputs, so a
+# property shrinking its example or a later property would only report the same dead context.
+STICKY_DEVICE_ERRORS = (
+    "illegal memory access",
+    "illegal address",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "device-side assert",
+    "hardware stack error",
+    "invalid program counter",
+    "cudaErrorIllegalAddress",
+    "cudaErrorLaunchFailure",
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+)
+CONTEXT_LOST = (
+    "; the GPU context is lost (a sticky CUDA error: every later call of this process fails alike), "
+    "so this is the first example that raised it, not shrunk, and the run stops here"
+)
+
+
+def device_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is one of CUDA's sticky errors."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        text = f"{type(e).__name__}: {e}"
+        if any(s.lower() in text.lower() for s in STICKY_DEVICE_ERRORS):
+            return True
+        stack += [e.__cause__, e.__context__]
+    return False
 
 
 class _OutOfTime(BaseException):
@@ -96,6 +136,7 @@ class PropertyResult:
     # calls), "oracle" (our float64 oracle and tolerance model), "causes" (naming a failure's
     # cause) and "ours" (the rest: Hypothesis, strategies, comparisons); they add up to ``seconds``.
     split: dict[str, float] = field(default_factory=dict)
+    context_lost: bool = False  # the kernel left the GPU context broken (run_check stops after it)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(
@@ -278,9 +319,20 @@ def run_property(
                 raise _Stop from None
             status = "failed" if origin is None else "error"  # raised by the kernel, not by a check
             counts[status] += 1
+            lost = device_lost(exc)
             failures.append(
-                Failure(message, problem, params, None, status=status, traceback=guard.kernel_traceback(exc))
+                Failure(
+                    message + (CONTEXT_LOST if lost else ""),
+                    problem,
+                    params,
+                    None,
+                    status=status,
+                    traceback=guard.kernel_traceback(exc),
+                )
             )
+            if lost:
+                result.context_lost = True
+                raise _Stop from None
             raise
         counts["passed"] += 1
         if result.worst is None or m.ratio > result.worst.ratio:
@@ -320,10 +372,10 @@ def run_property(
     except Unsatisfiable:
         result.status = "unsupported"
         result.note = f"unsupported on every example: {_reasons(reasons)}"
-    except (KernelTimeout, _Stop):  # stopped at once: the example is the one that hung or misused
+    except (KernelTimeout, _Stop):  # stopped at once: the example that hung, misused or lost the context
         result.failure = failures[-1]
         result.status = result.failure.status
-        if result.status == "timeout":
+        if result.status == "timeout" or result.context_lost:
             result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     except Exception as exc:  # noqa: BLE001 - the failure itself was recorded by the test
         if _interrupted(exc):
@@ -400,7 +452,9 @@ def run_check(
     """Run each property in turn; ``on_result`` sees each verdict as soon as it is known.
 
     One guard serves the whole run (shapes compiled once are not given the compile allowance
-    again); a ``misuse`` verdict ends the run, since every further property would fail alike.
+    again); a ``misuse`` verdict or a lost GPU context (``PropertyResult.context_lost``) ends the
+    run, since every further property would fail alike: the properties not run are the ones after
+    the last result.
     """
     results = []
     guard = Guard(run.timeout)
@@ -410,7 +464,7 @@ def run_check(
             results.append(result)
             if on_result is not None:
                 on_result(result)
-            if result.status == "misuse":
+            if result.status == "misuse" or result.context_lost:
                 break
     finally:
         guard.close()
