@@ -36,6 +36,7 @@ from gdn_verify.core.error_stats import growth_exponent
 from gdn_verify.core.implementation import ContractError, Implementation, Result
 from gdn_verify.core.oracle import Oracle, numpy_oracle
 from gdn_verify.core.problem import Problem
+from gdn_verify.core.shapes import OPTION_CLASSES
 from gdn_verify.core.verdict import (
     Measurement,
     Property,
@@ -61,12 +62,6 @@ GROWTH_LENGTHS = tuple(2**n for n in range(6, 17))  # 64 .. 65536, capped by --m
 # "retention": a memory written in the first chunk and then only read, with decays so mild that a
 # 16-bit state or decay factor stops decaying (exp(g) rounds to 1): its error grows like T.
 GROWTH_REGIMES = ("none", "mild", "retention")
-
-
-# Kernel options (in-kernel gates, state_v_first, output_final_state=False) compile one more variant of
-# every shape class they meet (a Triton constexpr each): with a shape pool they meet only its first
-# classes (batched with a state; varlen with l2norm), not all of them.
-OPTION_CLASSES = 2
 
 
 def _no_params(problem_strategy: st.SearchStrategy) -> st.SearchStrategy:

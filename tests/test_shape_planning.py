@@ -470,3 +470,50 @@ def test_a_class_is_warmed_with_the_variants_the_properties_call():
         impl.forms = {name: recording(fn, refuse) for name, fn in implementations.resolve("numpy").forms.items()}
         warm_class(impl, ShapeClass(2, 4, 16, 8, "float32", initial_state=True))
         assert (True, True) in seen and (False, False) in seen and (False, True) in seen
+
+
+def test_the_option_classes_are_warmed_with_the_option_variants_in_workers_of_their_own(monkeypatch):
+    """in_kernel_gate and in_kernel_beta_sigmoid draw the pool's first OPTION_CLASSES classes with
+    option keywords that compile apart in FLA; a declared JIT implementation's first classes get a
+    worker job each that calls them (beside the probe), and warm_class makes exactly those calls."""
+    from gdn_verify import implementations
+    from gdn_verify.core.shapes import OPTION_CLASSES
+    from gdn_verify.runners import compile as compile_module
+    from gdn_verify.runners.compile import warm_class
+
+    impl = implementations.resolve("numpy")
+    impl.extra["compile_classes"] = True
+    calls = []
+
+    def recording(fn):
+        def call(*args, **kw):
+            calls.append(
+                {
+                    k: kw[k]
+                    for k in ("use_gate_in_kernel", "dt_bias", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
+                    if k in kw
+                }
+            )
+            return fn(*args, **kw)
+
+        return call
+
+    impl.forms = {name: recording(fn) for name, fn in implementations.resolve("numpy").forms.items()}
+    c = ShapeClass(2, 4, 16, 8, "float32", initial_state=True)
+    warm_class(impl, c)
+    assert not any(calls), calls  # without options: the plain call and its layout variants only
+    calls.clear()
+    warm_class(impl, c, options=True)
+    gates = [x for x in calls if x.get("use_gate_in_kernel")]
+    sigmoids = [x for x in calls if x.get("use_beta_sigmoid_in_kernel")]
+    assert {x.get("dt_bias") is None for x in gates} == {True, False}
+    assert {bool(x.get("allow_neg_eigval")) for x in sigmoids} == {True, False}
+
+    started = []
+    monkeypatch.setattr(compile_module, "_start_workers", lambda *a, **kw: (started.append((a, kw)), (None, None))[1])
+    candidates = pool_candidates(Limits(dtype="float32"))[:6]
+    impl.forms = implementations.resolve("numpy").forms
+    compile_module.plan_shapes(impl, candidates, 60, workers=4)
+    (args, kw), *_ = started
+    first = list(candidates[:OPTION_CLASSES])
+    assert list(args[1][:OPTION_CLASSES]) == first and list(args[4] if len(args) > 4 else kw["options"]) == first

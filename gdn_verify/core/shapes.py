@@ -16,6 +16,12 @@ import numpy as np
 
 from gdn_verify.core.problem import DTYPES, Problem, dtype_name
 
+# Kernel options (in-kernel gates, state_v_first, output_final_state=False) compile one more variant of
+# every shape class they meet (a Triton constexpr each): with a shape pool the properties that pass
+# them meet only its first classes (batched with a state; varlen with l2norm), and the planner warms
+# those classes with the options too.
+OPTION_CLASSES = 2
+
 
 @dataclass(frozen=True, order=True)
 class ShapeClass:

@@ -40,10 +40,11 @@ from typing import Any
 import numpy as np
 
 from gdn_verify.core import environment
+from gdn_verify.core.gating import options_from_params
 from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.shapes import ShapeClass
+from gdn_verify.core.shapes import OPTION_CLASSES, ShapeClass
 from gdn_verify.runners.compile_workers import CompilePool, ImplSpec, Outcome, default_workers, error_text
 from gdn_verify.runners.guard import KernelTimeout
 
@@ -150,36 +151,58 @@ def variants(problem: Problem) -> list[Problem]:
     return [v_first, problem.replace(output_final_state=False)]
 
 
-def warm_class(impl: Implementation, c: ShapeClass) -> float:
+def option_variants(problem: Problem) -> list[dict[str, Any]]:
+    """The option keywords that ``in_kernel_gate`` and ``in_kernel_beta_sigmoid`` call the first
+    ``OPTION_CLASSES`` classes of a pool with, in the properties' own form
+    (``gating.options_from_params``): the in-kernel gate with and without ``dt_bias``, the beta
+    sigmoid with and without ``allow_neg_eigval``; each a constexpr of FLA's kernels. On an H100
+    (2026-11-26) those compiles cost fla-chunk's cold check about 45 s inside the two properties."""
+    HV = problem.v.shape[2]
+    A_log = [0.0] * HV
+    params = [
+        dict(A_log=A_log, dt_bias=[0.5] * HV),
+        dict(A_log=A_log, dt_bias=None),
+        dict(beta_logits=True, allow_neg_eigval=False),
+        dict(beta_logits=True, allow_neg_eigval=True),
+    ]
+    return [options_from_params(p) for p in params]
+
+
+def warm_class(impl: Implementation, c: ShapeClass, options: bool = False) -> float:
     """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c`` (compiling
     it), then, for an implementation declared JIT-compiled (``extra["compile_classes"]``), its
-    :func:`variants` (ignored where unsupported or failing: the properties report those); an
-    implementation with a backward form (``check --grad``) runs that instead, which runs (and
+    :func:`variants` and, with ``options`` (the pool's first ``OPTION_CLASSES`` classes), its
+    :func:`option_variants` (ignored where unsupported or failing: the properties report those);
+    an implementation with a backward form (``check --grad``) runs that instead, which runs (and
     compiles) its forward as well."""
     problem = c.example()
     start = time.perf_counter()
     if BACKWARD_FORM in impl.forms:
         impl.run_backward(problem, *cotangents(problem, seed=0))
-    else:
-        for form in impl.native_forms:
-            impl.run(problem, form)
-        for variant in variants(problem) if impl.extra.get("compile_classes") else []:
+    elif impl.extra.get("compile_classes"):
+        calls = [(problem, None)] + [(v, None) for v in variants(problem)]
+        calls += [(problem, o) for o in option_variants(problem)] if options else []
+        for i, (call, opts) in enumerate(calls):
             for form in impl.native_forms:
                 try:
-                    impl.run(variant, form)
+                    impl.run(call, form, options=opts)
                 except KernelTimeout:
                     raise
                 except Exception:  # noqa: BLE001 - a warm-up: the properties meet and report it
-                    pass
+                    if i == 0:  # the class itself: its failure is the outcome
+                        raise
+    else:
+        for form in impl.native_forms:
+            impl.run(problem, form)
     return time.perf_counter() - start
 
 
-def try_warm(impl: Implementation, c: ShapeClass) -> tuple[str, float | None, str]:
+def try_warm(impl: Implementation, c: ShapeClass, options: bool = False) -> tuple[str, float | None, str]:
     """:func:`warm_class` as an outcome: ``("compiled", seconds, "")``, or ``("timeout" |
     "unsupported" | "error", None, the exception in one line)`` (a crash is the properties' to
     report, not the planner's). Here and in a compile worker alike."""
     try:
-        return "compiled", warm_class(impl, c), ""
+        return "compiled", warm_class(impl, c, options), ""
     except KernelTimeout as exc:
         return "timeout", None, error_text(exc)
     except NotImplementedError as exc:
@@ -201,9 +224,14 @@ def _compiled_here(
 
 
 def _start_workers(
-    impl: Implementation, classes: Sequence[ShapeClass], workers: int | None, timeout: float | None
+    impl: Implementation,
+    classes: Sequence[ShapeClass],
+    workers: int | None,
+    timeout: float | None,
+    options: Sequence[ShapeClass] = (),
 ) -> tuple[CompilePool | None, str | None]:
-    """Worker processes compiling ``classes``, or None and why not (None: one worker, nothing to say)."""
+    """Worker processes compiling ``classes`` (those in ``options`` with their :func:`option_variants`
+    too), or None and why not (None: one worker, nothing to say)."""
     n = default_workers(len(classes)) if workers is None else min(workers, len(classes))
     if n <= 1:
         return None, None
@@ -213,7 +241,7 @@ def _start_workers(
             "compiled in this process: the implementation was handed in as a Python object, "
             "not by a name (built-in or MODULE:FUNCTION) a worker process can resolve"
         )
-    return CompilePool(spec, classes, n, timeout), None
+    return CompilePool(spec, classes, n, timeout, options), None
 
 
 def _from_worker(children: CompilePool, c: ShapeClass, until: float | None, plan: ShapePlan) -> Outcome | None:
@@ -290,7 +318,10 @@ def plan_shapes(
     try:
         if declared:  # compiled per class whatever the probe finds: no need to wait for it
             later = _unique(candidates[PROBE_CLASSES:], {key(c) for c in candidates[:PROBE_CLASSES]}, key)
-            children, plan.note = _start_workers(impl, later, workers, timeout)
+            # the option properties' classes (a prefix of the pool, probed here) get their option
+            # variants compiled in workers of their own, first, beside the probe
+            optional = list(candidates[:OPTION_CLASSES])
+            children, plan.note = _start_workers(impl, optional + later, workers, timeout, optional)
         pool, costs = _probe(impl, candidates, plan)
         if not (declared or (plan.new_class_seconds is not None and plan.new_class_seconds > EXPENSIVE_SECONDS)):
             plan.class_seconds = {}

@@ -99,9 +99,15 @@ class CompilePool:
     is started only before ``start_by`` (``time.monotonic()``; None: any time)."""
 
     def __init__(
-        self, spec: ImplSpec, classes: Sequence[ShapeClass], workers: int, timeout: float | None = None
+        self,
+        spec: ImplSpec,
+        classes: Sequence[ShapeClass],
+        workers: int,
+        timeout: float | None = None,
+        options: Sequence[ShapeClass] = (),
     ) -> None:
         self.spec, self.workers, self.timeout = spec, max(1, workers), timeout
+        self.options = frozenset(options)  # classes warmed with the option variants too
         self.given = list(dict.fromkeys(classes))
         self.pending = list(self.given)
         self.closed = False
@@ -158,6 +164,7 @@ class CompilePool:
         request = dict(
             impl=asdict(self.spec),
             shape_class=c.as_dict(),
+            options=c in self.options,
             timeout=self.timeout,
             path=[p for p in sys.path if isinstance(p, str)],
         )
@@ -224,7 +231,7 @@ def compile_one(request: dict[str, Any]) -> dict[str, Any]:
         return dict(status="unresolvable", seconds=time.perf_counter() - start, error=error_text(exc))
     guard = Guard(request.get("timeout"))
     try:
-        status, seconds, error = try_warm(guard.guarded(impl), c)
+        status, seconds, error = try_warm(guard.guarded(impl), c, bool(request.get("options")))
     finally:
         guard.close()
     if seconds is None:  # not compiled: the child's time until then
