@@ -6,9 +6,11 @@ log-gates g and beta [B, T, HV], state [N, HV, K, V], S <- exp(g) S; S <- S + k 
 o = S^T (scale q)), and every kernel call runs in a subprocess of its own, so that an illegal
 memory access ends one case, not the run. Prints one line per case and writes JSON (argv[1]).
 
-Cases: FLA's own backward (FLA_FLASH_QLA=0) at head sizes K in 60, 64, 100, 128 (is a size that is not
-a multiple of 64 wrong?), with an empty batch (T = 0) and an empty sequence in a pack; FLA with its
-FlashQLA dispatch on (16-bit and float32 g, an empty sequence); FlashQLA called directly.
+Cases: FLA's own backward (FLA_FLASH_QLA=0) at head sizes K in 32-128 and V in 16-128 (the V < 64
+bug), with an empty batch (T = 0), an empty sequence in a pack and padding tokens after
+cu_seqlens[-1] (a negative length in CASES: their gradients must be zero); FLA with its FlashQLA
+dispatch on (16-bit and float32 g, an empty sequence); FlashQLA called directly. For the cases in
+AUTOTUNE_PRINTED the JSON keeps the autotuned configurations Triton printed.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ CASES = [
     ("fla-dispatch-bf16-K128-g-fp32", "1", "fla", "bfloat16", 128, 128, [128], "float32"),
     ("fla-dispatch-bf16-varlen-0-1", "1", "fla", "bfloat16", 128, 128, [0, 1, 70], "float32"),
     ("qla-bf16-K128-g-fp32", "1", "qla", "bfloat16", 128, 128, [128], "float32"),
+    # tokens after cu_seqlens[-1] (3 here): their gradients must be zero, not left unwritten
+    ("fla-bf16-varlen-tail", "0", "fla", "bfloat16", 128, 128, [1, 1, -3], "same"),
 ]
+# Cases whose kernels' autotuning choices are printed (TRITON_PRINT_AUTOTUNING=1): the V < 64 bug
+# came and went between processes, so each run records which configurations its kernels picked.
+AUTOTUNE_PRINTED = ("fla-bf16-K60-V32", "fla-bf16-K64-V32", "fla-bf16-K64-V64")
 
 
 def reference(q, k, v, g, beta, h0, cu, scale, do):
@@ -71,7 +78,9 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype):
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
-    T, H, HV = sum(lengths), 1, 2
+    tail = -sum(n for n in lengths if n < 0)  # a negative length: that many padding tokens at the end
+    lengths = [n for n in lengths if n >= 0]
+    T, H, HV = sum(lengths) + tail, 1, 2
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
@@ -89,14 +98,28 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype):
     else:
         from flash_qla import chunk_gated_delta_rule as fn
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
-    cu_t = torch.tensor(cu, device=dev, dtype=torch.long) if len(lengths) > 1 else None
+    cu_t = torch.tensor(cu, device=dev, dtype=torch.long) if len(lengths) > 1 or tail else None
     o, _ = fn(*leaves[:5], scale=scale, initial_state=leaves[5], output_final_state=False, cu_seqlens=cu_t)
     got = torch.autograd.grad((o.float() * do.float()).sum(), leaves, allow_unused=True, materialize_grads=True)
     torch.cuda.synchronize()
-    want = reference(q, k, v, g, beta, h0, cu, scale, do)
+    want = reference(
+        q[:, : cu[-1]],
+        k[:, : cu[-1]],
+        v[:, : cu[-1]],
+        g[:, : cu[-1]],
+        beta[:, : cu[-1]],
+        h0,
+        cu,
+        scale,
+        do[:, : cu[-1]],
+    )
     row = {}
     for (key, w), x in zip(want.items(), got):
         x = x.double()
+        if tail and key != "dh0":  # the padding tokens' gradients: exactly zero, or how many are not
+            pad = x[:, cu[-1] :]
+            row[key + "_tail"] = {"nonzero": int((pad != 0).sum()), "nan": int(pad.isnan().sum()), "of": pad.numel()}
+            x = x[:, : cu[-1]]
         denom = float(w.square().mean().sqrt()) or 1.0
         row[key] = {
             "rel_rms": float((x - w).square().mean().sqrt()) / denom if w.numel() else 0.0,
@@ -120,6 +143,8 @@ def main():
         if only and name not in only:
             continue
         env = {**os.environ, "FLA_FLASH_QLA": qla}
+        if name in AUTOTUNE_PRINTED:
+            env["TRITON_PRINT_AUTOTUNING"] = "1"
         try:
             p = subprocess.run(
                 [sys.executable, __file__, "--case", name], env=env, capture_output=True, text=True, timeout=600
@@ -127,13 +152,20 @@ def main():
             line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             last = (p.stderr.strip().splitlines() or [""])[-1][:300]
             out = json.loads(line[7:]) if line else {"ok": False, "error": f"exit {p.returncode}: {last}"}
+            if name in AUTOTUNE_PRINTED:  # Triton's "Triton autotuning for function ... finished ..., best config ..."
+                out["autotuning"] = [x for x in (p.stdout + p.stderr).splitlines() if "best config" in x.lower()]
         except subprocess.TimeoutExpired:
             out = {"ok": False, "error": "timeout after 600 s"}
         out.update(case=name, FLA_FLASH_QLA=qla, entry=entry, dtype=dtype, K=K, V=V, lengths=lengths, g_dtype=g_dtype)
         results.append(out)
         if out["ok"]:
             grads = out["grads"].items()
-            cells = " ".join(f"{k} {v['rel_rms']:.2e}{'' if v['finite'] else ' NONFINITE'}" for k, v in grads)
+            cells = " ".join(
+                f"{k} {v['nonzero']}/{v['of']} nonzero ({v['nan']} NaN)"
+                if "nonzero" in v
+                else f"{k} {v['rel_rms']:.2e}{'' if v['finite'] else ' NONFINITE'}"
+                for k, v in grads
+            )
         else:
             cells = "ERROR " + out["error"]
         print(f"{name:32s} {cells}", flush=True)
