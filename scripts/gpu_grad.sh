@@ -44,13 +44,18 @@ check() {  # NAME ARGS...: one check --grad, its log and JSON
 # Cold (fresh Triton and TileLang caches) then the same command again (warm), one check at a time:
 # on 2026-11-26 four checks compiling side by side took over 8 minutes for FLA's 4 classes.
 export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla
-check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1
-check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1
+# GRAD_DIMS (e.g. "64,128"): head sizes for the timed runs; FLA 0.6's backward is wrong and can
+# fault at V = 16 and 32 (reports/2026-11-26-fla-backward-findings/), which stops a default run at
+# its first such example, so a complete run's cost needs sizes it handles
+DIMS=${GRAD_DIMS:+--dims $GRAD_DIMS}
+check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1 $DIMS
+check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1 $DIMS
 [ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
 # the rest side by side (their compile costs are not the measurement); GRAD_MORE picks them
 for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
   case $job in
-    fp16) check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 & ;;
+    fp16) check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 $DIMS & ;;
+    default) check fla-chunk-bf16-default --impl fla-chunk --dtype bfloat16 --seed 2 & ;;  # every head size
     qla-bf16) TRITON_CACHE_DIR=/tmp/triton-qla check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1 & ;;
     qla-fp16) TRITON_CACHE_DIR=/tmp/triton-qla16 check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 & ;;
     dispatch) FLA_FLASH_QLA=1 TRITON_CACHE_DIR=/tmp/triton-dispatch \
