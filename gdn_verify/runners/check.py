@@ -22,7 +22,7 @@ import os
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,8 +95,8 @@ CONTEXT_LOST = (
 )
 
 
-def device_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) is one of CUDA's sticky errors."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from or while handling, each once."""
     seen: set[int] = set()
     stack: list[BaseException | None] = [exc]
     while stack:
@@ -104,11 +104,14 @@ def device_lost(exc: BaseException) -> bool:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        text = f"{type(e).__name__}: {e}"
-        if any(s.lower() in text.lower() for s in STICKY_DEVICE_ERRORS):
-            return True
+        yield e
         stack += [e.__cause__, e.__context__]
-    return False
+
+
+def device_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is one of CUDA's sticky errors."""
+    texts = (f"{type(e).__name__}: {e}".lower() for e in _chain(exc))
+    return any(s.lower() in text for text in texts for s in STICKY_DEVICE_ERRORS)
 
 
 class _OutOfTime(BaseException):
@@ -245,17 +248,7 @@ def _interrupted(exc: BaseException) -> bool:
     come out as another exception raised while handling it, e.g. Hypothesis's internal
     ``AssertionError``; it is still the user's interruption, not a property failure.
     """
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        stack += [e.__cause__, e.__context__]
-    return False
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
 def run_property(
