@@ -211,6 +211,27 @@ def flashinfer_decode_kmajor(N: int) -> str:
     return f"ok, last 2 requests vs them alone: o {rel(o[-2:], o2):.2e}, state {rel(state[-2:], last):.2e}"
 
 
+def flashinfer_decode_one_head(B: int) -> str:
+    """One decode step with a single head (H = HV = 1), B requests, plain contiguous tensors, through
+    the pretranspose (v-major state) and the k-major kernels: the tier's many_chunks case (one head)
+    got CuTe DSL's "Can't deduce the leading dimension" through our adapter (F3e)."""
+    import flashinfer.gdn_decode as d
+
+    q, k, v = randn(B, 1, 1, K), randn(B, 1, 1, K, seed=1), randn(B, 1, 1, K, seed=2)
+    a, b = randn(B, 1, 1, seed=3), randn(B, 1, 1, seed=4)
+    zeros = torch.zeros(1, device="cuda", dtype=torch.float32)
+    kw = dict(A_log=zeros, dt_bias=zeros, use_qk_l2norm=True, backend="flashinfer")
+    out = []
+    for name, fn in (("pretranspose", d.gated_delta_rule_decode_pretranspose), ("k-major", d.gated_delta_rule_decode)):
+        try:
+            o, _ = fn(q=q, k=k, v=v, state=randn(B, 1, K, K, dtype=torch.float32, seed=5), a=a, b=b, **kw)
+            torch.cuda.synchronize()
+            out.append(f"{name}: ok, o finite {bool(o.isfinite().all())}")
+        except Exception as exc:  # noqa: BLE001 - the kernel's exception is what this script reports
+            out.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    return "; ".join(out)
+
+
 CASES = {
     "vllm-chunk-dense": (vllm_chunk_dense, (65535 // 16, 65535 // 16 + 1)),
     "vllm-chunk-varlen": (vllm_chunk_varlen, (65535 // 16, 65535 // 16 + 1)),
@@ -221,6 +242,7 @@ CASES = {
     "flashinfer-prefill-empty": (flashinfer_prefill_empty, (0,)),
     "flashinfer-prefill-states": (flashinfer_prefill_states, (8190, 8194)),
     "flashinfer-decode-kmajor": (flashinfer_decode_kmajor, (4095, 4097, 8190, 8194)),
+    "flashinfer-decode-one-head": (flashinfer_decode_one_head, (1, 4)),
 }
 
 
