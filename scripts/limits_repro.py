@@ -264,5 +264,8 @@ if __name__ == "__main__":
             run = subprocess.run(
                 [sys.executable, __file__, "--child", name, str(arg)], capture_output=True, text=True, timeout=600
             )
-            lines = [x for x in (run.stdout + run.stderr).splitlines() if x.strip()]
-            print("\n".join(lines[-3:]) if lines else f"{name}({arg}): child exited {run.returncode}", flush=True)
+            # the child's own lines (stdout); its stderr (library logs, a traceback) only without them
+            lines = [x for x in run.stdout.splitlines() if x.strip()] or [
+                x for x in run.stderr.splitlines() if x.strip()
+            ][-3:]
+            print("\n".join(lines) if lines else f"{name}({arg}): child exited {run.returncode}", flush=True)
