@@ -264,8 +264,9 @@ if __name__ == "__main__":
             run = subprocess.run(
                 [sys.executable, __file__, "--child", name, str(arg)], capture_output=True, text=True, timeout=600
             )
-            # the child's own lines (stdout); its stderr (library logs, a traceback) only without them
-            lines = [x for x in run.stdout.splitlines() if x.strip()] or [
-                x for x in run.stderr.splitlines() if x.strip()
-            ][-3:]
+            # the child's own lines (stdout); the end of its stderr (library logs, a traceback) only
+            # when it printed no result line (it died)
+            lines = [x for x in run.stdout.splitlines() if x.strip()]
+            if not any(x.startswith(f"{name}({arg})") for x in lines):
+                lines += [x for x in run.stderr.splitlines() if x.strip()][-3:]
             print("\n".join(lines) if lines else f"{name}({arg}): child exited {run.returncode}", flush=True)
