@@ -388,7 +388,7 @@ def _library_check_hit_during_ctrl_c(*_):
 
 def _determinism(**changes):
     impl = api.implementation("numpy")
-    return dataclasses.replace(api.catalogue_for(impl, {})["determinism"], **changes), impl
+    return dataclasses.replace(api.catalogue_for(impl)["determinism"], **changes), impl
 
 
 @pytest.mark.parametrize("where", ["check", "strategy"])
@@ -422,7 +422,8 @@ def test_database_overriding_seed_is_said(tmp_path):
 
 
 def test_the_plugin_reports_a_timeout(folder):
-    env = {**os.environ, "PYTHONPATH": str(folder)}
+    # The tree under test after the folder: not another checkout the package may be installed from.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gdn-impl", "kernels:hangs",
          "--gdn-properties", "matches_reference", "--gdn-max-examples", "5", "--gdn-seed", "1", "--gdn-timeout",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
 KERNELS = textwrap.dedent("""
     from gdn_verify.implementations import numpy_impl, planted
 
@@ -23,7 +24,8 @@ KERNELS = textwrap.dedent("""
 
 
 def run_pytest(folder: Path, *args: str, quiet: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(folder)}
+    # The tree under test after the user's folder: not another checkout the package may be installed from.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
     return subprocess.run(
         [sys.executable, "-m", "pytest", *(["-q"] if quiet else []), "-p", "no:cacheprovider", *args],
         cwd=folder,
