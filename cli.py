@@ -29,6 +29,7 @@ try:
     from gdn_verify import api, console, implementations
     from gdn_verify.core.implementation import ConfigurationError
     from gdn_verify.core.problem import DTYPES
+    from gdn_verify.options import CheckOptions, comma_dims, comma_list, flag_name
     from gdn_verify.properties import NAMES
     from gdn_verify.runners import sanitize
     from gdn_verify.runners.check import PropertyResult
@@ -43,21 +44,12 @@ FLAGS = {"case": "CASE", "dtypes": "--dtype", "device": "bench"}
 
 
 def flag(field: str) -> str:
-    return FLAGS.get(field, "--" + field.replace("_", "-"))
+    return FLAGS.get(field, "--" + flag_name(field).replace("_", "-"))
 
 
-def split_list(text: str | None) -> list[str] | None:
-    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
-
-
-def head_dims(text: str | None) -> tuple[int, ...] | None:
-    """``--dims 64,128`` as ``(64, 128)``."""
-    if text is None:
-        return None
-    try:
-        return tuple(int(part) for part in split_list(text) or [])
-    except ValueError:
-        raise ConfigurationError("dims", f"{text!r}: expected comma-separated head sizes such as 64,128") from None
+def check_options(args: argparse.Namespace) -> CheckOptions:
+    """``check``'s flags as the run settings (``--impl``, ``--json`` and ``--sanitize`` are not among them)."""
+    return CheckOptions.from_flags(vars(args))
 
 
 def impl_name(args: argparse.Namespace) -> str:
@@ -138,37 +130,30 @@ def cmd_check(args: argparse.Namespace) -> int:
         return cmd_sanitized(args)
     out = json_path(args)
     display = console.ProgressDisplay()
-    impl = api.implementation(impl_name(args), args.array, args.convention)
-    seed = args.seed if args.seed is not None else random.randrange(2**31)
-    dims = head_dims(args.dims)
-    grad = api.checks_gradients(impl, args.grad, args.convention)
+    options = check_options(args)
+    impl = api.implementation(impl_name(args), options.array, options.convention)
+    grad = api.checks_gradients(impl, options.grad, options.convention)
     if grad:  # misuse (no backward to check) is one line before the header, not after it
         impl = implementations.with_backward(impl)
-    api.check_arguments(  # misuse is one line, before the header
-        impl,
-        dtype=args.dtype,
-        properties=split_list(args.properties),
-        max_examples=args.max_examples,
-        dims=dims,
-        max_tokens=args.max_tokens,
-        grad=grad,
-        scale=args.scale,
-    )
-    if args.database and args.seed is not None:
+    api.check_arguments(impl, options, grad)  # misuse is one line, before the header
+    if options.database and options.seed is not None:
         print(
-            f"check: --database {args.database} takes precedence: Hypothesis ignores --seed {args.seed} "
+            f"check: --database {options.database} takes precedence: Hypothesis ignores --seed {options.seed} "
             "when it replays an example database",
             file=sys.stderr,
         )
+    if options.seed is None:  # drawn here, so that the header can print it
+        options = options.replace(seed=random.randrange(2**31))
+    dtype = options.dtype or impl.default_dtype
     print(
         f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
-        f"dtype={args.dtype or impl.default_dtype}, seed={seed}"
-        + ("" if dims is None else f", head sizes {','.join(map(str, dims))} only")
+        f"dtype={dtype}, seed={options.seed}"
+        + ("" if options.dims is None else f", head sizes {','.join(map(str, options.dims))} only")
         + (", gradients (the backward)" if grad else ""),
         flush=True,
     )
-    partial = api.CheckResult(impl, args.dtype or impl.default_dtype, seed, convention=args.convention, grad=grad)
-    partial.timeout = args.timeout or None
+    partial = api.CheckResult(impl, dtype, options.seed, convention=options.convention, grad=grad)
+    partial.timeout = options.timeout
 
     def save(status: str) -> None:
         if out is not None:
@@ -187,28 +172,18 @@ def cmd_check(args: argparse.Namespace) -> int:
             return  # one line on stderr at the end, not a property verdict
         display.print(console.format_result(r))
         if r.failure is not None:  # at once, so that a run cut short still shows its minimal example
-            replay = console.replay_command(r.failure.case_path, impl, args.convention) if r.failure.case_path else None
+            case = r.failure.case_path
+            replay = console.replay_command(case, impl, options.convention) if case else None
             display.print(console.format_failure(r, replay))
 
     save("running")
     try:
         result = api.check(
             impl,
-            dtype=args.dtype,
-            properties=split_list(args.properties),
-            seed=seed,
-            max_examples=args.max_examples,
-            dims=dims,
-            max_tokens=args.max_tokens,
-            database=args.database,
-            convention=args.convention,
-            timeout=args.timeout,
+            **options.keywords(),
             progress=progress,
             on_result=on_result,
-            scale=args.scale,
-            grad=args.grad,
-            **({"cases_dir": args.cases} if args.cases else {}),
-            **_compile_options(args, display),
+            on_compile=console.compile_progress(display),
         )
         CtrlC.check()
     except KeyboardInterrupt:
@@ -382,9 +357,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             impl,
             args.budget,
             dtype=args.dtype,
-            properties=split_list(args.properties),
+            properties=comma_list(args.properties),
             seed=args.seed,
-            dims=head_dims(args.dims),
+            dims=comma_dims(args.dims),
             max_tokens=args.max_tokens,
             database=args.database,
             convention=args.convention,
@@ -449,15 +424,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         seed=args.seed,
         quick=args.quick,
         max_examples=args.max_examples,
-        properties=split_list(args.properties),
-        dims=head_dims(args.dims),
+        properties=comma_list(args.properties),
+        dims=comma_dims(args.dims),
     )
     api.writable(options.out, "out", directory=True)  # before hours of measurements, not after
     s = options.sizes
     print(
         f"gdn-verify report: {', '.join(i.name for i in options.impls)}; dtypes {', '.join(options.dtypes)}; "
-        f"{s.name} sizes (H={s.H} HV={s.HV} K={s.K} V={s.V}, T up to {s.max_tokens}); seed {options.seed}; "
-        f"{options.max_examples} examples per property"
+        f"{s.name} sizes (H={s.H} HV={s.HV} K={s.K} V={s.V}, T up to {s.max_tokens}); seed {options.checks.seed}; "
+        f"{options.checks.max_examples} examples per property"
     )
     for skip in options.skipped:
         print(f"skipped: {skip['impl']}: {skip['reason']}")

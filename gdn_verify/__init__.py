@@ -7,11 +7,12 @@ Public API (see the README for a runnable example)::
     result.passed            # False when any property failed
     result.assert_passed()   # AssertionError carrying each minimal example and its replay command
 
-``check``, ``replay``, ``fuzz`` and ``selftest`` live in ``gdn_verify.api``. The package's layers,
+``check``, ``replay``, ``fuzz`` and ``selftest`` live in ``gdn_verify.api``; ``CheckOptions``
+(``gdn_verify.options``) holds ``check``'s settings as one object. The package's layers,
 each importing only downward: ``core`` (problem, oracle, tolerance, verdict), ``properties``
 (Hypothesis strategies and properties), ``implementations`` (built-ins, plug-ins, adapters to
 FLA, FlashInfer and our CuPy kernels), ``runners`` (check, fuzz, selftest, diagnose), ``report``
-and ``bench``; on top, ``api``, ``console`` (the terminal display), the pytest plugin and the
+and ``bench``; on top, ``api`` and ``options``, ``console`` (the terminal display), the pytest plugin and the
 command line (``gdn-verify``, ``python -m gdn_verify``, ``cli.py``).
 """
 
@@ -29,9 +30,11 @@ if TYPE_CHECKING:
     from gdn_verify.api import CheckResult, ReplayResult, check, fuzz, replay, selftest
     from gdn_verify.core.implementation import ConfigurationError, Implementation
     from gdn_verify.core.problem import Problem
+    from gdn_verify.options import CheckOptions
 
 __all__ = [
     "__version__",
+    "CheckOptions",
     "CheckResult",
     "ConfigurationError",
     "Implementation",
@@ -50,6 +53,7 @@ _WHERE = {
     "fuzz": "gdn_verify.api",
     "replay": "gdn_verify.api",
     "selftest": "gdn_verify.api",
+    "CheckOptions": "gdn_verify.options",
     "ConfigurationError": "gdn_verify.core.implementation",
     "Implementation": "gdn_verify.core.implementation",
     "Problem": "gdn_verify.core.problem",

@@ -7,6 +7,8 @@ verifies the backward instead of the forward: the gradient properties
 (``gdn_verify.properties.gradients``) against a functional backward, the implementation's own
 (``convention="backward"``) or, for a torch forward, autograd's. Bad arguments raise
 :class:`~gdn_verify.core.implementation.ConfigurationError` (a ``ValueError``) naming the argument.
+``check``'s settings as one object, which the command line, the pytest plugin and the report
+build: :class:`~gdn_verify.options.CheckOptions`.
 
 Results as JSON: ``CheckResult.as_dict()``, :func:`fuzz_document` and :func:`selftest_document`
 are documents of the versioned schema ``gdn_verify/schema/result.schema.json``
@@ -37,6 +39,15 @@ from gdn_verify.core import environment
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.verdict import Property
+from gdn_verify.options import (
+    CheckOptions,
+    valid_choice,
+    valid_compile_budget,
+    valid_dims,
+    valid_max_examples,
+    valid_max_tokens,
+    valid_timeout,
+)
 from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
 from gdn_verify.properties.strategies import pool_candidates
 from gdn_verify.runners import fuzz as fuzz_runner
@@ -89,25 +100,14 @@ def implementation(impl: ImplLike, array: str | None = None, convention: str = "
 
 
 def _dtype(dtype: str | None, impl: Implementation) -> str:
-    dtype = dtype or impl.default_dtype
-    if dtype not in DTYPES:
-        raise ConfigurationError("dtype", f"{dtype!r}: choose from {', '.join(DTYPES)}")
-    return dtype
+    return valid_choice("dtype", dtype or impl.default_dtype, DTYPES)
 
 
 def _limits(impl: Implementation, dtype: str, dims: Sequence[int] | None, max_tokens: int | None) -> Limits:
-    limits = Limits(dtype=dtype, max_tokens=max_tokens or (2048 if impl.array == "numpy" else 65536))
-    if limits.max_tokens < 64:
-        raise ConfigurationError("max_tokens", f"{max_tokens}: must be at least 64")
-    if dims is not None:
-        try:
-            head_dims = tuple(sorted({int(d) for d in dims}))
-        except (TypeError, ValueError):
-            raise ConfigurationError("dims", f"{dims!r}: expected head sizes such as (64, 128)") from None
-        if not head_dims or min(head_dims) < 1:
-            raise ConfigurationError("dims", f"{dims!r}: expected positive head sizes such as (64, 128)")
-        limits = limits.replace(head_dims=head_dims)
-    return limits
+    default_tokens = 2048 if impl.array == "numpy" else 65536
+    limits = Limits(dtype=dtype, max_tokens=valid_max_tokens(max_tokens) or default_tokens)
+    head_dims = valid_dims(dims)
+    return limits if head_dims is None else limits.replace(head_dims=head_dims)
 
 
 def grad_catalogue(limits: Limits) -> dict[str, Property]:
@@ -131,12 +131,13 @@ def checks_gradients(impl: Implementation, grad: bool = False, convention: str =
     return grad or convention == BACKWARD_FORM or implementations.backward_only(impl)
 
 
-def catalogue_for(impl: Implementation, options: dict[str, Any]) -> dict[str, Property]:
-    """The properties for ``impl`` under ``check``'s keyword arguments (``dtype``, ``dims``,
-    ``max_tokens``; ``grad``: the gradient properties)."""
-    dtype = _dtype(options.get("dtype"), impl)
-    limits = _limits(impl, dtype, options.get("dims"), options.get("max_tokens"))
-    grad = checks_gradients(impl, bool(options.get("grad")), options.get("convention", "native"))
+def catalogue_for(impl: Implementation, options: CheckOptions | None = None) -> dict[str, Property]:
+    """The properties for ``impl`` under ``check``'s ``options`` (``dtype``, ``dims``, ``max_tokens``;
+    ``grad``: the gradient properties)."""
+    options = options or CheckOptions()
+    dtype = _dtype(options.dtype, impl)
+    limits = _limits(impl, dtype, options.dims, options.max_tokens)
+    grad = checks_gradients(impl, options.grad, options.convention)
     return grad_catalogue(limits) if grad else catalogue(limits)
 
 
@@ -156,20 +157,6 @@ def select(available: dict[str, Property], names: Sequence[str] | None, impl: Im
             "properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(available)}"
         )
     return [available[n] for n in names]
-
-
-def _max_examples(n: int | None) -> int | None:
-    if n is not None and n < 1:
-        raise ConfigurationError("max_examples", f"{n}: must be at least 1")
-    return n
-
-
-def _timeout(seconds: float | None) -> float | None:
-    if seconds is None or seconds == 0:
-        return None  # no limit
-    if not seconds > 0 or math.isinf(seconds):
-        raise ConfigurationError("timeout", f"{seconds}: must be a positive number of seconds (0: no limit)")
-    return float(seconds)
 
 
 def jsonable(x: Any) -> Any:
@@ -344,26 +331,17 @@ class CheckResult:
 
 
 def check_arguments(
-    impl: Implementation,
-    *,
-    dtype: str | None = None,
-    properties: Sequence[str] | None = None,
-    max_examples: int | None = None,
-    dims: Sequence[int] | None = None,
-    max_tokens: int | None = None,
-    grad: bool = False,
-    scale: bool = False,
-    scale_limits: scale_runner.ScaleLimits | None = None,
+    impl: Implementation, options: CheckOptions, grad: bool = False
 ) -> tuple[str, list[str], list[str] | None, Limits]:
-    """``(dtype, scale cases, properties, limits)`` of a :func:`check` with these arguments, or
-    :class:`ConfigurationError` for what it would refuse, before anything runs or compiles (the
-    command line says so in one line, ahead of its run header)."""
-    dtype = _dtype(dtype, impl)
-    cases, names = ([], properties) if grad else scale_selection(impl, scale, scale_limits, properties)
-    limits = _limits(impl, dtype, dims, max_tokens)
+    """``(dtype, scale cases, properties, limits)`` of a :func:`check` of ``impl`` (``grad``: its
+    backward) with ``options``, or :class:`ConfigurationError` for what it would refuse, before
+    anything runs or compiles (the command line says so in one line, ahead of its run header)."""
+    dtype = _dtype(options.dtype, impl)
+    properties = options.properties
+    cases, names = ([], properties) if grad else scale_selection(impl, options.scale, options.scale_limits, properties)
+    limits = _limits(impl, dtype, options.dims, options.max_tokens)
     if not (cases and names == []):
         select(grad_catalogue(limits) if grad else catalogue(limits), names, impl)
-    _max_examples(max_examples)
     return dtype, cases, None if names is None else list(names), limits
 
 
@@ -420,46 +398,63 @@ def check(
     (``impl`` a functional backward ``fn(q, k, v, g, beta, scale=None, initial_state=None,
     use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, do, dht=None) -> (dq, dk, dv, dg, dbeta,
     dh0)``) and by an implementation with only a backward form. Not with ``scale`` (yet).
+
+    The same settings as one object: ``check(impl, **options.keywords())`` with a
+    :class:`~gdn_verify.options.CheckOptions`, which validates them (as this call does first).
     """
     start = time.perf_counter()
-    impl = implementation(impl, array, convention)
-    grad = checks_gradients(impl, grad, convention)
-    if grad:
-        if scale:
-            raise ConfigurationError("scale", "the scale tier checks the forward pass; not with grad (yet)")
-        impl = implementations.with_backward(impl)
-    impl.check_signatures()
-    dtype, scale_cases, properties, limits = check_arguments(
-        impl,
+    options = CheckOptions(
+        array=array,
         dtype=dtype,
         properties=properties,
+        seed=seed,
         max_examples=max_examples,
         dims=dims,
         max_tokens=max_tokens,
-        grad=grad,
+        database=database,
+        cases_dir=cases_dir,
+        plans_dir=plans_dir,
+        convention=convention,
+        timeout=timeout,
+        compile_budget=compile_budget,
         scale=scale,
         scale_limits=scale_limits,
+        grad=grad,
     )
-    scale_only = bool(scale_cases) and properties == []
+    impl = implementation(impl, options.array, options.convention)
+    grad = checks_gradients(impl, options.grad, options.convention)
+    if grad:
+        if options.scale:
+            raise ConfigurationError("scale", "the scale tier checks the forward pass; not with grad (yet)")
+        impl = implementations.with_backward(impl)
+    impl.check_signatures()
+    dtype, scale_cases, names, limits = check_arguments(impl, options, grad)
+    scale_only = bool(scale_cases) and names == []
     shapes = None
     if not scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
-        limits, shapes = plan_limits(impl, limits, compile_budget, on_compile, _timeout(timeout), plans_dir)
+        limits, shapes = plan_limits(
+            impl, limits, options.compile_budget, on_compile, options.timeout, options.plans_dir
+        )
     available = grad_catalogue(limits) if grad else catalogue(limits)
-    props = [] if scale_only else select(available, properties, impl)
-    seed = seed if seed is not None else random.randrange(2**31)
+    props = [] if scale_only else select(available, names, impl)
+    seed = options.seed if options.seed is not None else random.randrange(2**31)
     run = RunSettings(
-        max_examples=_max_examples(max_examples),
+        max_examples=options.max_examples,
         seed=seed,
-        database=None if database is None else str(database),
-        cases_dir=Path(cases_dir),
-        timeout=_timeout(timeout),
+        database=None if options.database is None else str(options.database),
+        cases_dir=Path(options.cases_dir),
+        timeout=options.timeout,
     )
-    result = CheckResult(impl, dtype, seed, convention=convention, timeout=run.timeout, shapes=shapes, grad=grad)
+    result = CheckResult(
+        impl, dtype, seed, convention=options.convention, timeout=run.timeout, shapes=shapes, grad=grad
+    )
     result.results = run_check(impl, props, run, progress, on_result)
     if result.results and result.results[-1].context_lost:
         result.not_run = [p.name for p in props[len(result.results) :]]
     if scale_cases:
-        result.results += _run_scale(impl, dtype, scale_cases, scale_limits, seed, run.timeout, progress, on_result)
+        result.results += _run_scale(
+            impl, dtype, scale_cases, options.scale_limits, seed, run.timeout, progress, on_result
+        )
     result.seconds = time.perf_counter() - start
     return result
 
@@ -682,7 +677,7 @@ def fuzz(
     reports are merged.
     """
     seconds = fuzz_runner.parse_budget(budget)
-    timeout = _timeout(timeout)
+    timeout = valid_timeout(timeout)
     impl_obj = implementation(impl, array, convention)
     if checks_gradients(impl_obj, False, convention):
         raise ConfigurationError(
@@ -866,10 +861,8 @@ def selftest(
     ``grad``: the planted gradient bugs (``gdn_verify.implementations.planted_grad``) against the
     gradient properties, the named causes judged against its ``RIGHT_CAUSES``.
     """
-    if dtype not in DTYPES:
-        raise ConfigurationError("dtype", f"{dtype!r}: choose from {', '.join(DTYPES)}")
-    limits = Limits(dtype=dtype)
-    run = RunSettings(max_examples=_max_examples(max_examples), seed=seed, timeout=_timeout(timeout))
+    limits = Limits(dtype=valid_choice("dtype", dtype, DTYPES))
+    run = RunSettings(max_examples=valid_max_examples(max_examples), seed=seed, timeout=valid_timeout(timeout))
     if not grad:
         return run_selftest(list(catalogue(limits).values()), run, on_bug)
     try:
@@ -909,7 +902,8 @@ def plan_limits(
     resolved by name (``runners.compile_workers``; ``GDN_VERIFY_COMPILE_WORKERS=1``: none), their
     calls guarded by ``timeout`` too.
     """
-    budget = default_budget if compile_budget is None else _compile_budget(compile_budget)
+    given = valid_compile_budget(compile_budget)
+    budget = default_budget if given is None else given
     path, stored, key = None, None, None
     note = "no plans directory: not stored"
     if plans_dir is not None:
@@ -943,13 +937,6 @@ def plan_limits(
         else:
             plan.path = None
     return (limits if plan.classes is None else limits.replace(shape_classes=plan.classes)), plan
-
-
-def _compile_budget(value: str | float) -> float:
-    try:
-        return fuzz_runner.parse_budget(value)
-    except ConfigurationError as exc:
-        raise ConfigurationError("compile_budget", exc.message) from None
 
 
 def _plan_dict(plan: ShapePlan | None, seconds: float) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import pytest
 
 from gdn_verify import api, console, implementations
 from gdn_verify.core.implementation import ConfigurationError
+from gdn_verify.options import CheckOptions, flag_name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,21 +59,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _options(config: pytest.Config) -> dict[str, Any]:
-    """Keyword arguments of :func:`gdn_verify.check` from the command line (unset ones left out)."""
-    opt = config.getoption
-    kw: dict[str, Any] = dict(
-        array=opt("gdn_array"),
-        dtype=opt("gdn_dtype"),
-        seed=opt("gdn_seed"),
-        max_examples=opt("gdn_max_examples"),
-        convention=opt("gdn_convention"),
-        timeout=opt("gdn_timeout"),
-        grad=opt("gdn_grad") or None,
-    )
-    if opt("gdn_dims"):
-        kw["dims"] = tuple(int(d) for d in opt("gdn_dims").split(","))
-    return {k: v for k, v in kw.items() if v is not None}
+def check_options(option: Any) -> CheckOptions:
+    """The ``--gdn-*`` options (pytest's ``config.option``) as the run settings (``--gdn-impl`` is not among them)."""
+    return CheckOptions.from_flags(vars(option), prefix="gdn_")
+
+
+def _usage_error(exc: ConfigurationError) -> pytest.UsageError:
+    return pytest.UsageError(f"--gdn-{flag_name(exc.field).replace('_', '-')}: {exc.message}")
 
 
 class PropertySuite(pytest.Collector):
@@ -97,11 +90,10 @@ class PropertyItem(pytest.Item):
         impl = self.suite["impl"]
         if self.suite.get("context_lost"):  # every call of this process would fail alike
             pytest.skip(f"not run: the GPU context was lost in {self.suite['context_lost']}; run it in a fresh process")
-        result = api.check(
-            impl,
-            properties=[self.prop],
-            **{k: v for k, v in self.suite["options"].items() if k not in ("array", "convention")},
-        )
+        # One property per item (a scale case runs alone by its name). The implementation is resolved
+        # already: array and convention applied there.
+        options = self.suite["options"].replace(properties=[self.prop], scale=False, array=None, convention="native")
+        result = api.check(impl, **options.keywords())
         (r,) = result.results
         if r.context_lost:
             self.suite["context_lost"] = self.prop
@@ -128,11 +120,9 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     suite = config.stash.get(_SUITE, None)
     if suite is None:
         return None
-    impl = suite["impl"]
-    return (
-        f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={suite['options']['dtype']}, "
-        f"seed={suite['options']['seed']}" + (", gradients (the backward)" if suite["options"].get("grad") else "")
-    )
+    impl, options = suite["impl"], suite["options"]
+    header = f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={options.dtype}, seed={options.seed}"
+    return header + (", gradients (the backward)" if options.grad else "")
 
 
 _SUITE = pytest.StashKey[dict]()
@@ -142,32 +132,34 @@ def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("gdn_impl", None)
     if not name:
         return
-    options = _options(config)
     try:
-        impl = api.implementation(name, options.get("array"), options.get("convention", "native"))
-        if api.checks_gradients(impl, bool(options.get("grad")), options.get("convention", "native")):
-            options["grad"] = True
-            if config.getoption("gdn_scale"):
+        options = check_options(config.option)
+        impl = api.implementation(name, options.array, options.convention)
+        if api.checks_gradients(impl, options.grad, options.convention):
+            options = options.replace(grad=True)
+            if options.scale:
                 raise ConfigurationError("scale", "the scale tier checks the forward pass; not with --gdn-grad (yet)")
             impl = implementations.with_backward(impl)
         impl.check_signatures()
     except ConfigurationError as exc:
-        raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
+        raise _usage_error(exc) from None
     import random
 
-    options.setdefault("seed", random.randrange(2**31))
-    options.setdefault("dtype", impl.default_dtype)
+    # Drawn and filled in once, so that the header shows them and every item runs with them.
+    options = options.replace(
+        seed=random.randrange(2**31) if options.seed is None else options.seed,
+        dtype=options.dtype or impl.default_dtype,
+    )
     scale: list[str] = []
-    if config.getoption("gdn_scale"):
+    if options.scale:
         try:
             scale, _ = api.scale_selection(impl, True, None, None)
         except ConfigurationError as exc:
             raise pytest.UsageError(f"--gdn-scale: {exc.message}") from None
-    selected = config.getoption("gdn_properties")
     try:
-        props = api.select(api.catalogue_for(impl, options), selected.split(",") if selected else None, impl)
+        props = api.select(api.catalogue_for(impl, options), options.properties, impl)
     except ConfigurationError as exc:
-        raise pytest.UsageError(f"--gdn-{exc.field.replace('_', '-')}: {exc.message}") from None
+        raise _usage_error(exc) from None
     names = [p.name for p in props] + [api.SCALE_PREFIX + name for name in scale]
     config.stash[_SUITE] = dict(impl=impl, options=options, names=names)
 
@@ -188,8 +180,9 @@ def pytest_make_collect_report(
 
 @pytest.fixture
 def gdn_check(request: pytest.FixtureRequest) -> Callable[..., api.CheckResult]:
-    """``gdn_check(impl, **kw)``: :func:`gdn_verify.check` with the ``--gdn-*`` options as defaults."""
-    defaults = _options(request.config)
+    """``gdn_check(impl, **kw)``: :func:`gdn_verify.check` with the ``--gdn-*`` options as defaults
+    (but ``--gdn-properties`` and ``--gdn-scale``, which select the plugin's own items)."""
+    defaults = check_options(request.config.option).replace(properties=None, scale=False).keywords()
 
     def run(impl: Any, **kw: Any) -> api.CheckResult:
         return api.check(impl, **{**defaults, **kw})

@@ -26,6 +26,7 @@ from gdn_verify.core.gradients import cotangents, problem_gradients, recurrent_g
 from gdn_verify.core.implementation import BACKWARD_FORM, GRADIENTS, ConfigurationError, Implementation
 from gdn_verify.core.verdict import Measurement, Property, Violation
 from gdn_verify.implementations import numpy_impl
+from gdn_verify.options import CheckOptions
 from gdn_verify.properties import strategies as gs
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -292,8 +293,9 @@ def test_grad_selects_the_backward_properties(stand_ins):
     # an implementation with both: the forward by default, the backward with grad=True
     both = implementations.resolve("planted-grad:dg_doubled")
     assert both.name == "planted-grad:dg_doubled" and both.extra["compile_classes"] is False
-    assert {p.form for p in api.select(api.catalogue_for(both, {}), None, both)} <= {"native"}
-    assert [p.name for p in api.select(api.catalogue_for(both, {"grad": True}), None, both)] == list(STUB_NAMES)
+    assert {p.form for p in api.select(api.catalogue_for(both), None, both)} <= {"native"}
+    gradients = api.catalogue_for(both, CheckOptions(grad=True))
+    assert [p.name for p in api.select(gradients, None, both)] == list(STUB_NAMES)
     failed = api.check(both, grad=True, seed=1, properties=["grad_stub_reference"])
     assert not failed.passed and "dg error" in failed.failures[0].failure.message
     assert "grad" not in api.check("numpy", properties=["determinism"], max_examples=2).as_dict()

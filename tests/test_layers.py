@@ -7,7 +7,7 @@ gdn_verify.properties         core
 gdn_verify.implementations    core (and cupy_kernels, the kernels under test)
 gdn_verify.runners            core, implementations (properties arrive as objects)
 gdn_verify.bench              core, cupy_kernels
-gdn_verify.api, console, pytest_plugin: the library below them; report: the same, on the API
+gdn_verify.api, options, console, pytest_plugin: the library below them; report: the same, on the API
 cli.py                        anything; nothing in gdn_verify imports it but __main__
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP = {"api", "console", "pytest_plugin", "__init__"}
+TOP = {"api", "options", "console", "pytest_plugin", "__init__"}
 ALLOWED = {
     "cupy_kernels": {"cupy_kernels"},
     "core": {"core"},

@@ -95,7 +95,7 @@ def test_selftest_documents_validate(tmp_path):
     for bug in list(planted.BUGS)[:2]:
         start = time.perf_counter()
         r = run_property(
-            api.catalogue_for(planted.implementation(bug), {})["matches_reference"],
+            api.catalogue_for(planted.implementation(bug))["matches_reference"],
             planted.implementation(bug),
             RunSettings(max_examples=20, seed=1, cases_dir=tmp_path),
         )

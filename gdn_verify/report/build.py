@@ -29,16 +29,11 @@ def run_properties(options: Options, step: Callable[[str], None], note: Callable
             label = f"check {impl.name}, {dtype}"
             step(label)
             try:
+                # The suite's longest T is the sweep's, at most 2048; set per row, where a value check
+                # refuses (a sweep under 64 tokens) makes an error row, like the kernel raising.
+                checks = options.checks.replace(dtype=dtype, max_tokens=min(options.sizes.max_tokens, 2048))
                 result = check(
-                    impl,
-                    dtype=dtype,
-                    properties=options.properties,
-                    seed=options.seed,
-                    max_examples=options.max_examples,
-                    dims=options.head_dims,
-                    max_tokens=min(options.sizes.max_tokens, 2048),
-                    cases_dir=options.out / "cases",
-                    progress=lambda p, n, w, label=label: note(f"{label}: {p} ({n})"),
+                    impl, **checks.keywords(), progress=lambda p, n, w, label=label: note(f"{label}: {p} ({n})")
                 )
             except Exception as exc:  # noqa: BLE001 - the suite itself broke on this implementation
                 rows.append(
@@ -124,7 +119,7 @@ def make_report(
 
     oracle_name, oracle = implementations.choose_oracle("cupy" if gpu_usable() else "numpy")
     names = [impl.name for impl in options.impls]
-    runner = measurements.Runner(options.impls, options.dtypes, options.sizes, options.seed, oracle)
+    runner = measurements.Runner(options.impls, options.dtypes, options.sizes, options.checks.seed, oracle)
     total = runner.steps() + len(names) * len(options.dtypes)
     done = [0]
 
@@ -143,16 +138,16 @@ def make_report(
     properties = run_properties(options, step, note)
     s = options.sizes
     doc = dict(
-        environment=environment.capture(options.seed, argv),
+        environment=environment.capture(options.checks.seed, argv),
         config=dict(
             implementations=[dict(name=i.name, description=i.description, array=i.array) for i in options.impls],
             skipped=options.skipped,
             dtypes=options.dtypes,
             sizes=dataclasses.asdict(s),
             oracle=oracle_name,
-            seed=options.seed,
-            max_examples=options.max_examples,
-            properties=options.properties,
+            seed=options.checks.seed,
+            max_examples=options.checks.max_examples,
+            properties=options.checks.properties,
             chunk=measurements.CHUNK,
             decay_rates=measurements.decay_rates(s.HV).tolist(),
         ),

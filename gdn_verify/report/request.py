@@ -15,6 +15,7 @@ from gdn_verify import implementations
 from gdn_verify.core import arrays
 from gdn_verify.core.problem import DTYPES
 from gdn_verify.implementations import ConfigurationError, Implementation
+from gdn_verify.options import CheckOptions
 from gdn_verify.report import measurements
 
 GPU_DEFAULTS = ("cupy-chunk", "cupy-recurrent", "fla-chunk", "fla-recurrent")
@@ -63,15 +64,15 @@ def resolve_all(names: list[str] | None, array: str | None) -> tuple[list[Implem
 
 @dataclasses.dataclass
 class Options:
+    """A validated request. ``checks``: the property suite's settings (``properties`` None: every
+    property that applies; each row adds its dtype); its seed is the measurements' seed too."""
+
     impls: list[Implementation]
     skipped: list[dict]
     dtypes: list[str]
     sizes: measurements.Sizes
-    seed: int
     out: Path
-    max_examples: int
-    properties: list[str] | None  # None: every property that applies
-    head_dims: tuple[int, ...] | None = None
+    checks: CheckOptions
 
 
 def options(
@@ -96,30 +97,25 @@ def options(
         raise ConfigurationError("dtypes", f"{bad[0]!r}: choose from {', '.join(DTYPES)}")
     if max_tokens is not None and not 16 <= max_tokens <= 1 << 20:
         raise ConfigurationError("max_tokens", f"{max_tokens}: must be between 16 and 1048576")
-    if max_examples is not None and max_examples < 1:
-        raise ConfigurationError("max_examples", f"{max_examples}: must be at least 1")
-    unknown = [n for n in properties or () if n not in NAMES]
+    unknown = [n for n in properties or () if n not in NAMES]  # the report runs the forward properties
     if unknown or properties == []:
         raise ConfigurationError(
             "properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(NAMES)}"
         )
-    resolved, skipped = resolve_all(impls, array)
-    sizes = measurements.FULL if not quick and gpu_usable() else measurements.SMALL
-    if max_tokens is not None:
-        sizes = dataclasses.replace(sizes, max_tokens=max_tokens)
     # By default under .gdn_verify/ (git-ignored, beside the cases and plans): reports/ is tracked,
     # and every run left an untracked folder there.
     out = Path(out) if out else DEFAULT_OUT / time.strftime("report-%Y%m%d-%H%M%S", time.gmtime())
     if out.exists() and not out.is_dir():
         raise ConfigurationError("out", f"{out}: exists and is not a directory")
-    return Options(
-        resolved,
-        skipped,
-        dtypes,
-        sizes,
-        seed,
-        out,
-        max_examples or (10 if quick else 20),
-        list(properties) if properties else None,
-        dims,
+    checks = CheckOptions(
+        properties=properties or None,
+        seed=seed,
+        max_examples=(10 if quick else 20) if max_examples is None else max_examples,
+        dims=dims,
+        cases_dir=out / "cases",
     )
+    resolved, skipped = resolve_all(impls, array)
+    sizes = measurements.FULL if not quick and gpu_usable() else measurements.SMALL
+    if max_tokens is not None:
+        sizes = dataclasses.replace(sizes, max_tokens=max_tokens)
+    return Options(resolved, skipped, dtypes, sizes, out, checks)
