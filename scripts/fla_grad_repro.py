@@ -137,11 +137,11 @@ def main():
         except Exception as exc:  # the kernel's own error is the finding
             print("RESULT " + json.dumps({"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}))
         return
-    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None  # argv: [JSON [CASE,CASE...]]
+    # argv: [JSON [CASE,CASE...]]; named cases run in the order given (the most wanted first)
+    by_name = {c[0]: c for c in CASES}
+    chosen = [by_name[n] for n in sys.argv[2].split(",")] if len(sys.argv) > 2 else CASES
     results = []
-    for name, qla, entry, dtype, K, V, lengths, g_dtype in CASES:
-        if only and name not in only:
-            continue
+    for name, qla, entry, dtype, K, V, lengths, g_dtype in chosen:
         env = {**os.environ, "FLA_FLASH_QLA": qla}
         if name in AUTOTUNE_PRINTED:
             env["TRITON_PRINT_AUTOTUNING"] = "1"
@@ -169,9 +169,9 @@ def main():
         else:
             cells = "ERROR " + out["error"]
         print(f"{name:32s} {cells}", flush=True)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f, indent=1)
+        if len(sys.argv) > 1:  # after every case: a run cut short keeps what it did
+            with open(sys.argv[1], "w") as f:
+                json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -38,9 +38,14 @@ check() {  # NAME ARGS...: one check --grad, its log and JSON
   echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
 }
 # The independent repro of what the checks reported (scripts/fla_grad_repro.py: float64 torch
-# autograd of the token loop, each kernel call in a subprocess of its own), beside the checks.
-[ "${REPRO:-1}" = 1 ] && ( timeout 1500 python3 scripts/fla_grad_repro.py "$LOGS/repro.json" > "$LOGS/repro.log" 2>&1
-  echo "exit $?" >> "$LOGS/repro.log" ) &
+# autograd of the token loop, each kernel call in a subprocess of its own), beside the checks;
+# REPRO=late starts it after the timed runs (it compiles FLA's kernels too), REPRO=0 not at all;
+# REPRO_CASES (comma-separated, run in that order) picks its cases.
+repro() {
+  ( timeout 1500 python3 scripts/fla_grad_repro.py "$LOGS/repro.json" ${REPRO_CASES:-} > "$LOGS/repro.log" 2>&1
+    echo "exit $?" >> "$LOGS/repro.log" ) &
+}
+[ "${REPRO:-1}" = 1 ] && repro
 # Cold (fresh Triton and TileLang caches) then the same command again (warm), one check at a time:
 # on 2026-11-26 four checks compiling side by side took over 8 minutes for FLA's 4 classes.
 export FLA_FLASH_QLA=0 TRITON_CACHE_DIR=/tmp/triton-fla
@@ -51,6 +56,7 @@ DIMS=${GRAD_DIMS:+--dims $GRAD_DIMS}
 check fla-chunk-bf16-cold --impl fla-chunk --dtype bfloat16 --seed 1 $DIMS
 check fla-chunk-bf16-warm --impl fla-chunk --dtype bfloat16 --seed 1 $DIMS
 [ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
+[ "${REPRO:-1}" = late ] && repro
 # the rest side by side (their compile costs are not the measurement); GRAD_MORE picks them
 for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
   case $job in
