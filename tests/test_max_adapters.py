@@ -116,6 +116,33 @@ def test_the_verify_gets_the_ring_and_width_max_expects():
     assert seen["width"].tolist() == [0, 1] and seen["width"].dtype == np.int64  # K = 3 - 1 drafts
 
 
+def test_a_sequence_longer_than_the_longest_ring_is_verified_at_width_7():
+    # MAX refuses a verify of K drafts on a ring of fewer than K + 1 records (H100, 2026-11-27:
+    # "a verify of 8 drafts needs a ring of at least 9 records, got 8" for a 9-token sequence)
+    seen = {}
+
+    def verify(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width):
+        seen.update(ring_len=ring.shape[2], width=len(width))
+        return max_numpy.verify_ring(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width)
+
+    problem = make_problem(H=2, HV=4, K=8, V=8, lengths=(9, 3)).astype(np.float32)
+    o, state = ring_form(verify)(**problem.kwargs())
+    assert seen == {"ring_len": 8, "width": 7}
+    o_ref, state_ref = mc.native_form(max_numpy.gated_delta_recurrence)(**problem.kwargs())
+    assert o.tobytes() == o_ref.tobytes() and state.tobytes() == state_ref.tobytes()
+
+
+def test_the_numpy_verify_refuses_a_ring_shorter_than_the_window_like_max():
+    problem = make_problem(H=2, HV=4, K=8, V=8, lengths=(3,)).astype(np.float32)
+    kwargs = {k: v for k, v in problem.kwargs().items() if k != "output_final_state"}
+    args = mc.to_max(**kwargs)
+    qkv, decay, beta, pool, slots, offsets = args.astuple()
+    ring = np.full((2, 2, 2, mc.ring_record_stride(8, 8, 2)), np.nan, np.float32)
+    width = np.arange(2, dtype=np.int64)  # K = 2 drafts: a window of 3 on a ring of 2
+    with pytest.raises(ValueError, match="a verify of 2 drafts needs a ring of at least 3 records, got 2"):
+        max_numpy.verify_ring(qkv, decay, beta, pool, ring, slots, np.array([1], np.uint32), offsets, width)
+
+
 def test_a_verify_that_writes_the_live_pool_breaks_maxs_rule():
     def writes_pool(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width):
         out = max_numpy.verify_ring(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width)

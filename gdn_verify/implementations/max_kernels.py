@@ -11,9 +11,10 @@ uint32 ``input_row_offsets``; the kernels also require ``KD == VD``.
   call on the pool, every other row checked untouched.
 - ``max-verify-ring`` (``-bf16``): the speculative verify as MAX serves it, checked against MAX's
   own rules: ``gated_delta_recurrence_verify_ring_fwd`` over the call at verify width ``K = max
-  length - 1`` (zero when every sequence has at most one token: then the plain recurrence), into
-  a NaN-filled float32 ring ``[B + 1, nk, RING_LEN, record_stride]`` (``RING_LEN`` the shortest of
-  2, 4, 8 that holds the longest sequence; item ``b`` on ring row ``B - b``, row 0 spare); then
+  length - 1``, at most 7 (zero when every sequence has at most one token: then the plain
+  recurrence), into a NaN-filled float32 ring ``[B + 1, nk, RING_LEN, record_stride]``
+  (``RING_LEN`` the shortest of 2, 4, 8 that holds the window ``K + 1``: MAX refuses a shorter
+  one; item ``b`` on ring row ``B - b``, row 0 spare); then
   ``gated_delta_state_fold`` with every ``num_accepted`` 0 (the pool must not change), then with
   each sequence's length (the accepted tokens: all of them). Between the launches: the verify
   left the rows of recorded items and every spare row bitwise unchanged, each record holds the
@@ -173,7 +174,10 @@ def verify_ring_form(verify: Callable, fold: Callable, array: str = "numpy", poo
         nk, nv, KD, VD = heads
         lengths = np.diff(args.input_row_offsets.astype(np.int64))
         window = int(lengths.max(initial=0))
-        width, ring_len = max(window - 1, 0), ring_len_for(window)
+        # MAX's verify needs a ring of at least K + 1 records, and its longest ring holds 8: a
+        # longer sequence is verified at K = 7 and commits itself (MAX's documented path)
+        width = max(min(window, RING_LENS[-1]) - 1, 0)
+        ring_len = ring_len_for(width + 1)
         items = len(lengths)
         ring = np.full((items + 1, nk, ring_len, ring_record_stride(KD, VD, nv // nk)), np.nan, np.float32)
         ring_slot = (items - np.arange(items)).astype(np.uint32)  # reversed, row 0 spare

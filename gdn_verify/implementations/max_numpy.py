@@ -139,6 +139,9 @@ def verify_ring(
     decay, beta = np.asarray(decay_per_token, F32), np.asarray(beta_per_token, F32)
     geo = _Heads(qkv.shape[1], recurrent_state.shape)
     ring_len = ring.shape[2]
+    drafts = len(verify_width)
+    if ring_len < drafts + 1:  # MAX's kernel refuses it the same way
+        raise ValueError(f"a verify of {drafts} drafts needs a ring of at least {drafts + 1} records, got {ring_len}")
     if ring.shape[3] < ring_record_elements(geo.KD, geo.VD, geo.group):
         raise ValueError(f"ring: record_stride {ring.shape[3]} holds less than one record")
     offsets = np.asarray(input_row_offsets).astype(np.int64)
