@@ -242,3 +242,5 @@ def test_prefix_oracles_in_worker_processes_equal_them_one_by_one():
                 assert getattr(tolerance, f.name) == getattr(want_tolerance, f.name), f.name
         for name in ("token", "state"):
             assert getattr(tolerance.scales, name).tobytes() == getattr(want_tolerance.scales, name).tobytes()
+        # and they name this process's problem: comparisons use them instead of recomputing them
+        assert tol.scales_for(part, tolerance) is tolerance.scales

@@ -273,6 +273,13 @@ class Tolerance:
     terms: tuple[tuple[str, tuple[float, ...]], ...] = ()
     scales: Scales | None = None
 
+    def for_problem(self, problem: Problem) -> Tolerance:
+        """This bound with its scales naming ``problem`` (a copy of the problem they were computed
+        for, such as the one a worker process received)."""
+        if self.scales is None:
+            return self
+        return dataclasses.replace(self, scales=dataclasses.replace(self.scales, of=id(problem)))
+
     def uniform(self, name: str) -> float:
         """The uniform model's bound for metric ``name`` (without the algorithm-aware part)."""
         return getattr(self, name) - self.algorithm[METRICS.index(name)]

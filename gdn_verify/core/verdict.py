@@ -225,7 +225,10 @@ def oracles_and_tolerances(
             # longest first: it bounds the wall-clock time
             order = sorted(range(len(problems)), key=lambda i: -problems[i].q.shape[1])
             futures = {i: pool.submit(oracle_and_tolerance, problems[i], state_dtype=state_dtype) for i in order}
-            return [futures[i].result() for i in range(len(problems))]
+            results = [futures[i].result() for i in range(len(problems))]
+    # a worker's scales name its copy of the problem (Scales.of is an id()): name ours, or every
+    # comparison would run the recurrence again for them (13 s of a 64k-token prefix, in this process)
+    return [(reference, bound.for_problem(p)) for p, (reference, bound) in zip(problems, results)]
 
 
 def bitwise_equal(a: Result, b: Result) -> bool:
