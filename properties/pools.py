@@ -55,7 +55,7 @@ from gdn_verify.core.verdict import (
 )
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.native import _needs_native
-from gdn_verify.properties.spec import (
+from gdn_verify.properties.speculative import (
     _needs_spec,
     _to,
     call_spec,

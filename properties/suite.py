@@ -7,7 +7,7 @@ from gdn_verify.core.oracle import Oracle, numpy_oracle
 from gdn_verify.core.verdict import Property
 from gdn_verify.properties.native import native_properties
 from gdn_verify.properties.pools import pool_properties
-from gdn_verify.properties.spec import spec_properties
+from gdn_verify.properties.speculative import spec_properties
 from gdn_verify.properties.strategies import Limits
 
 

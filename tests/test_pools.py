@@ -13,7 +13,7 @@ from gdn_verify.core.implementation import SPEC_FORM, Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.verdict import Violation
 from gdn_verify.implementations import planted_memory as pm
-from gdn_verify.implementations import spec as cs
+from gdn_verify.implementations import speculative as cs
 from gdn_verify.properties import NAMES
 from gdn_verify.properties.pools import CANARY, LAYOUTS, check_stream, guard
 from gdn_verify.properties.strategies import unit_rows

@@ -22,7 +22,7 @@ from gdn_verify.core.conventions import FLASHINFER_SPEC, VLLM_SPEC
 from gdn_verify.core.gating import gates_from_raw
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations import flashinfer as fi
-from gdn_verify.implementations import spec as cs
+from gdn_verify.implementations import speculative as cs
 from gdn_verify.implementations import vllm
 from gdn_verify.properties import NAMES
 

@@ -8,7 +8,7 @@ import pytest
 from gdn_verify.api import check, replay
 from gdn_verify.core import conventions
 from gdn_verify.core.implementation import ConfigurationError
-from gdn_verify.implementations import spec as cs
+from gdn_verify.implementations import speculative as cs
 
 PROP = "spec_decode_slots"
 

@@ -263,7 +263,7 @@ class SpecRules:
         return 0 if self.null_slot is None else self.null_slot + 1
 
 
-# The toolkit's own convention (``gdn_verify.implementations.spec``, ``cupy_kernels.decode``).
+# The toolkit's own convention (``gdn_verify.implementations.speculative``, ``cupy_kernels.decode``).
 NATIVE_SPEC = SpecRules()
 # vLLM's ``fused_recurrent_gated_delta_rule`` with ``num_accepted_tokens``: slot 0 is the null
 # block, an entry <= 0 is never read or written, a padding request writes no output row.

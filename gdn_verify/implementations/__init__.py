@@ -4,7 +4,7 @@
 ``plugins`` (a user's callable or ``MODULE:FUNCTION`` as an implementation, by convention) and
 ``backward`` (``with_backward``: the backward form that gradient checks call). The built-ins:
 ``numpy_impl``, ``numpy_grad``, ``precision`` (the precision-contract models), ``planted``,
-``planted_grad`` and ``planted_memory`` (planted bugs), ``spec``, ``max_numpy``, ``autograd``;
+``planted_grad`` and ``planted_memory`` (planted bugs), ``speculative``, ``max_numpy``, ``autograd``;
 the adapters, imported on demand: ``cupy``, ``fla``, ``flashqla``, ``flashinfer``, ``vllm``,
 ``max_kernels``.
 """

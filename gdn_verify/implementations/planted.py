@@ -18,7 +18,7 @@ from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implem
 from gdn_verify.core.max_convention import native_form
 from gdn_verify.core.reference import segment_sums, unit_lower_inverse
 from gdn_verify.implementations import max_numpy, numpy_impl
-from gdn_verify.implementations.spec import spec_reads_first_slot
+from gdn_verify.implementations.speculative import spec_reads_first_slot
 
 
 def _packed(kw: dict, pad: int = 1):

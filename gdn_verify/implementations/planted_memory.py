@@ -1,7 +1,7 @@
 """Planted memory and contract bugs: NumPy plug-ins that the guarded-memory properties must catch.
 
 Each wraps a correct NumPy implementation (the speculative-decoding reference of
-``gdn_verify.implementations.spec`` or the native ``numpy_impl``) and adds one mistake seen in
+``gdn_verify.implementations.speculative`` or the native ``numpy_impl``) and adds one mistake seen in
 real kernels. ``BUGS`` maps a name to ``(description, callable, form, property meant to catch it)``;
 :func:`implementation` builds the :class:`Implementation`. NumPy cannot write outside an array,
 so a stray write goes through the buffer a view came from (``pool.base``); where there is no such
@@ -20,7 +20,7 @@ import numpy as np
 from gdn_verify.core.conventions import NATIVE_SPEC, l2norm, start_slots
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations import numpy_impl
-from gdn_verify.implementations.spec import _spec_numpy, spec_reference
+from gdn_verify.implementations.speculative import _spec_numpy, spec_reference
 
 
 def _root(x: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ import numpy as np
 from gdn_verify.core import arrays, reference
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.oracle import Oracle, from_implementation, numpy_oracle
-from gdn_verify.implementations import numpy_impl, precision, spec
+from gdn_verify.implementations import numpy_impl, precision, speculative
 from gdn_verify.implementations.plugins import CONVENTIONS, load_plugin
 
 # Names of planted-bug implementations: PREFIX + BUG, each prefix a module of this package.
@@ -70,7 +70,7 @@ BUILTIN: dict[str, Callable[[], Implementation]] = {
         {
             "chunk": numpy_impl.chunk_gated_delta_rule,
             "recurrent": numpy_impl.recurrent_gated_delta_rule,
-            SPEC_FORM: spec.spec_reference,
+            SPEC_FORM: speculative.spec_reference,
         },
         description="float32 NumPy, chunked (C=64) with recurrent and speculative-decoding forms",
     ),
