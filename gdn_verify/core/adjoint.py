@@ -105,25 +105,29 @@ def _batched_hook(hook: Hook | None, stage: str, x: np.ndarray, index: int) -> n
     return np.moveaxis(hook(stage, np.moveaxis(x, 0, 1), index), 1, 0)
 
 
-def _chunk_forward(p: Packed, decay: np.ndarray, c: int, C: int, A: np.ndarray, hook: Hook | None, keep: bool):
+def _chunk_forward(
+    p: Packed, decay: np.ndarray, c: int, C: int, A: np.ndarray, hook: Hook | None, keep: bool, n: int | None = None
+):
     """Run chunk ``c`` from the carried state ``A``; returns ``(carried state after it, kept)``.
 
     The chunk reads ``h = hook("h", A)``; ``A - h`` is carried on beside it, decayed. ``kept``
     (with ``keep``): ``(h, D, S, r, u)``, the chunk's decayed states, states after each token,
-    residuals and writes, tokens first.
+    residuals and writes, tokens first. ``n``: run only the chunk's first ``n`` tokens (the rest
+    are padding, which leaves the state unchanged).
     """
+    n = C if n is None else n
     N, _, HV, V = p.v.shape
     K = p.k.shape[-1]
     h = A if hook is None else hook("h", A, c)
     delta = None if h is A else A - h
     kept = None
     if keep:
-        D_all = np.empty((C, N, HV, K, V), A.dtype)
+        D_all = np.empty((n, N, HV, K, V), A.dtype)
         S_all = np.empty_like(D_all)
-        r_all = np.empty((C, N, HV, V), A.dtype)
+        r_all = np.empty((n, N, HV, V), A.dtype)
         u_all = np.empty_like(r_all)
     S = h if keep else np.array(h, copy=True)
-    for j in range(C):
+    for j in range(n):
         t = c * C + j
         a = decay[:, t, :, None, None]
         if keep:  # written straight into the kept buffers: D_t = a S_{t-1}, S_t = D_t + k u^T
@@ -172,6 +176,8 @@ def adjoint(
     cumsum_dtype=None,
     bug: str | None = None,
     magnitudes: dict[str, np.ndarray] | None = None,
+    length: int | None = None,
+    magnitude_rows: int | None = None,
 ) -> PackedGradients:
     """The engine: gradients of a packed problem whose arrays are all in one working dtype.
 
@@ -181,7 +187,14 @@ def adjoint(
     ``"cumsum"`` (FLA's, reverse chunk-local cumsum in ``cumsum_dtype``, None: the working dtype)
     or ``"both"`` (direct in ``dg``, FLA's in ``dg_cumsum``);
     ``bug``: one of :data:`ENGINE_BUGS` or None; ``magnitudes``: a dict to fill with the
-    per-token norms of :data:`MAGNITUDES`.
+    per-token norms of :data:`MAGNITUDES` (of the first ``magnitude_rows`` sequences, None: all).
+
+    ``length``: every sequence is padding from token ``length`` on (``max(p.lengths)``; None: not
+    known). The last chunk then runs only up to its first padding token and gives each later
+    padding token that token's values: padding leaves the state and its cotangent unchanged, so the
+    results are those of the full run, bitwise (on padding tokens too, unless a hook perturbs their
+    zeros by an absolute amount: that gave each its own ``u`` and ``du``, so its own ``dk_state``
+    and magnitudes there).
     """
     N, L, HV, V = p.v.shape
     K = p.k.shape[-1]
@@ -194,9 +207,12 @@ def adjoint(
     checkpoints = []
     A = p.initial_state.astype(dt)
     last = None  # the last chunk's states, kept from this pass instead of recomputed
+    # tokens of the last chunk run: up to and including its first padding token (``length`` above)
+    n_last = C if length is None else min(C, max(1, int(length) - (n_chunks - 1) * C + 1))
     for c in range(n_chunks):
         checkpoints.append(A)
-        A, last = _chunk_forward(p, decay, c, C, A, hook, keep=c == n_chunks - 1)
+        final = c == n_chunks - 1
+        A, last = _chunk_forward(p, decay, c, C, A, hook, keep=final, n=n_last if final else C)
 
     out = PackedGradients(
         dq=np.zeros((N, L, HV, K), dt),
@@ -207,26 +223,29 @@ def adjoint(
         dbeta=np.zeros((N, L, HV), dt),
         dh0=np.zeros((N, HV, K, V), dt),
     )
+    R = N if magnitude_rows is None else min(N, int(magnitude_rows))
     if magnitudes is not None:
         for name in MAGNITUDES:
-            magnitudes[name] = np.zeros((N, L, HV))
+            magnitudes[name] = np.zeros((R, L, HV))
     cumsum = dg_form in ("cumsum", "both")
     dg_cumsum = np.zeros((N, L, HV), dt) if dg_form == "both" else None
     dS_carried = np.array(dht, dt, copy=True)
-    dS_at = np.empty((C, N, HV, K, V), dt)
-    du_at = np.empty((C, N, HV, V), dt)
-    w_at = np.empty((C, N, HV, V), dt)  # dS~^T k: the decay-only cotangent (cumsum form)
-    e_at = np.empty((C, N, HV, V), dt)  # du - w: what the erase terms add
+    dS_buf = np.empty((C, N, HV, K, V), dt)
+    du_buf = np.empty((C, N, HV, V), dt)
+    w_buf = np.empty((C, N, HV, V), dt)  # dS~^T k: the decay-only cotangent (cumsum form)
+    e_buf = np.empty((C, N, HV, V), dt)  # du - w: what the erase terms add
     for c in range(n_chunks - 1, -1, -1):
-        t0, t1 = c * C, (c + 1) * C
+        n = n_last if c == n_chunks - 1 else C  # tokens run; the chunk's others repeat the last one's values
+        t0, t1 = c * C, c * C + n
         kept = last if c == n_chunks - 1 else _chunk_forward(p, decay, c, C, checkpoints[c], hook, keep=True)[1]
         assert kept is not None
         h, D, S, r, u = kept
+        dS_at, du_at, w_at, e_at = dS_buf[:n], du_buf[:n], w_buf[:n], e_buf[:n]
         dh = dS_carried if hook is None else hook("dh", dS_carried, c)
         ddelta = None if dh is dS_carried else dS_carried - dh
         dS = dh
         dS_decay = np.array(dh, copy=True) if cumsum else None
-        for j in range(C - 1, -1, -1):
+        for j in range(n - 1, -1, -1):
             t = t0 + j
             q_op = p.scale * p.q[:, t]
             k_t = p.k[:, t, :, None, :]
@@ -263,9 +282,10 @@ def adjoint(
         dq = p.scale * (S @ do_c[..., None])[..., 0]
         dk_state = (dS_at @ u[..., None])[..., 0]
         dk_pred = (D @ dp[..., None])[..., 0]
-        _tokens(out.dq, t0, t1)[...] = _batched_hook(hook, "dq", dq, c)
-        _tokens(out.dk_state, t0, t1)[...] = _batched_hook(hook, "dk_state", dk_state, c)
-        _tokens(out.dk_pred, t0, t1)[...] = _batched_hook(hook, "dk_pred", dk_pred, c)
+        # the hooks see the whole chunk, as in a full run (their draws are shaped like it)
+        _tokens(out.dq, c * C, (c + 1) * C)[...] = _batched_hook(hook, "dq", _repeat_last(dq, C), c)
+        _tokens(out.dk_state, c * C, (c + 1) * C)[...] = _batched_hook(hook, "dk_state", _repeat_last(dk_state, C), c)
+        _tokens(out.dk_pred, c * C, (c + 1) * C)[...] = _batched_hook(hook, "dk_pred", _repeat_last(dk_pred, C), c)
         dv = beta[..., None] * du_at
         _tokens(out.dv, t0, t1)[...] = du_at if bug == "dv_missing_beta" else dv
         _tokens(out.dbeta, t0, t1)[...] = np.einsum("jnhv,jnhv->jnh", du_at, v if bug == "dbeta_uses_v" else r)
@@ -292,12 +312,24 @@ def adjoint(
             dg = np.einsum("jnhkv,jnhkv->jnh", dS_at, D) + np.einsum("jnhv,jnhv->jnh", pred, dp)
         _tokens(out.dg, t0, t1)[...] = dg
         if magnitudes is not None:
-            _fill_magnitudes(magnitudes, t0, t1, p.scale, q, k, do_c, S, D, dS_at, du_at, dp, u, r, pred)
+            rows = (q, k, do_c, S, D, dS_at, du_at, dp, u, r, pred)
+            _fill_magnitudes(magnitudes, t0, t1, p.scale, *(x[:, :R] for x in rows))
             if cumsum:
-                _tokens(magnitudes["w"], t0, t1)[...] = _norm(w_at, 1)
-                _tokens(magnitudes["e"], t0, t1)[...] = _norm(e_at, 1)
+                _tokens(magnitudes["w"], t0, t1)[...] = _norm(w_at[:, :R], 1)
+                _tokens(magnitudes["e"], t0, t1)[...] = _norm(e_at[:, :R], 1)
+        if n < C:  # the chunk's later tokens are padding like its last one run
+            arrays = [out.dv, out.dg, out.dbeta] + ([] if dg_cumsum is None else [dg_cumsum])
+            for x in arrays + ([] if magnitudes is None else list(magnitudes.values())):
+                x[:, t1 : (c + 1) * C] = x[:, t1 - 1 : t1]
     out.dh0[...] = dS_carried
     return out if dg_cumsum is None else dataclasses.replace(out, dg_cumsum=dg_cumsum)
+
+
+def _repeat_last(x: np.ndarray, C: int) -> np.ndarray:
+    """A tokens-first chunk ``[n, ...]`` as ``[C, ...]``, its last token repeated (the padding)."""
+    if x.shape[0] == C:
+        return x
+    return np.concatenate([x, np.broadcast_to(x[-1:], (C - x.shape[0],) + x.shape[1:])])
 
 
 def _norm(x: np.ndarray, axes) -> np.ndarray:

@@ -354,9 +354,20 @@ def _run_copies(
         specs = [copies[i] for i in part]
         mags: dict[str, np.ndarray] | None = {} if first == 0 else None
         hook = _probe_hook(specs, N, seed)
-        grads = ng.adjoint(stacked, do, dS, chunk_size=MAX_CHUNK, hook=hook, dg_form="both", magnitudes=mags)
+        # every copy is padding past the longest sequence: the engine stops there (the same results)
+        grads = ng.adjoint(
+            stacked,
+            do,
+            dS,
+            chunk_size=MAX_CHUNK,
+            hook=hook,
+            dg_form="both",
+            magnitudes=mags,
+            length=int(packed[0][0].lengths.max(initial=0)),
+            magnitude_rows=N,  # the first copy's (the unperturbed run's)
+        )
         if mags is not None:
-            magnitudes = {name: x[:N] for name, x in mags.items()}
+            magnitudes = mags
         for j, i in enumerate(part):
             rows = slice(j * N, (j + 1) * N)
             own = ng.PackedGradients(
