@@ -17,7 +17,7 @@ import pytest
 
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.conventions import Packed, export_state, unpack_output
-from gdn_verify.core.oracle import numpy_oracle, numpy_oracle_stacked, pack_problem
+from gdn_verify.core.oracle import numpy_oracle, numpy_oracle_stacked, numpy_oracle_with_norms, pack_problem, token_loop
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.reference import chunk_core, recurrent_core
 from gdn_verify.core.shapes import ShapeClass
@@ -244,3 +244,63 @@ def test_prefix_oracles_in_worker_processes_equal_them_one_by_one():
             assert getattr(tolerance.scales, name).tobytes() == getattr(want_tolerance.scales, name).tobytes()
         # and they name this process's problem: comparisons use them instead of recomputing them
         assert tol.scales_for(part, tolerance) is tolerance.scales
+
+
+def _erasing(problem: Problem, keys: np.ndarray) -> Problem:
+    """``problem`` with the given keys, ``beta = 1`` and ``v = 0``: every token erases the state along its key."""
+    return problem.replace(
+        k=keys.astype(problem.dtype),
+        beta=np.ones(problem.beta.shape, problem.dtype),
+        v=np.zeros(problem.v.shape, problem.dtype),
+    )
+
+
+def _norm_cases() -> dict[str, Problem]:
+    strong = _problem(13, T=600, dtype=BF16)
+    g = np.array(strong.g, np.float64)
+    g[:, ::7] = -np.random.default_rng(13).uniform(1.0, 20.0, g[:, ::7].shape)
+    g[:, [100, 500, 501]] = -1e4
+    g[:, 300:400] = 0.0
+    runs = _problem(14, T=600, K=4, V=4, dtype=BF16)
+    repeated = np.repeat(np.asarray(runs.k)[:, ::50], 50, axis=1)  # one key per run of 50 tokens
+    signs = _problem(15, T=600, K=1, V=4, dtype=BF16)
+    return {
+        "bfloat16 state": _problem(10, T=600, dtype=BF16),
+        "bfloat16 varlen gva padding": _problem(11, T=1400, H=2, HV=4, cu=[0, 100, 713, 713, 1400], dtype=BF16),
+        "gva blas update": _problem(12, T=600, H=2, HV=4, K=32, V=48, dtype=BF16, scale=0.3),
+        "strong and zero gates": strong.replace(g=g.astype(BF16)),
+        "beta 1 repeated keys": _erasing(runs, repeated),
+        "beta 1 keys +-1 erase to zero": _erasing(signs, np.sign(np.asarray(signs.k, np.float64))),
+        "float16 l2norm no state": _problem(16, T=520, dtype=np.float16, state=False, use_qk_l2norm_in_kernel=True),
+        "float32 state_v_first varlen": _state_v_first(_problem(17, T=900, K=8, V=16, cu=[0, 600, 900])),
+    }
+
+
+@pytest.mark.parametrize("name", list(_norm_cases()))
+def test_chunked_oracle_state_norms_equal_the_token_loops(name):
+    """Beyond the token-loop regime ``numpy_oracle_with_norms`` takes the norms from the chunked form:
+    its outputs are ``numpy_oracle``'s bitwise, its norms the token loop's to 1e-12 relative (measured
+    at most 4.4e-16, and 1.6e-15 where repeated keys erase the state to 1e-14 of its size). Where the
+    delta rule erases the state exactly (the token loop's norm is 0), each form keeps its own rounding
+    residue: within 1e-14 of the largest state it came from (measured 1.7e-15)."""
+    problem = _norm_cases()[name]
+    assert not token_loop(problem)
+    (o, state), norms = numpy_oracle_with_norms(problem)
+    want_o, want_state = numpy_oracle(problem)
+    np.testing.assert_array_equal(o, want_o)
+    np.testing.assert_array_equal(state, want_state)
+    p = pack_problem(problem)
+    want = np.zeros(p.v.shape[:3])
+    recurrent_core(p, want)
+    assert norms.shape == want.shape
+    # The largest norm the state had, decayed to each token (the initial state included): the size of
+    # the rounding residue either form leaves where the state is erased.
+    largest = np.empty_like(want)
+    with np.errstate(divide="ignore"):
+        log_norms, top = np.log(want), np.log(np.linalg.norm(p.initial_state, axis=(-2, -1)))
+    for t in range(want.shape[1]):
+        top = np.maximum(top + p.g[:, t], log_norms[:, t])
+        largest[:, t] = top
+    np.testing.assert_array_less(np.abs(norms - want), 1e-12 * want + 1e-14 * np.exp(largest) + 1e-300)
+    # the final state's scale, the largest norm decayed to the end, too (token scales are the norms times |q|)
+    assert _rel(tol.natural_scales(problem, norms).state, tol.natural_scales(problem).state) <= 1e-12

@@ -15,7 +15,13 @@ import numpy as np
 
 from gdn_verify.core.conventions import Packed, export_state, pack, unpack_output
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.reference import chunk_gated_delta_rule, recurrent_core, recurrent_gated_delta_rule, stack_packed
+from gdn_verify.core.reference import (
+    chunk_core,
+    chunk_gated_delta_rule,
+    recurrent_core,
+    recurrent_gated_delta_rule,
+    stack_packed,
+)
 
 if TYPE_CHECKING:
     from gdn_verify.core.implementation import Implementation
@@ -26,6 +32,8 @@ Oracle = Callable[[Problem], tuple[np.ndarray, np.ndarray]]
 # it within 1e-13, both checked against mpmath) is several times faster, which is what lets
 # error_growth reach 64k tokens.
 RECURRENT_ORACLE_MAX_TOKENS = 512
+# The chunk size of the chunked oracle.
+ORACLE_CHUNK = 64
 # Most state elements (all copies together) that numpy_oracle_stacked runs in one token loop.
 STACK_BUDGET = 1 << 24
 
@@ -48,21 +56,27 @@ def numpy_oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     kw = problem.kwargs()
     kw["output_final_state"] = True
     kw["state_v_first"] = problem.state_v_first
-    form = recurrent_gated_delta_rule if token_loop(problem) else chunk_gated_delta_rule
-    o, state = form(**kw)
+    if token_loop(problem):
+        o, state = recurrent_gated_delta_rule(**kw)
+    else:
+        o, state = chunk_gated_delta_rule(**kw, chunk_size=ORACLE_CHUNK)
     assert state is not None  # output_final_state=True
     return o, state
 
 
-def numpy_oracle_with_norms(problem: Problem) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray | None]:
-    """``numpy_oracle(problem)`` and, from the same token loop, the state's Frobenius norm after each
-    token, ``[N, L, HV]`` in the packed layout (what ``tolerance.natural_scales`` needs); None
-    beyond the token-loop regime."""
-    if not token_loop(problem):
-        return numpy_oracle(problem), None
-    p = pack_problem(problem)
-    norms = np.empty(p.v.shape[:3])
-    o, S = recurrent_core(p, norms)
+def numpy_oracle_with_norms(problem: Problem) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """``numpy_oracle(problem)`` and, from the same run (token loop or chunked form), the state's
+    Frobenius norm after each token, ``[N, L, HV]`` in the packed layout of :func:`pack_problem`
+    (what ``tolerance.natural_scales`` needs)."""
+    if token_loop(problem):
+        p = pack_problem(problem)
+        norms = np.empty(p.v.shape[:3])
+        o, S = recurrent_core(p, norms)
+    else:
+        p = pack_problem(problem, ORACLE_CHUNK)
+        norms = np.empty(p.v.shape[:3])
+        o, S = chunk_core(p, ORACLE_CHUNK, norms=norms)
+        norms = norms[:, : problem.lengths.max()]  # without the padding to a multiple of the chunk size
     return (unpack_output(p, o), export_state(p, S)), norms
 
 

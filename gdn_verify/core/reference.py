@@ -166,7 +166,31 @@ def unit_lower_inverse(A: np.ndarray) -> np.ndarray:
     return T
 
 
-def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_hook) -> tuple[np.ndarray, np.ndarray]:
+def chunk_state_norms(h: np.ndarray, g: np.ndarray, k: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``||S_t||_F [..., C]`` after each token of chunks, ``S_t = exp(g_t) S_{t-1} + k_t u_t^T`` from ``S_{-1} = h``.
+
+    ``h [..., K, V]`` the state entering each chunk, ``g [..., C]`` the gates, ``k [..., C, K]``,
+    ``u [..., C, V]`` (``v_new``). The states are materialised token by token, all chunks at once: the
+    token loop's update with ``v_new`` for its ``u``, so its norms to rounding even where the delta
+    rule erases the state, where a Gram-matrix identity for ``||S_t||^2`` would cancel (these norms are
+    denominators of the metrics; ``tests/test_oracle_speed.py``).
+    """
+    batch, (C, K), V = g.shape[:-1], k.shape[-2:], u.shape[-1]
+    S = h.reshape(-1, K, V).copy()
+    decay = np.exp(g.reshape(-1, C).T)  # [C, B]
+    k, u = (np.moveaxis(x.reshape((-1,) + x.shape[-2:]), 1, 0) for x in (k, u))  # [C, B, K], [C, B, V]
+    write = np.empty_like(S)
+    out = np.empty((C, S.shape[0]))
+    for t in range(C):
+        S *= decay[t, :, None, None]
+        S += np.multiply(k[t, :, :, None], u[t, :, None, :], out=write)
+        out[t] = np.einsum("bkv,bkv->b", S, S)
+    return np.sqrt(out.T).reshape(batch + (C,))
+
+
+def chunk_core(
+    p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_hook, norms: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """WY/UT chunked form on a packed problem whose length is a multiple of ``chunk_size``.
 
     Work is batched over blocks of ``chunks_per_block`` chunks: the intra-chunk part (gates,
@@ -175,7 +199,8 @@ def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_h
     x)`` sees each intermediate of :data:`STAGES` (arrays ``[N, HV, ...]``) and the carried
     state (:data:`CARRIED`, ``[N, HV, K, V]``: once as loaded, then after each chunk) and returns
     what the algorithm goes on with. Every ``x`` is a temporary the hook may overwrite, except
-    ``h`` (the live state).
+    ``h`` (the live state). ``norms``: an ``[N, L, HV]`` array to fill with the state's Frobenius
+    norm after each token (:func:`chunk_state_norms`), as ``recurrent_core`` fills it.
     """
     N, L, HV, V = p.v.shape
     C, n_chunks = chunk_size, L // chunk_size
@@ -211,6 +236,8 @@ def chunk_core(p: Packed, chunk_size: int, chunks_per_block: int = 8, hook=_no_h
             S = hook(CARRIED, decay_chunk[:, :, c, None, None] * S + k[:, :, c].swapaxes(-1, -2) @ update)
         o_block = p.scale * (np.exp(G)[..., None] * (q @ chunk_states) + attn @ hook("v_new", v_new))
         block_of(o, first, count)[...] = o_block
+        if norms is not None:
+            block_of(norms, first, count)[...] = chunk_state_norms(chunk_states, g, k, v_new)
     return o, S
 
 
