@@ -290,6 +290,14 @@ def ring_record_stride(KD: int, VD: int, group: int) -> int:
 
 
 def ring_len_for(window: int) -> int:
-    """The shortest compiled ring length holding ``window`` records, else the longest (rows past it
-    commit themselves, as MAX documents)."""
+    """The shortest compiled ring length holding ``window`` records, else the longest."""
     return next((n for n in RING_LENS if window <= n), RING_LENS[-1])
+
+
+def verify_geometry(window: int) -> tuple[int, int]:
+    """``(K, RING_LEN)``: the verify width (drafts) and ring length for a call whose longest
+    sequence has ``window`` tokens. MAX's verify refuses a ring of fewer than ``K + 1`` records
+    (H100, 2026-11-27), and its longest ring holds 8: a longer sequence is verified at ``K = 7``
+    and commits itself (MAX's documented path for rows past ``RING_LEN``)."""
+    width = max(min(window, RING_LENS[-1]) - 1, 0)
+    return width, ring_len_for(width + 1)

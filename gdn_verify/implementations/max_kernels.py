@@ -47,10 +47,10 @@ from gdn_verify.core.max_convention import (
     WORK_DTYPE,
     key_heads,
     native_form,
-    ring_len_for,
     ring_record_stride,
     to_max,
     untouched_rows,
+    verify_geometry,
 )
 from gdn_verify.core.shapes import ShapeClass
 from gdn_verify.implementations.fla import cuda_library, jit_compiled
@@ -174,10 +174,7 @@ def verify_ring_form(verify: Callable, fold: Callable, array: str = "numpy", poo
         nk, nv, KD, VD = heads
         lengths = np.diff(args.input_row_offsets.astype(np.int64))
         window = int(lengths.max(initial=0))
-        # MAX's verify needs a ring of at least K + 1 records, and its longest ring holds 8: a
-        # longer sequence is verified at K = 7 and commits itself (MAX's documented path)
-        width = max(min(window, RING_LENS[-1]) - 1, 0)
-        ring_len = ring_len_for(width + 1)
+        width, ring_len = verify_geometry(window)
         items = len(lengths)
         ring = np.full((items + 1, nk, ring_len, ring_record_stride(KD, VD, nv // nk)), np.nan, np.float32)
         ring_slot = (items - np.arange(items)).astype(np.uint32)  # reversed, row 0 spare
