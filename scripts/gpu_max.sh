@@ -12,7 +12,7 @@
 #   bash scripts/gpu_max.sh copy                  the checkout (less .whl) to /tmp/gdnv, where the driver runs
 #   bash scripts/gpu_max.sh --background          (from /tmp/gdnv) start the driver
 #   bash scripts/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
-# IMPLS, CHECK_EXAMPLES (10), FUZZ_BUDGET (3m), TIMEOUT (300 s: compiles run inside calls) and
+# IMPLS, CHECK_IMPLS (the checks' subset of IMPLS), CHECK_EXAMPLES (10), FUZZ_BUDGET (3m), TIMEOUT (300 s: compiles run inside calls) and
 # SMOKE (1) narrow a rerun.
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
@@ -127,7 +127,7 @@ for name in sys.argv[2:]:
 EOF
 echo "exit $?" >> "$LOGS/plans.log"
 common=(--dtype bfloat16 --dims 128 --plans "$LOGS/plans" --cases "$LOGS/cases" --timeout "${TIMEOUT:-300}")
-for impl in $IMPLS; do
+for impl in ${CHECK_IMPLS:-$IMPLS}; do
   ( start=$(date +%s)
     timeout 1500 python3 cli.py check --impl "$impl" "${common[@]}" --seed 1 --max-examples "${CHECK_EXAMPLES:-10}" \
       --json "$LOGS/check-$impl.json" > "$LOGS/check-$impl.log" 2>&1
