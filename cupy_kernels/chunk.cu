@@ -4,7 +4,7 @@
 // cta_product) plus a cp.async pipeline in the state kernel. Cost model: CHUNK_NOTES.md.
 //
 // Three kernels, run in order by cupy_kernels/chunk.py (same algebra as
-// gdn_verify.reference.chunk_core; shapes per (chunk, value head), C = chunk size):
+// gdn_verify.core.reference.chunk_core; shapes per (chunk, value head), C = chunk size):
 //
 //   gdn_chunk_intra   one CTA per (chunk, value head):
 //                     G = cumsum(g), Gamma_ij = exp(g_{j+1} + ... + g_i) (a segment sum, never a
@@ -126,9 +126,10 @@ __device__ __forceinline__ void l2norm_rows(float* x, int stride, int cols) {
 }
 
 // Gamma[i][j] = exp(g[j+1] + ... + g[i]) for i >= j (1 on the diagonal; the upper triangle is
-// not written). Thread j sums its column top-down, the order of reference.segment_sums, so a
-// saturated gate (g = -1e4) only zeroes the segments that contain it. Optionally thread C writes
-// G = cumsum(g) and thread j writes D_last[j] = g[j+1] + ... + g[C-1] (masked rows have g = 0).
+// not written). Thread j sums its column top-down, the order of
+// gdn_verify.core.reference.segment_sums, so a saturated gate (g = -1e4) only zeroes the segments
+// that contain it. Optionally thread C writes G = cumsum(g) and thread j writes
+// D_last[j] = g[j+1] + ... + g[C-1] (masked rows have g = 0).
 template <int C>
 __device__ __forceinline__ void gate_sums(const float* g, float* gamma, int stride, float* G, float* d_last) {
     const int j = threadIdx.x;

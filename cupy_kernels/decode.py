@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from cupy_kernels import recurrent_kernel as core
+from cupy_kernels import recurrent_kernel
 from cupy_kernels import tensors as ts
 
-DECODE_VARIANTS = core.VARIANTS
-DEFAULT_DECODE_VARIANT = core.DEFAULT_VARIANT
+DECODE_VARIANTS = recurrent_kernel.VARIANTS
+DEFAULT_DECODE_VARIANT = recurrent_kernel.DEFAULT_VARIANT
 
 
 def fused_decode_raw_gates(
@@ -49,7 +49,7 @@ def fused_decode_raw_gates(
     identity above 20), ``beta = sigmoid(b)``; ``scale`` None or 0 means ``K ** -0.5``.
     Returns ``(o [B, 1, HV, V] in q's dtype, state)`` (the same state object).
     """
-    req = core.Request(
+    req = recurrent_kernel.Request(
         "inplace",
         None if scale == 0 else scale,
         bool(use_qk_l2norm),
@@ -58,7 +58,7 @@ def fused_decode_raw_gates(
         beta_sigmoid=True,
         names=("a", "b", "state"),
     )
-    o, _ = core.run(
+    o, _ = recurrent_kernel.run(
         req, (q, k, v, a, b, A_log, dt_bias, state, None, None, None), checked=checked, source="fused_decode_raw_gates"
     )
     return o, state
@@ -95,9 +95,9 @@ def pooled_decode(
     addresses stay bitwise unchanged. Gate options as in ``recurrent_gated_delta_rule``.
     Returns ``o [B, T, HV, V]`` in q's dtype.
     """
-    core.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    core.variant(decode_variant)
-    req = core.Request(
+    recurrent_kernel.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    recurrent_kernel.variant(decode_variant)
+    req = recurrent_kernel.Request(
         "pool",
         scale,
         bool(use_qk_l2norm_in_kernel),
@@ -110,7 +110,7 @@ def pooled_decode(
         decode_variant,
         ("g", "beta", "state_pool"),
     )
-    o, _ = core.run(
+    o, _ = recurrent_kernel.run(
         req,
         (q, k, v, g, beta, A_log, dt_bias, state_pool, None, slot_indices, None),
         checked=checked,
@@ -152,8 +152,8 @@ def spec_decode(
     slots ``>= slots`` or counts outside ``[1, S]`` raise ``ValueError`` naming the argument
     (deferred for device metadata). Returns ``o [1, T, HV, V]`` in q's dtype.
     """
-    core.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    req = core.Request(
+    recurrent_kernel.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    req = recurrent_kernel.Request(
         "spec",
         scale,
         bool(use_qk_l2norm_in_kernel),
@@ -167,13 +167,13 @@ def spec_decode(
         ("g", "beta", "state_pool"),
     )
     args = (q, k, v, g, beta, A_log, dt_bias, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens)
-    o, _ = core.run(req, args, checked=checked, source="spec_decode")
+    o, _ = recurrent_kernel.run(req, args, checked=checked, source="spec_decode")
     return o
 
 
 # --------------------------------------------------------------------------- the fast decode path
 
-_STEP_POINTERS = core.POINTERS  # all 14 pointers are rewritten per call (A_log, dt_bias, err fixed)
+_STEP_POINTERS = recurrent_kernel.POINTERS  # all 14 pointers are rewritten per call (A_log, dt_bias, err fixed)
 
 
 class DecodeStep:
@@ -230,10 +230,10 @@ class DecodeStep:
         stream: Any = None,
         decode_variant: str | None = None,
     ) -> None:
-        core.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        core.variant(decode_variant)
+        recurrent_kernel.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        recurrent_kernel.variant(decode_variant)
         pool = slot_indices is not None
-        self._req = core.Request(
+        self._req = recurrent_kernel.Request(
             "pool" if pool else "inplace",
             scale,
             bool(use_qk_l2norm_in_kernel),
@@ -252,7 +252,7 @@ class DecodeStep:
         infos = tuple([None if x is None else ts.read(x, n, device) for x, n in zip(args, names)])
         if infos[0][1][1:2] != (1,):
             raise ValueError(f"q: DecodeStep is for one token (T = 1), got shape {infos[0][1]}")
-        plan = self._plan = core.plan(self._req, infos, device)
+        plan = self._plan = recurrent_kernel.plan(self._req, infos, device)
         self._gates = (A_log, dt_bias)  # kept alive: their pointers are baked into every launch
         self._pa = 0 if infos[5] is None else infos[5][0]
         self._pd = 0 if infos[6] is None else infos[6][0]
@@ -264,8 +264,8 @@ class DecodeStep:
         self._o_shape = plan.o_shape
         self._qk_mask, self._v_mask, self._o_mask, self._state_mask = plan.masks
         self._out = ts.empty(self._torch_like, plan.o_shape, plan.o_code) if reuse_output else None
-        self._buf = np.zeros(core.PARAMS_SIZE // 8, np.uint64)
-        memoryview(self._buf).cast("B")[core.POINTERS.size :] = plan.static
+        self._buf = np.zeros(recurrent_kernel.PARAMS_SIZE // 8, np.uint64)
+        memoryview(self._buf).cast("B")[recurrent_kernel.POINTERS.size :] = plan.static
         self._argv = np.array([self._buf.ctypes.data], np.uint64)
         self._argv_ptr = int(self._argv.ctypes.data)
         self._fn, self._blocks, self._threads = plan.fn, plan.blocks, plan.threads
@@ -345,7 +345,7 @@ class DecodeStep:
         args = (q, k, v, g, beta, A_log, dt_bias, state, None, slot_indices, None)
         if self._pool and slot_indices is None:
             raise ValueError("slot_indices: required (the step was prepared with a state pool)")
-        o, _ = core.run(self._req, args, checked=True, source="DecodeStep.checked")
+        o, _ = recurrent_kernel.run(self._req, args, checked=True, source="DecodeStep.checked")
         if out is not None:
             out[...] = o
             return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from cupy_kernels import recurrent_kernel as core
+from cupy_kernels import recurrent_kernel
 from cupy_kernels import tensors as ts
 
 
@@ -68,11 +68,11 @@ def recurrent_gated_delta_rule(
     """
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision: expected 'float32' or 'float64', got {precision!r}")
-    core.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    recurrent_kernel.options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     double = precision == "float64"
     if double and initial_state is not None:
         initial_state = _to_double(initial_state)
-    req = core.Request(
+    req = recurrent_kernel.Request(
         "initial",
         scale,
         bool(use_qk_l2norm_in_kernel),
@@ -84,4 +84,4 @@ def recurrent_gated_delta_rule(
         bool(allow_neg_eigval),
     )
     args = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, None)
-    return core.run(req, args, checked=checked, source="recurrent_gated_delta_rule")
+    return recurrent_kernel.run(req, args, checked=checked, source="recurrent_gated_delta_rule")

@@ -78,7 +78,7 @@ class DecodeVariant:
     persistent: bool = False
 
 
-# Decode kernel variants, timed side by side by gdn_verify/bench.py. "wide" is the original kernel.
+# Decode kernel variants, timed side by side by gdn_verify/bench/decode.py. "wide" is the original kernel.
 VARIANTS = {
     "wide": DecodeVariant(False, False, 0),
     "wide-cs": DecodeVariant(False, True, 0),
