@@ -37,9 +37,7 @@ PARAMS_SIZE = POINTERS.size + SCALARS.size
 
 @dataclass(frozen=True)
 class KernelMode:
-    """One instantiation of ``gdn::recurrent_kernel<DT, AccT, VFIRST, LC, AC, BR, MODE, CS, MINB>``, or
-    with ``persistent`` of ``gdn::decode_persistent_kernel<DT, AccT, VFIRST, LC, AC, BR, CS, MINB>``
-    (decode only: a grid of resident warps looping over the items, next state tile prefetched)."""
+    """One instantiation of ``gdn::recurrent_kernel<DT, AccT, VFIRST, LC, AC, BR, MODE, CS, MINB>``."""
 
     dtype: int  # DT: q/k/v element type code (tensors.F32 / F16 / BF16 / F64)
     double: bool  # AccT: double (the GPU oracle) or float
@@ -50,17 +48,11 @@ class KernelMode:
     mode: int  # MODE_DECODE / MODE_PREFILL / MODE_SPEC
     streaming: bool = False  # CS: evict-first state loads and stores
     min_blocks: int = 0  # MINB: __launch_bounds__ min blocks (0: ptxas decides)
-    persistent: bool = False  # decode_persistent_kernel (MODE_DECODE only) instead of recurrent_kernel
 
     def name_expression(self) -> str:
         """The C++ name of the instantiation (for ``cupy.RawModule(name_expressions=...)``)."""
         b = {True: "true", False: "false"}
         acc = "double" if self.double else "float"
-        if self.persistent:
-            return (
-                f"gdn::decode_persistent_kernel<{self.dtype}, {acc}, {b[self.v_first]}, {self.lc}, {self.ac}, "
-                f"{self.br}, {b[self.streaming]}, {self.min_blocks}>"
-            )
         return (
             f"gdn::recurrent_kernel<{self.dtype}, {acc}, {b[self.v_first]}, {self.lc}, {self.ac}, {self.br}, "
             f"{self.mode}, {b[self.streaming]}, {self.min_blocks}>"
@@ -69,25 +61,17 @@ class KernelMode:
 
 @dataclass(frozen=True)
 class DecodeVariant:
-    """A decode (T = 1) tiling: ``narrow`` halves the state per lane; ``streaming``, ``min_blocks``
-    and ``persistent`` are :class:`KernelMode`'s CS, MINB and kernel choice. See RECURRENT_NOTES.md."""
+    """A decode (T = 1) form of the kernel: ``streaming`` and ``min_blocks`` are :class:`KernelMode`'s
+    CS and MINB. See RECURRENT_NOTES.md (and experimental/NOTES.md for the variants that left)."""
 
-    narrow: bool
     streaming: bool
     min_blocks: int
-    persistent: bool = False
 
 
 # Decode kernel variants, timed side by side by gdn_verify/bench/decode.py. "wide" is the original kernel.
 VARIANTS = {
-    "wide": DecodeVariant(False, False, 0),
-    "wide-cs": DecodeVariant(False, True, 0),
-    "narrow": DecodeVariant(True, False, 4),
-    "narrow-cs": DecodeVariant(True, True, 4),
-    # persistent grid, next item's state tile prefetched into a second register tile (issue 17b):
-    # narrow 32 + 32 floats per lane, 168 registers (MINB 3: 12 warps/SM); wide 64 + 64, 255 (MINB 2: 8)
-    "narrow-cs-pf": DecodeVariant(True, True, 3, True),
-    "wide-cs-pf": DecodeVariant(False, True, 2, True),
+    "wide": DecodeVariant(False, 0),
+    "wide-cs": DecodeVariant(True, 0),
 }
 # wide-cs: fastest at B >= 64 on an H100, within 1 us below
 # (2026-11-22; reports/2026-11-22-decode-prefill-bench/README.md).
@@ -143,22 +127,18 @@ def _pow2(x: int) -> int:
 
 
 @functools.cache
-def tiling(K: int, V: int, v_first: bool, double: bool, narrow: bool = False) -> tuple[int, int, int, int]:
+def tiling(K: int, V: int, v_first: bool, double: bool) -> tuple[int, int, int, int]:
     """Lane tiling ``(LC, AC, BR, WV)`` for head sizes ``K, V`` (see the comment atop recurrent.cu).
 
     A lane holds ``BR * AC * VW`` state values (VW = 4 floats or 2 doubles per 16 bytes): at most
     64 floats / 32 doubles, which keeps the decode kernel near 168 registers without spills.
-    ``WV`` is the number of value columns one warp owns. ``narrow`` (decode variant) halves the
-    per-lane budget: k-first halves LC (LC 2, BR 8 at K = 128: 32-byte row segments per warp, 32
-    floats per lane), v-first halves BR.
+    ``WV`` is the number of value columns one warp owns.
     """
     vw = 2 if double else 4
-    budget = (16 if double else 32) if narrow else (32 if double else 64)
+    budget = 32 if double else 64
     if not v_first:
         # vectors run along V; 4 lanes x 4 floats = 64-byte row segments per warp for K <= 128
         lc = 2 if (double or K > 128) else 4
-        if narrow:
-            lc = max(1, lc // 2)
         lc = min(lc, _pow2(-(-V // vw)))
         lr = 32 // lc
         br = _pow2(-(-K // lr))
@@ -186,24 +166,6 @@ def compiled(mode: KernelMode, device: int) -> tuple[Any, int]:
         kernel = module.get_function(expr)
         kernel.kernel.ptr  # noqa: B018 - loads the module on this device now, not inside a graph capture
     return kernel, kernel.kernel.ptr
-
-
-@functools.cache
-def resident_ctas(mode: KernelMode, threads: int, device: int) -> int:
-    """CTAs of ``threads`` threads of one instantiation that fit on one SM at once (the occupancy
-    calculator, else the register count: the state tiles make registers the only limit)."""
-    kernel, fn = compiled(mode, device)
-    cp = ts.cupy()
-    occupancy = getattr(cp.cuda.driver, "occupancyMaxActiveBlocksPerMultiprocessor", None)
-    if occupancy is not None:
-        try:
-            with cp.cuda.Device(device):
-                return max(1, int(occupancy(fn, threads, 0)))
-        except Exception:  # noqa: BLE001 - fall back to the register arithmetic below
-            pass
-    regs = int(getattr(kernel, "num_regs", 0) or 255)
-    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp in units of 256
-    return max(1, min(32, (65536 // per_warp) // (threads // 32)))
 
 
 def _warps_per_cta(total_warps: int, device: int) -> int:
@@ -315,10 +277,9 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
         raise ValueError(f"scale: must be finite, got {scale}")
 
     mode = MODE_SPEC if req.state == "spec" else (MODE_PREFILL if T > 1 else MODE_DECODE)
-    var = variant(req.variant) if mode == MODE_DECODE else DecodeVariant(False, False, 0)
-    lc, ac, br, wv = tiling(K, V, req.v_first, req.double, var.narrow)
-    persistent = var.persistent and mode == MODE_DECODE
-    kernel = KernelMode(dt, req.double, req.v_first, lc, ac, br, mode, var.streaming, var.min_blocks, persistent)
+    var = variant(req.variant) if mode == MODE_DECODE else DecodeVariant(False, 0)
+    lc, ac, br, wv = tiling(K, V, req.v_first, req.double)
+    kernel = KernelMode(dt, req.double, req.v_first, lc, ac, br, mode, var.streaming, var.min_blocks)
     vtiles = -(-V // wv)
     total_warps = N * HV * vtiles
     in_item = ts.ITEM[dt]
@@ -339,9 +300,6 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
     p.fn = compiled(kernel, device)[1]
     w = _warps_per_cta(total_warps, device)
     p.blocks, p.threads = -(-total_warps // w), 32 * w
-    if persistent and p.blocks:
-        # one warp per resident slot at most; each loops over items w, w + stride, ...
-        p.blocks = min(p.blocks, ts.num_sms(device) * resident_ctas(kernel, p.threads, device))
     p.static = SCALARS.pack(
         qs[0],
         qs[1],

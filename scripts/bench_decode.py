@@ -1,5 +1,5 @@
 """Decode bench against its two goals: B = 1, 64, 256, 1024 (T = 1, H = 16, HV = 32, K = V = 128, fp32
-state, l2norm in kernel), ours (every decode variant, the persistent "-pf" ones included) vs FLA (when
+state, l2norm in kernel), ours (every decode variant the product ships) vs FLA (when
 importable) vs the copy ceiling, in one process; at B = 1 also DecodeGraph, and the launch floors.
 
 Writes ``OUT/decode_bench.json`` (the rows of ``gdn_verify.bench.decode_bench``, then one

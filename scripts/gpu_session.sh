@@ -11,13 +11,13 @@
 #   checks           check of cupy-recurrent, cupy-chunk and cupy in bf16 and fp32; cupy-oracle in fp64
 #   sanitizer        memcheck over the recurrent, gate and chunk GPU tests (3 min)
 #   memcheck_corpus  memcheck over the bad-input corpus in one process (1-2 min)
-#   memcheck_decode  memcheck over scripts/sanitize_decode.py (persistent decode, DecodeGraph; 1 min)
+#   memcheck_decode  memcheck over scripts/sanitize_decode.py (decode variants, DecodeGraph; 1 min)
 #   racecheck        racecheck and synccheck over scripts/sanitize_launches.py, racecheck over the
 #                    fused and wgmma chunk tests (3 min)
 #   bench            gdn-verify bench (decode and prefill beside FLA) -> bench.md, bench.json
 #   decode_bench     scripts/bench_decode.py alone on the GPU: every decode variant, the launch
 #                    floors, the two decode goals -> decode_bench.json, decode_bench.md (2-3 min)
-#   ncu_decode       Nsight Compute of wide-cs, wide-cs-pf and the SM copy at B = 64, 1024 -> ncu-decode.log
+#   ncu_decode       Nsight Compute of wide, wide-cs and the SM copy at B = 64, 1024 -> ncu-decode.log
 #   ncu_prefill      Nsight Compute of prep and both state kernels at 1 x 16384 -> ncu-prefill.log
 #   profile_prefill  scripts/profile_prefill.py: host time and per-kernel time, ours and FLA's
 #   extra            spec_decode under --convention spec; error_growth to 64k tokens
@@ -98,10 +98,10 @@ for phase in $phases; do
       echo "decode bench exit $?"; sed -n '/^Goals/,$p' "$OUT/decode_bench.md" 2>/dev/null ;;
     ncu_decode)
       metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active
-      timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none -k 'regex:recurrent_kernel|decode_persistent_kernel|copy16' \
+      timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none -k 'regex:recurrent_kernel|copy16' \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --metrics "$metrics" \
-        python3 scripts/profile_decode_ncu.py ${NCU_VARIANTS:-wide-cs wide-cs-pf} > "$OUT/ncu-decode.log" 2>&1
+        python3 scripts/profile_decode_ncu.py ${NCU_VARIANTS:-wide wide-cs} > "$OUT/ncu-decode.log" 2>&1
       echo "ncu exit $?"
       grep -E "launch:|gpu__time_duration|dram__throughput|Registers Per|Achieved Active Warps" "$OUT/ncu-decode.log" | head -40 ;;
     ncu_prefill)

@@ -1,9 +1,9 @@
 """Decode kernels under Nsight Compute (GPU only): one launch each of the decode variants named on
-the command line (default wide-cs and wide-cs-pf) and of the bench's SM copy kernel, at B = 64 and
+the command line (default wide and wide-cs) and of the bench's SM copy kernel, at B = 64 and
 1024 (T = 1, H = 16, HV = 32, K = V = 128, fp32 state, bf16 q/k/v, l2norm), to profile side by side.
 Run under ncu (``bash scripts/gpu_session.sh ncu_decode`` does, with the sections and metrics), e.g.
-    ncu --clock-control none -k regex:"recurrent_kernel|decode_persistent_kernel|copy16" \
-        --section SpeedOfLight ... python3 scripts/profile_decode_ncu.py wide-cs wide-cs-pf
+    ncu --clock-control none -k regex:"recurrent_kernel|copy16" \
+        --section SpeedOfLight ... python3 scripts/profile_decode_ncu.py wide wide-cs
 Prints one line per launch (batch, variant) in the order ncu sees them.
 """
 
@@ -44,4 +44,4 @@ def main(variants: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["wide-cs", "wide-cs-pf"]))
+    sys.exit(main(sys.argv[1:] or ["wide", "wide-cs"]))

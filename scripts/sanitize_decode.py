@@ -1,10 +1,10 @@
-"""The persistent decode variants and DecodeGraph in one short process, for compute-sanitizer memcheck (GPU).
+"""The decode variants and DecodeGraph in one short process, for compute-sanitizer memcheck (GPU).
 
-Both persistent decode variants with more items than resident warps (every warp loops and
-prefetches past its last item's neighbours), over a pool with padding and with a slot past the
-pool, varlen decode with empty sequences and with bad device cu_seqlens, and DecodeGraph replays
-(plain, pool, a bad slot written into the captured slot table). Exit status 0 when every
-expected ValueError was raised and nothing else failed; memcheck adds its own error count:
+Every decode variant the product ships (``recurrent_kernel.VARIANTS``) over a pool with padding
+and with a slot past the pool, varlen decode with empty sequences and with bad device cu_seqlens,
+and DecodeGraph replays (plain, pool, a bad slot written into the captured slot table). Exit
+status 0 when every expected ValueError was raised and nothing else failed; memcheck adds its own
+error count:
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_decode.py
     bash scripts/gpu_session.sh memcheck_decode
@@ -44,7 +44,7 @@ def main() -> int:
 
     B, H, HV, K, V, slots = 64, 2, 32, 32, 32, 80
     x = inputs(B, H, HV, K, V)
-    for variant in ("narrow-cs-pf", "wide-cs-pf"):
+    for variant in recurrent_kernel.VARIANTS:
         pool = arr(slots, HV, K, V)
         idx = np.arange(B, dtype=np.int32)[::-1].copy()
         idx[::5] = -1
@@ -85,7 +85,7 @@ def main() -> int:
             recurrent_kernel.DEFAULT_VARIANT = saved
             recurrent_kernel._PLANS.clear()
 
-    for variant in (None, "narrow-cs-pf"):
+    for variant in (None, "wide"):
         state = arr(B, HV, K, V)
         step = DecodeStep(**x, state=state, use_qk_l2norm_in_kernel=True, decode_variant=variant)
         graph = step.capture(**x, state=state)

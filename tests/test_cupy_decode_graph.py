@@ -1,11 +1,11 @@
-"""Issue 17b on the GPU: the persistent decode variants over many items per warp, and DecodeGraph.
+"""Decode at scale and DecodeGraph on the GPU.
 
-The persistent kernels ("-pf") loop each resident warp over several work items only when the
-problem has more items than resident warps, so these cases are large enough for that (B * HV *
-V tiles >> 132 SMs x 12 warps), with pool padding, a bad slot and empty varlen sequences in the
-loop. DecodeGraph is checked against the float64 oracle over several replays with the inputs
-rewritten in place (the serving pattern), for CuPy and torch, and for its deferred slot error.
-Tolerances as in test_cupy_recurrent.py (float32 compute: 1e-5 relative RMS).
+Every decode variant the product ships over grids larger than one wave (B * HV * V tiles >> 132
+SMs x 12 warps), with pool padding, a bad slot and empty varlen sequences. (These cases were
+written for the persistent "-pf" variants, which left for cupy_kernels/experimental/.) DecodeGraph
+is checked against the float64 oracle over several replays with the inputs rewritten in place
+(the serving pattern), for CuPy and torch, and for its deferred slot error. Tolerances as in
+test_cupy_recurrent.py (float32 compute: 1e-5 relative RMS).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from gdn_verify.core.reference import recurrent_gated_delta_rule
 pytestmark = pytest.mark.gpu
 
 FP32_TOL = 1e-5
-PF_VARIANTS = ["narrow-cs-pf", "wide-cs-pf"]
+# every decode variant the product ships (cupy_kernels imports no CuPy at import)
+VARIANTS = list(__import__("cupy_kernels.recurrent_kernel", fromlist=["VARIANTS"]).VARIANTS)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +54,9 @@ def oracle(x, state, l2norm=True):
     )
 
 
-@pytest.mark.parametrize("variant", PF_VARIANTS)
-def test_persistent_pool_many_items_per_warp(cp, dec, variant):
-    """B = 512 requests over a 600-slot pool (16384+ items: every warp loops), with padding."""
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pool_many_items(cp, dec, variant):
+    """B = 512 requests over a 600-slot pool (16384+ warps: several waves), with padding."""
     rng = np.random.default_rng(3)
     B, H, HV, K, V, slots = 512, 2, 8, 32, 32, 600
     x = step_inputs(rng, B, H, HV, K, V)
@@ -81,8 +82,8 @@ def test_persistent_pool_many_items_per_warp(cp, dec, variant):
     assert rel(new_pool[idx[live]], ref_s) < FP32_TOL
 
 
-@pytest.mark.parametrize("variant", PF_VARIANTS)
-def test_persistent_bad_slot_is_skipped_and_reported(cp, dec, variant):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bad_slot_is_skipped_and_reported(cp, dec, variant):
     rng = np.random.default_rng(4)
     B, H, HV, K, V, slots = 256, 1, 8, 32, 32, 300
     x = {n: cp.asarray(a) for n, a in step_inputs(rng, B, H, HV, K, V).items()}
@@ -95,8 +96,8 @@ def test_persistent_bad_slot_is_skipped_and_reported(cp, dec, variant):
     np.testing.assert_array_equal(cp.asnumpy(gpu_pool)[B:], pool[B:])  # nothing past the requests written
 
 
-@pytest.mark.parametrize("variant", PF_VARIANTS)
-def test_persistent_varlen_decode_with_empty_sequences(cp, monkeypatch, variant):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_varlen_decode_with_empty_sequences(cp, monkeypatch, variant):
     """T = 1 split over N = 3 sequences by cu_seqlens (two empty): their state comes back unchanged."""
     from cupy_kernels import recurrent_kernel
     from cupy_kernels.recurrent import recurrent_gated_delta_rule as ours
@@ -127,7 +128,7 @@ def test_persistent_varlen_decode_with_empty_sequences(cp, monkeypatch, variant)
     np.testing.assert_array_equal(cp.asnumpy(s)[[0, 2]], s0[[0, 2]])
 
 
-@pytest.mark.parametrize("variant", [None, "narrow-cs-pf"])
+@pytest.mark.parametrize("variant", [None, "wide"])
 def test_decode_graph_serving_loop(cp, dec, variant):
     """Fixed buffers, inputs rewritten before each replay, state evolving in place: 3 steps."""
     rng = np.random.default_rng(6)

@@ -512,7 +512,7 @@ def test_empty_token_axis(cp, torch, chunk_form):
 
 # --------------------------------------------------------------------------- decode variants, DecodeStep
 
-# every decode variant, the persistent "-pf" ones included (cupy_kernels imports no CuPy at import)
+# every decode variant the product ships (cupy_kernels imports no CuPy at import)
 VARIANTS = list(__import__("cupy_kernels.recurrent_kernel", fromlist=["VARIANTS"]).VARIANTS)
 
 
@@ -542,7 +542,7 @@ def test_decode_variant_unknown(cp, kern, dec):
         dec.DecodeStep(**c, state=cp.zeros((1, 1, 8, 8), cp.float32), decode_variant="bogus")
 
 
-@pytest.mark.parametrize("variant", ["wide", "narrow-cs"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_pool_contract_variants(cp, kern, dec, monkeypatch, variant):
     use_default_variant(monkeypatch, variant)
     test_pool_contract(cp, kern, dec, np.int32, False)
