@@ -1,4 +1,4 @@
-"""CuPy launcher for the chunked (WY/UT) GDN forward kernels in ``chunk.cu``.
+"""CuPy launcher for the chunked (WY/UT) GDN forward kernels (``chunk_*.cu``).
 
 Native convention (FLA ``chunk_gated_delta_rule``): ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``,
 ``g, beta [B, T, HV]``, ``initial_state [N, HV, K, V]`` fp32 (``[N, HV, V, K]`` with
@@ -13,11 +13,12 @@ and the scratch.
 Three kernel paths. bf16 inputs with ``chunk_size = 64``, ``K`` a multiple of 16 up to 128 and
 ``V`` a multiple of 16 take the fused path by default (``gdn_fused_prep`` + ``gdn_fused_state``: two
 launches, bf16 hi / lo scratch of 32 KiB per (chunk, value head), the state kept in registers and the
-output computed beside it; see chunk.cu); ``fused=False`` opts out and ``fused=True`` insists. On sm_90
-(H100, H200) with ``K`` 64 or 128 and ``V`` a multiple of 64, the state kernel is the wgmma one
-(``gdn_fused_state_sm90_k<K>``, built by :func:`sm90a_module`; ``wgmma=False`` keeps mma.sync).
-Otherwise two arithmetic paths of the three-kernel layout (the ``TC`` template flag): bf16 / fp16
-inputs take the tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
+output computed beside it; see chunk_common.cuh); ``fused=False`` opts out and ``fused=True``
+insists. On sm_90 (H100, H200) with ``K`` 64 or 128 and ``V`` a multiple of 64, the state kernel
+is the wgmma one (``gdn_fused_state_sm90_k<K>`` in ``chunk_wgmma.cu``, built for sm_90a by
+:func:`sources.sm90a_module`; ``wgmma=False`` keeps mma.sync). Otherwise two arithmetic paths of
+the three-kernel layout (``chunk_three_kernel.cu``, the ``TC`` template flag): bf16 / fp16 inputs
+take the tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
 are split into two bf16 parts and multiplied with three MMAs, about 2^-16 relative error), fp32
 inputs the plain FP32 path (no TF32); ``use_tensor_cores`` overrides the choice. Both run in
 three launches (the fused path two) on the caller's stream (torch's current stream for torch inputs, CuPy's for
@@ -25,37 +26,40 @@ CuPy arrays): intra-chunk (W, U), state passing, output. Outputs and scratch com
 allocator of ``q``'s kind (torch's caching allocator, else CuPy's pool), in stream order; the chunk
 tables of each ``cu_seqlens`` content are uploaded once and reused (:class:`_DeviceTables`).
 Kernels launch through ``cuLaunchKernel`` (:class:`tensors.Signature`), so a call costs about
-0.1 ms of host time. CuPy is imported lazily, so importing this module needs no GPU.
+0.1 ms of host time. Each path compiles only the kernels it launches (one source file per path:
+``chunk_three_kernel.cu``; ``chunk_fused_prep.cu`` with ``chunk_fused.cu`` or ``chunk_wgmma.cu``).
+CuPy is imported lazily, so importing this module needs no GPU.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
-import os
 import threading
 import warnings
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from cupy_kernels import sources
 from cupy_kernels import tensors as ts
 
-_SOURCE = Path(__file__).with_name("chunk.cu")
+_THREE_KERNEL_SOURCE = "chunk_three_kernel.cu"
+_PREP_SOURCE = "chunk_fused_prep.cu"
+_FUSED_SOURCE = "chunk_fused.cu"
+_WGMMA_SOURCE = "chunk_wgmma.cu"
 CHUNK_SIZES = (16, 32, 64)
 MAX_HEAD_DIM = 256  # bounded by shared memory: the output kernel needs about 164 KiB at K = V = 256
 _THREADS = 256
-_STATE_TILE = 16  # kStateTile in chunk.cu
-_OUT_TILE = 64  # kOutTile in chunk.cu
+_STATE_TILE = 16  # kStateTile in chunk_common.cuh
+_OUT_TILE = 64  # kOutTile in chunk_common.cuh
 FUSED_CHUNK = 64  # gdn_fused::C
 FUSED_MAX_K = 128  # gdn_fused::kMaxK: the state rows a CTA holds in registers
 _FUSED_PAD = 8  # gdn_fused::kPad
 WGMMA_K = (64, 128)  # head sizes K with an sm_90a state kernel (gdn_fused_state_sm90_k<K>)
 _WGMMA_COLUMNS = 64  # value columns per CTA of that kernel: one warpgroup, 16 per warp
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
-# gate_flags bits (chunk.cu kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
+# gate_flags bits (chunk_common.cuh kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
 _G_IS_T, _BETA_IS_T, _GATE_IN_KERNEL, _BETA_SIGMOID, _NEG_EIGVAL = 1, 2, 4, 8, 16
 
 # The kernels the latest call launched, for benchmarks and reports: "three-kernel", "fused mma.sync
@@ -68,58 +72,11 @@ _debug_poison = False
 
 
 @functools.cache
-def _module(names: tuple[str, ...]):
-    import cupy
-
-    module = cupy.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=names)
-    return tuple(module.get_function(name) for name in names)
-
-
-@functools.cache
-def sm90a_module():
-    """chunk.cu built for sm_90a (``-DGDN_SM90A``: the wgmma state kernels and the layout probe).
-
-    CuPy's RawModule always appends ``-arch`` for the device's plain sm_90, which has no wgmma, so
-    this goes through CuPy's NVRTC binding with CuPy's own include options, and caches the cubin
-    beside CuPy's kernel cache (keyed by source, options and NVRTC version). Raises RuntimeError
-    with NVRTC's log where the build fails."""
-    import cupy
-    from cupy_backends.cuda.libs import nvrtc
-
-    try:
-        from cupy._core.core import assemble_cupy_compiler_options
-
-        options = assemble_cupy_compiler_options(("--std=c++17",))
-    except (ImportError, AttributeError):  # a CuPy without it: CUDA's headers from CUDA_PATH
-        options = ("--std=c++17", f"-I{os.path.join(cupy.cuda.get_cuda_path() or '/usr/local/cuda', 'include')}")
-    options += ("-arch=sm_90a", "-DGDN_SM90A", "-ftz=true", "--device-as-default-execution-space")  # as CuPy
-    source = _SOURCE.read_text()
-    key = hashlib.sha256("\0".join((source, *options, repr(nvrtc.getVersion()))).encode()).hexdigest()[:32]
-    cache = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")  # as CuPy's
-    path = Path(cache) / f"gdn_chunk_sm90a_{key}.cubin"
-    if not path.exists():
-        prog = nvrtc.createProgram(source, "chunk.cu", (), ())
-        try:
-            try:
-                nvrtc.compileProgram(prog, options)
-            except nvrtc.NVRTCError as e:
-                raise RuntimeError(f"NVRTC could not build chunk.cu for sm_90a: {nvrtc.getProgramLog(prog)}") from e
-            cubin = nvrtc.getCUBIN(prog)
-        finally:
-            nvrtc.destroyProgram(prog)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")  # concurrent builders: last rename wins
-        part.write_bytes(cubin)
-        os.replace(part, path)
-    return cupy.RawModule(path=str(path))
-
-
-@functools.cache
 def _sm90a_builds() -> bool:
-    """Whether :func:`sm90a_module` builds here; warns once, with NVRTC's reason, where it does not
-    (the default then keeps the mma.sync state kernel)."""
+    """Whether the sm_90a wgmma state kernel builds here (:func:`sources.sm90a_module`); warns once,
+    with NVRTC's reason, where it does not (the default then keeps the mma.sync state kernel)."""
     try:
-        sm90a_module()
+        sources.sm90a_module(_WGMMA_SOURCE)
     except (ImportError, RuntimeError) as e:
         warnings.warn(f"the sm_90a wgmma state kernel is not available, using mma.sync: {e}", stacklevel=3)
         return False
@@ -132,11 +89,14 @@ def wgmma_state(K: int, V: int, device: int) -> bool:
     return K in WGMMA_K and V % _WGMMA_COLUMNS == 0 and ts.compute_capability(device) == (9, 0)
 
 
-@functools.cache
-def _fused_kernels(warps: int, k_split: int):
-    """Compiled ``(prep, state)`` kernels of the fused bf16 path; the state kernel takes ``warps``
-    slabs of 16 value columns, ``k_split`` warps per slab."""
-    return _module(("gdn_fused_prep", f"gdn_fused_state<{warps}, {k_split}>"))
+def _prep_kernel():
+    """The compiled prep kernel of both fused paths (its own source: neither state kernel is built to get it)."""
+    return sources.raw_module(_PREP_SOURCE, ("gdn_fused_prep",))[0]
+
+
+def _fused_state_kernel(warps: int, k_split: int):
+    """The compiled mma.sync state kernel: ``warps`` slabs of 16 value columns, ``k_split`` warps per slab."""
+    return sources.raw_module(_FUSED_SOURCE, (f"gdn_fused_state<{warps}, {k_split}>",))[0]
 
 
 def fused_warps(dtype: str, chunk_size: int, K: int, V: int, tensor_cores: bool) -> int | None:
@@ -161,16 +121,16 @@ def fused_k_split(K: int, V: int, sequences: int, HV: int, sms: int) -> int:
     return 2 if sequences * HV * (V // 32) <= sms else 1
 
 
-@functools.cache
 def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
     """Compiled ``(intra, state, output)`` kernels for one input type, chunk size and path."""
     tc = "true" if tensor_cores else "false"
-    return _module(
+    return sources.raw_module(
+        _THREE_KERNEL_SOURCE,
         (
             f"gdn_chunk_intra<{ctype}, {chunk_size}, {tc}>",
             f"gdn_chunk_state<{chunk_size}, {tc}>",
             f"gdn_chunk_output<{ctype}, {chunk_size}, {tc}>",
-        )
+        ),
     )
 
 
@@ -237,7 +197,7 @@ def chunk_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, np.nd
 
 
 def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> tuple[int, int, int]:
-    """Dynamic shared memory of the (intra, state, output) kernels; mirrors the layouts in chunk.cu."""
+    """Dynamic shared memory of the (intra, state, output) kernels; mirrors the layouts in chunk_three_kernel.cu."""
     C = chunk_size
     xs = max(K, V) | 1
     intra = C * xs + 2 * C * (C + 1) + C * C // 4 + 6 * C
@@ -249,7 +209,8 @@ def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> 
 
 
 def _fused_smem_bytes(K: int, warps: int, k_split: int = 1, wgmma: bool = False) -> tuple[int, int]:
-    """Dynamic shared memory of the fused (prep, state) kernels; mirrors the layouts in chunk.cu."""
+    """Dynamic shared memory of the fused (prep, state) kernels; mirrors their layouts (chunk_fused*.cu,
+    chunk_wgmma.cu)."""
     C, kp, vp, cp = FUSED_CHUNK, K + _FUSED_PAD, 16 * warps + _FUSED_PAD, FUSED_CHUNK + _FUSED_PAD
     # G fp64, four fp32 vectors, A; then k and q, whose space T and tmp take over
     prep = (2 * C + 4 * C + C * (C + 1)) * 4 + max(2 * C * kp * 2, (C * (C + 1) + C * C // 4) * 4)
@@ -264,7 +225,7 @@ def _fused_smem_bytes(K: int, warps: int, k_split: int = 1, wgmma: bool = False)
     return prep, state
 
 
-# Kernel parameter lists (chunk.cu signatures): P pointer, i int, f float.
+# Kernel parameter lists (the kernels' signatures): P pointer, i int, f float.
 _SIG_INTRA = ts.Signature("PPPPiPPPPiiiiiPPPP")
 _SIG_STATE = ts.Signature("PPPPPPiiiiiPPPi")
 _SIG_OUTPUT = ts.Signature("PPPiPPPPPPPiiiiifP")
@@ -287,7 +248,7 @@ def _handle(kernel: Any, smem: int, device: int) -> int:
 
 @functools.cache
 def _wgmma_kernel(K: int):
-    return sm90a_module().get_function(f"gdn_fused_state_sm90_k{K}")
+    return sources.sm90a_module(_WGMMA_SOURCE).get_function(f"gdn_fused_state_sm90_k{K}")
 
 
 def pack_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, tuple[int, int, int], int]:
@@ -618,12 +579,14 @@ def _run_fused(c: _Call, warps: int, k_split: int, wgmma: bool) -> None:
     the state kernel on mma.sync (``warps`` slabs of 16 columns, ``k_split`` warps each) or on wgmma."""
     H, HV, K, V = c.heads
     C, NC, dev = c.C, c.NC, c.device
-    prep, state = _fused_kernels(warps, k_split)
+    prep = _prep_kernel()
     smem_prep, smem_state = _fused_smem_bytes(K, warps, k_split, wgmma)
     columns, threads = 16 * warps, 32 * warps * k_split
     if wgmma:
         state = _wgmma_kernel(K)
         columns, threads = _WGMMA_COLUMNS, 192  # a consumer warpgroup and two producer warps
+    else:
+        state = _fused_state_kernel(warps, k_split)
     mats = _empty(c.like, (NC, HV, 4, C, C), ts.BF16)  # T'hi, T'lo, P'hi, P'lo
     vecs = _empty(c.like, (NC, HV, 4, C), ts.F32)  # a, c, d, G
     pmats, pvecs = ts.pointer(mats), ts.pointer(vecs)

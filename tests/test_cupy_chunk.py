@@ -12,7 +12,7 @@ slip (those show up at 1e-3 or worse). With bf16 inputs the oracle sees the same
 so the output error is the bf16 rounding of o (about 1.7e-3 RMS) plus the fp32 part; FLA's
 chunked kernel sits at 3.4e-3 and the bound is ``BF16_TOL = 4e-3``.
 
-The fused path (the default for bf16 inputs where it applies, see ``chunk.fused_warps``) uses k and q
+The fused path (the default for bf16 inputs where it applies, see ``chunk_plan.fused_warps``) uses k and q
 as exact bf16 MMA operands and splits only fp32 operands (S, X, v_new, T', P'), so its products carry
 the same 2^-16 relative error as the split tensor-core path: output within ``BF16_TOL`` (bf16
 rounding dominates), final state within ``TC_FP32_TOL``.
@@ -24,6 +24,8 @@ relative error per product: with fp32 inputs it lands near 1e-5 relative RMS, bo
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -383,11 +385,17 @@ def needs_sm90(chunk, cp):
         pytest.skip("the wgmma state kernel needs an sm_90 device (H100, H200)")
 
 
+WGMMA_PROBE = Path(__file__).resolve().parent / "cuda" / "wgmma_probe.cu"
+
+
 def test_wgmma_layouts_match_numpy(chunk, cp):
-    """gdn_wgmma_probe: the two wgmma B layouts the state kernel uses (K-major for K^T, T'^T, P'^T;
-    MN-major for K) from one core-matrix tile, with the kernel's descriptor offsets."""
+    """gdn_wgmma_probe (tests/cuda/wgmma_probe.cu): the two wgmma B layouts the state kernel uses
+    (K-major for K^T, T'^T, P'^T; MN-major for K) from one core-matrix tile, with the kernel's
+    descriptor offsets."""
     needs_sm90(chunk, cp)
-    probe = chunk.sm90a_module().get_function("gdn_wgmma_probe")
+    from cupy_kernels import sources
+
+    probe = sources.sm90a_module(WGMMA_PROBE).get_function("gdn_wgmma_probe")
     rng = np.random.default_rng(3)
     a = rng.integers(-8, 8, (64, 16)).astype(np.float32)  # small integers: every product exact in fp32
     tile = rng.integers(-8, 8, (64, 128)).astype(np.float32)

@@ -31,7 +31,7 @@ ALLOWED = {
     "report": {"core", "implementations", "runners", "properties", "report", "top"},  # built on the API
     "top": {"core", "implementations", "runners", "properties", "report", "bench", "api", "console", "top"},
 }
-# cupy_backends ships in CuPy's own wheel: chunk.sm90a_module reaches NVRTC through it.
+# cupy_backends ships in CuPy's own wheel: sources.sm90a_module reaches NVRTC through it.
 THIRD_PARTY_FOR_KERNELS = {"numpy", "cupy", "cupy_backends", "torch"}
 
 
