@@ -3,13 +3,15 @@
 Modules: ``recurrent.cu`` / ``recurrent.py`` (token by token: prefill, decode, and a float64
 instantiation used as a GPU oracle), ``decode.py`` (the decode family on the same kernel: state
 pools, speculative decoding, FlashInfer's raw-gate step, ``DecodeStep``, ``DecodeGraph``),
-``recurrent_kernel.py`` (their shared plan and launch), ``chunk.py`` (the chunked WY/UT form for
-prefill; its kernels are one source per path sharing ``chunk_common.cuh``: ``chunk_three_kernel.cu``,
-``chunk_fused_prep.cu``, ``chunk_fused.cu``, ``chunk_wgmma.cu``), ``sources.py`` (the sources as
-NVRTC compiles them, and the sm_90a build), ``tensors.py`` (the policy below, in code).
-``experimental/`` holds kernel variants that measured slower than the product's, with their
-numbers; nothing imports them. Importing the package imports only NumPy and the standard library;
-CuPy (and torch, when the caller uses it) are imported on first use.
+``recurrent_kernel.py`` (their shared validation, plan selection and launch), ``chunk.py`` (the
+chunked WY/UT form for prefill; its kernels are one source per path sharing ``chunk_common.cuh``:
+``chunk_three_kernel.cu``, ``chunk_fused_prep.cu``, ``chunk_fused.cu``, ``chunk_wgmma.cu``) with
+``chunk_plan.py`` (which path and kernels a call takes: pure), ``layout.py`` (every layout fact
+shared with the CUDA sources, one table each), ``sources.py`` (the sources as NVRTC compiles them,
+and the sm_90a build), ``tensors.py`` (the policy below, in code). ``experimental/`` holds kernel
+variants that measured slower than the product's, with their numbers; nothing imports them.
+Importing the package imports only NumPy and the standard library; CuPy (and torch, when the caller
+uses it) are imported on first use.
 
 Tensor policy (every launcher)
 ------------------------------

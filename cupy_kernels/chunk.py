@@ -13,22 +13,24 @@ and the scratch.
 Three kernel paths. bf16 inputs with ``chunk_size = 64``, ``K`` a multiple of 16 up to 128 and
 ``V`` a multiple of 16 take the fused path by default (``gdn_fused_prep`` + ``gdn_fused_state``: two
 launches, bf16 hi / lo scratch of 32 KiB per (chunk, value head), the state kept in registers and the
-output computed beside it; see chunk_common.cuh); ``fused=False`` opts out and ``fused=True``
-insists. On sm_90 (H100, H200) with ``K`` 64 or 128 and ``V`` a multiple of 64, the state kernel
-is the wgmma one (``gdn_fused_state_sm90_k<K>`` in ``chunk_wgmma.cu``, built for sm_90a by
+output computed beside it; see chunk_common.cuh); ``fused=False`` opts out and ``fused=True`` insists.
+On sm_90 (H100, H200) with ``K`` 64 or 128 and ``V`` a multiple of 64, the state kernel is the wgmma
+one (``gdn_fused_state_sm90_k<K>`` in ``chunk_wgmma.cu``, built for sm_90a by
 :func:`sources.sm90a_module`; ``wgmma=False`` keeps mma.sync). Otherwise two arithmetic paths of
 the three-kernel layout (``chunk_three_kernel.cu``, the ``TC`` template flag): bf16 / fp16 inputs
-take the tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32 operands
-are split into two bf16 parts and multiplied with three MMAs, about 2^-16 relative error), fp32
-inputs the plain FP32 path (no TF32); ``use_tensor_cores`` overrides the choice. Both run in
-three launches (the fused path two) on the caller's stream (torch's current stream for torch inputs, CuPy's for
-CuPy arrays): intra-chunk (W, U), state passing, output. Outputs and scratch come from the
-allocator of ``q``'s kind (torch's caching allocator, else CuPy's pool), in stream order; the chunk
-tables of each ``cu_seqlens`` content are uploaded once and reused (:class:`_DeviceTables`).
-Kernels launch through ``cuLaunchKernel`` (:class:`tensors.Signature`), so a call costs about
-0.1 ms of host time. Each path compiles only the kernels it launches (one source file per path:
-``chunk_three_kernel.cu``; ``chunk_fused_prep.cu`` with ``chunk_fused.cu`` or ``chunk_wgmma.cu``).
-CuPy is imported lazily, so importing this module needs no GPU.
+take the tensor-core path by default (``mma.sync`` bf16 products with fp32 accumulation; fp32
+operands are split into two bf16 parts and multiplied with three MMAs, about 2^-16 relative error),
+fp32 inputs the plain FP32 path (no TF32); ``use_tensor_cores`` overrides the choice. Both run in
+three launches (the fused path two) on the caller's stream (torch's current stream for torch inputs,
+CuPy's for CuPy arrays): intra-chunk (W, U), state passing, output.
+
+A call goes through three steps: validation (``ValueError`` naming the argument), the pure
+:func:`chunk_plan.select_plan` (which path, which kernels, their CTA and shared-memory sizes; cached,
+testable on the CPU) and the launch, which compiles only the kernels of that plan. Outputs and
+scratch come from the allocator of ``q``'s kind (torch's caching allocator, else CuPy's pool), in
+stream order; the chunk tables of each ``cu_seqlens`` content are uploaded once and reused
+(:class:`_DeviceTables`). Kernels launch through ``cuLaunchKernel`` (:class:`tensors.Signature`), so
+a call costs about 0.1 ms of host time. CuPy is imported lazily, so importing this module needs no GPU.
 """
 
 from __future__ import annotations
@@ -41,26 +43,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cupy_kernels import sources
+from cupy_kernels import layout, sources
 from cupy_kernels import tensors as ts
+from cupy_kernels.chunk_plan import CHUNK_SIZES, WGMMA_SOURCE, ChunkPlan, select_plan
 
-_THREE_KERNEL_SOURCE = "chunk_three_kernel.cu"
-_PREP_SOURCE = "chunk_fused_prep.cu"
-_FUSED_SOURCE = "chunk_fused.cu"
-_WGMMA_SOURCE = "chunk_wgmma.cu"
-CHUNK_SIZES = (16, 32, 64)
 MAX_HEAD_DIM = 256  # bounded by shared memory: the output kernel needs about 164 KiB at K = V = 256
-_THREADS = 256
-_STATE_TILE = 16  # kStateTile in chunk_common.cuh
-_OUT_TILE = 64  # kOutTile in chunk_common.cuh
-FUSED_CHUNK = 64  # gdn_fused::C
-FUSED_MAX_K = 128  # gdn_fused::kMaxK: the state rows a CTA holds in registers
-_FUSED_PAD = 8  # gdn_fused::kPad
-WGMMA_K = (64, 128)  # head sizes K with an sm_90a state kernel (gdn_fused_state_sm90_k<K>)
-_WGMMA_COLUMNS = 64  # value columns per CTA of that kernel: one warpgroup, 16 per warp
-_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 # gate_flags bits (chunk_common.cuh kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
-_G_IS_T, _BETA_IS_T, _GATE_IN_KERNEL, _BETA_SIGMOID, _NEG_EIGVAL = 1, 2, 4, 8, 16
+_G_IS_T, _BETA_IS_T, _GATE_IN_KERNEL, _BETA_SIGMOID, _NEG_EIGVAL = (
+    layout.GATE_FLAGS[name] for name in ("kGateIsT", "kBetaIsT", "kGateInKernel", "kBetaSigmoid", "kNegEigval")
+)
 
 # The kernels the latest call launched, for benchmarks and reports: "three-kernel", "fused mma.sync
 # <warps, k_split>" or "fused wgmma sm_90a" (a diagnostic, not an input).
@@ -73,65 +64,30 @@ _debug_poison = False
 
 @functools.cache
 def _sm90a_builds() -> bool:
-    """Whether the sm_90a wgmma state kernel builds here (:func:`sources.sm90a_module`); warns once,
-    with NVRTC's reason, where it does not (the default then keeps the mma.sync state kernel)."""
+    """Whether the sm_90a wgmma state kernel builds here; warns once, with NVRTC's reason, where it
+    does not (the default then keeps the mma.sync state kernel)."""
     try:
-        sources.sm90a_module(_WGMMA_SOURCE)
+        sources.sm90a_module(WGMMA_SOURCE)
     except (ImportError, RuntimeError) as e:
-        warnings.warn(f"the sm_90a wgmma state kernel is not available, using mma.sync: {e}", stacklevel=3)
+        warnings.warn(f"the sm_90a wgmma state kernel is not available, using mma.sync: {e}", stacklevel=4)
         return False
     return True
 
 
-def wgmma_state(K: int, V: int, device: int) -> bool:
-    """Whether the sm_90a wgmma state kernel applies: an sm_90 device (H100, H200), ``K`` in
-    ``WGMMA_K`` and ``V`` a multiple of 64 (one warpgroup per 64 value columns)."""
-    return K in WGMMA_K and V % _WGMMA_COLUMNS == 0 and ts.compute_capability(device) == (9, 0)
-
-
-def _prep_kernel():
-    """The compiled prep kernel of both fused paths (its own source: neither state kernel is built to get it)."""
-    return sources.raw_module(_PREP_SOURCE, ("gdn_fused_prep",))[0]
-
-
-def _fused_state_kernel(warps: int, k_split: int):
-    """The compiled mma.sync state kernel: ``warps`` slabs of 16 value columns, ``k_split`` warps per slab."""
-    return sources.raw_module(_FUSED_SOURCE, (f"gdn_fused_state<{warps}, {k_split}>",))[0]
-
-
-def fused_warps(dtype: str, chunk_size: int, K: int, V: int, tensor_cores: bool) -> int | None:
-    """Warps per CTA of the fused state kernel (each owns 16 value columns) for these inputs, or
-    None where the fused path does not apply. Four warps share one load of k, q, T' and P' per
-    chunk; fewer where V is not a multiple of 64."""
-    if dtype != "bfloat16" or not tensor_cores or chunk_size != FUSED_CHUNK:
-        return None
-    if K % 16 or K > FUSED_MAX_K or V % 16:
-        return None
-    return next(w for w in (4, 2, 1) if V % (16 * w) == 0)
-
-
-def fused_k_split(K: int, V: int, sequences: int, HV: int, sms: int) -> int:
-    """Warps sharing one 16-column slab's state rows in the fused state kernel: 2 where the CTAs of
-    that form (two slabs, four warps, one CTA per SM for its shared memory) still fit in one wave
-    on ``sms`` SMs, so each chunk's dependent MMA chain is about half as long (few sequences: the
-    1 x T rows, where four warps per SM leave the chain's latency exposed); else 1, where the
-    waves it would add cost more than the chain it shortens. Needs K % 32 == 0 and V % 32 == 0."""
-    if K % 32 or V % 32:
-        return 1
-    return 2 if sequences * HV * (V // 32) <= sms else 1
-
-
-def _kernels(ctype: str, chunk_size: int, tensor_cores: bool = False):
-    """Compiled ``(intra, state, output)`` kernels for one input type, chunk size and path."""
-    tc = "true" if tensor_cores else "false"
-    return sources.raw_module(
-        _THREE_KERNEL_SOURCE,
-        (
-            f"gdn_chunk_intra<{ctype}, {chunk_size}, {tc}>",
-            f"gdn_chunk_state<{chunk_size}, {tc}>",
-            f"gdn_chunk_output<{ctype}, {chunk_size}, {tc}>",
-        ),
-    )
+@functools.cache
+def _functions(plan: ChunkPlan) -> tuple[Any, ...]:
+    """The compiled kernels of ``plan``, in launch order: one build per source file, holding only the
+    kernels the plan launches (CuPy also caches each build on disk)."""
+    functions: dict[str, Any] = {}
+    for source in dict.fromkeys(k.source for k in plan.kernels):
+        kernels = [k for k in plan.kernels if k.source == source]
+        if kernels[0].sm90a:
+            module = sources.sm90a_module(source)
+            built = [module.get_function(k.name) for k in kernels]
+        else:
+            built = list(sources.raw_module(source, tuple(k.name for k in kernels)))
+        functions.update(zip((k.name for k in kernels), built))
+    return tuple(functions[k.name] for k in plan.kernels)
 
 
 class _Input:
@@ -196,35 +152,6 @@ def chunk_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, np.nd
     return start.astype(np.int64), length.astype(np.int32), seq_chunk_off.astype(np.int32)
 
 
-def _smem_bytes(chunk_size: int, K: int, V: int, tensor_cores: bool = False) -> tuple[int, int, int]:
-    """Dynamic shared memory of the (intra, state, output) kernels; mirrors the layouts in chunk_three_kernel.cu."""
-    C = chunk_size
-    xs = max(K, V) | 1
-    intra = C * xs + 2 * C * (C + 1) + C * C // 4 + 6 * C
-    kp = K + 4 if tensor_cores else K  # padded W / Kd rows on the tensor-core path
-    state = 2 * C * kp + 2 * C * _STATE_TILE + K * _STATE_TILE
-    ks = K | 1
-    output = C * ks + max(C * ks, _OUT_TILE * (K + C)) + C * (C + 1) + 2 * C
-    return 4 * intra, 4 * state, 4 * output
-
-
-def _fused_smem_bytes(K: int, warps: int, k_split: int = 1, wgmma: bool = False) -> tuple[int, int]:
-    """Dynamic shared memory of the fused (prep, state) kernels; mirrors their layouts (chunk_fused*.cu,
-    chunk_wgmma.cu)."""
-    C, kp, vp, cp = FUSED_CHUNK, K + _FUSED_PAD, 16 * warps + _FUSED_PAD, FUSED_CHUNK + _FUSED_PAD
-    # G fp64, four fp32 vectors, A; then k and q, whose space T and tmp take over
-    prep = (2 * C + 4 * C + C * (C + 1)) * 4 + max(2 * C * kp * 2, (C * (C + 1) + C * C // 4) * 4)
-    if wgmma:  # two stages of k, q, T'/P' (unpadded swizzled tiles), v and vectors; the output tile
-        vp = _WGMMA_COLUMNS + _FUSED_PAD
-        stage = 2 * C * K * 2 + 4 * C * C * 2 + C * vp * 2 + 4 * C * 4
-        return prep, 2 * stage + C * vp * 2
-    k_and_vectors = C * kp * 2 + 4 * C * 4  # double-buffered
-    q_v_mats = (C * kp * 2 + C * vp * 2 + 4 * C * cp * 2) * (2 if k_split > 1 else 1)  # single unless split
-    exchange = warps * k_split * C * 32 * 4 if k_split > 1 else 0  # per warp: partial Y_k, Y_q, C floats a lane
-    state = 2 * k_and_vectors + q_v_mats + C * vp * 2 + exchange  # ... + the output tile
-    return prep, state
-
-
 # Kernel parameter lists (the kernels' signatures): P pointer, i int, f float.
 _SIG_INTRA = ts.Signature("PPPPiPPPPiiiiiPPPP")
 _SIG_STATE = ts.Signature("PPPPPPiiiiiPPPi")
@@ -244,11 +171,6 @@ def _handle(kernel: Any, smem: int, device: int) -> int:
             kernel.preferred_shared_memory_carveout = 100
         got = _HANDLES[(id(kernel), device)] = (kernel, kernel.kernel.ptr, smem)  # the kernel stays alive
     return got[1]
-
-
-@functools.cache
-def _wgmma_kernel(K: int):
-    return sources.sm90a_module(_WGMMA_SOURCE).get_function(f"gdn_fused_state_sm90_k{K}")
 
 
 def pack_tables(bounds: np.ndarray, chunk_size: int) -> tuple[np.ndarray, tuple[int, int, int], int]:
@@ -358,22 +280,13 @@ def chunk_gated_delta_rule(
     ``K % 16 == 0``, ``K <= 128``, ``V % 16 == 0``, 16-byte aligned q, k, v), ``False`` never,
     ``True`` always (``ValueError`` where it does not apply). ``k_split``: warps that share one
     16-column slab of the state in the fused state kernel, 1 or 2 (2 needs ``K % 32 == 0`` and
-    ``V % 32 == 0``); ``None`` (default) picks it from the grid size (:func:`fused_k_split`).
-    ``wgmma``: the fused path's state kernel on sm_90a wgmma (:func:`wgmma_state`: H100 / H200,
-    ``K`` 64 or 128, ``V % 64 == 0``; no ``k_split``). ``None`` (default) takes it wherever it
+    ``V % 32 == 0``); ``None`` (default) picks it from the grid size (:func:`chunk_plan.fused_k_split`).
+    ``wgmma``: the fused path's state kernel on sm_90a wgmma (:func:`chunk_plan.wgmma_applies`: H100 /
+    H200, ``K`` 64 or 128, ``V % 64 == 0``; no ``k_split``). ``None`` (default) takes it wherever it
     applies and builds, ``False`` never, ``True`` always (``ValueError`` where it does not apply).
     """
     del checked  # always checked: the chunk tables are built on the host from validated offsets
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
-    if use_tensor_cores not in (None, True, False):
-        raise ValueError(f"use_tensor_cores: must be None, True or False, got {use_tensor_cores!r}")
-    if fused not in (None, True, False):
-        raise ValueError(f"fused: must be None, True or False, got {fused!r}")
-    if k_split not in (None, 1, 2) or isinstance(k_split, bool):
-        raise ValueError(f"k_split: must be None, 1 or 2, got {k_split!r}")
-    if wgmma not in (None, True, False):
-        raise ValueError(f"wgmma: must be None, True or False, got {wgmma!r}")
+    _check_options(chunk_size, use_tensor_cores, fused, k_split, wgmma)
     if use_gate_in_kernel and A_log is None:
         raise ValueError("A_log: required when use_gate_in_kernel=True")
     if not use_gate_in_kernel and A_log is not None:
@@ -384,8 +297,100 @@ def chunk_gated_delta_rule(
     words = ts.error_words(device)
     if words.pending():  # an earlier recurrent launch's bad metadata: report it before going on
         words.raise_pending(deferred=True)
+    x = _validate(q, k, v, g, beta, scale, initial_state, state_v_first, cu_seqlens, A_log, dt_bias, device)
+    gate_flags = x.gate_flags | (_GATE_IN_KERNEL if use_gate_in_kernel else 0)
+    gate_flags |= (_BETA_SIGMOID if use_beta_sigmoid_in_kernel else 0) | (_NEG_EIGVAL if allow_neg_eigval else 0)
+    plan = _plan(x, chunk_size, use_tensor_cores, fused, k_split, wgmma, device)
+
+    like = q if ts.is_torch(q) else None  # outputs and scratch in the kind of q (torch in, torch out)
+    stream = ts.launch_stream(like is not None, device)
+    tables = _device_tables(np.ascontiguousarray(x.bounds, np.int64), chunk_size, stream, device)
+    B, T, N = x.q.shape[0], x.q.shape[1], x.bounds.size - 1
+    _, HV, K, V = x.heads
+    o = _empty(like, (B, T, HV, V), x.q.code)
+    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    final_state = _empty(like, final_shape, ts.F32) if output_final_state else None
+    call = _Call(
+        q=x.q.ptr,
+        k=x.k.ptr,
+        v=x.v.ptr,
+        g=x.g.ptr,
+        beta=x.beta.ptr,
+        a_log=x.a_log,
+        dt_bias=x.dt_bias,
+        initial_state=x.initial_state,
+        o=ts.pointer(o),
+        final_state=0 if final_state is None else ts.pointer(final_state),
+        tables=tables.acquire(stream),
+        heads=x.heads,
+        scale=x.scale,
+        gate_flags=gate_flags,
+        l2norm=int(use_qk_l2norm_in_kernel),
+        state_v_first=int(state_v_first),
+        N=N,
+        NC=tables.NC,
+        C=chunk_size,
+        like=like,
+        stream=stream,
+        device=device,
+    )
+    global last_kernels
+    last_kernels = plan.label
+    if plan.path == "three-kernel":
+        _run(call, plan)
+    else:
+        _run_fused(call, plan)
+    tables.release(stream)
+    return o, final_state
+
+
+def _check_options(chunk_size: Any, use_tensor_cores: Any, fused: Any, k_split: Any, wgmma: Any) -> None:
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    if use_tensor_cores not in (None, True, False):
+        raise ValueError(f"use_tensor_cores: must be None, True or False, got {use_tensor_cores!r}")
+    if fused not in (None, True, False):
+        raise ValueError(f"fused: must be None, True or False, got {fused!r}")
+    if k_split not in (None, 1, 2) or isinstance(k_split, bool):
+        raise ValueError(f"k_split: must be None, 1 or 2, got {k_split!r}")
+    if wgmma not in (None, True, False):
+        raise ValueError(f"wgmma: must be None, True or False, got {wgmma!r}")
+
+
+class _Inputs(NamedTuple):
+    """The validated tensors of one call."""
+
+    q: _Input
+    k: _Input
+    v: _Input
+    g: _Input
+    beta: _Input
+    heads: tuple[int, int, int, int]  # H, HV, K, V
+    bounds: np.ndarray  # validated [N + 1] int64 offsets
+    a_log: int  # pointers (0: absent)
+    dt_bias: int
+    initial_state: int
+    scale: float
+    gate_flags: int  # how g and beta are stored (the in-kernel option bits are the caller's)
+
+
+def _validate(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    scale: float | None,
+    initial_state: Any,
+    state_v_first: bool,
+    cu_seqlens: Any,
+    A_log: Any,
+    dt_bias: Any,
+    device: int,
+) -> _Inputs:
+    """Shapes, dtypes, contiguity and metadata of one call (``ValueError`` naming the argument)."""
     qa, ka, va, ga, ba = (_Input(n, x, device) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
-    for name, a, rank, layout in (
+    for name, a, rank, layout_text in (
         ("q", qa, 4, "[B, T, H, K]"),
         ("k", ka, 4, "[B, T, H, K]"),
         ("v", va, 4, "[B, T, HV, V]"),
@@ -393,7 +398,7 @@ def chunk_gated_delta_rule(
         ("beta", ba, 3, "[B, T, HV]"),
     ):
         if len(a.shape) != rank:
-            raise ValueError(f"{name}: expected rank {rank} {layout}, got shape {a.shape}")
+            raise ValueError(f"{name}: expected rank {rank} {layout_text}, got shape {a.shape}")
     B, T, H, K = qa.shape
     if ka.shape != qa.shape:
         raise ValueError(f"k: expected shape {qa.shape} like q, got {ka.shape}")
@@ -419,8 +424,6 @@ def chunk_gated_delta_rule(
         raise ValueError(f"scale: must be finite, got {scale}")
     a_log, d_bias = _head_params("A_log", A_log, HV, device), _head_params("dt_bias", dt_bias, HV, device)
     gate_flags = (_G_IS_T if ga.dtype != "float32" else 0) | (_BETA_IS_T if ba.dtype != "float32" else 0)
-    gate_flags |= _GATE_IN_KERNEL if use_gate_in_kernel else 0
-    gate_flags |= (_BETA_SIGMOID if use_beta_sigmoid_in_kernel else 0) | (_NEG_EIGVAL if allow_neg_eigval else 0)
 
     bounds = _bounds(cu_seqlens, B, T)
     N = bounds.size - 1
@@ -429,77 +432,31 @@ def chunk_gated_delta_rule(
         ia = _Input("initial_state", initial_state, device)
         want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         if ia.shape != want or ia.dtype != "float32":
-            layout = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
-            raise ValueError(f"initial_state: expected float32 {layout} = {want}, got {ia.dtype} {ia.shape}")
+            layout_text = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
+            raise ValueError(f"initial_state: expected float32 {layout_text} = {want}, got {ia.dtype} {ia.shape}")
         init = ia.ptr
+    return _Inputs(qa, ka, va, ga, ba, (H, HV, K, V), bounds, a_log, d_bias, init, float(scale), gate_flags)
 
-    tensor_cores = qa.dtype != "float32" if use_tensor_cores is None else bool(use_tensor_cores)
-    warps = None if fused is False else fused_warps(qa.dtype, chunk_size, K, V, tensor_cores)
-    if warps is not None and any(a.ptr % 16 for a in (qa, ka, va)):
-        warps = None  # the fused path copies 16-byte pieces
-    if fused and warps is None:
-        raise ValueError(
-            "fused: the fused path needs bf16 inputs, tensor cores, chunk_size=64, K % 16 == 0, K <= 128, "
-            f"V % 16 == 0 and 16-byte aligned q, k, v (got {qa.dtype}, chunk_size={chunk_size}, K={K}, V={V})"
-        )
-    if warps is None and k_split is not None:
-        raise ValueError("k_split: only the fused path takes it, and it does not apply to these inputs")
-    if wgmma and (warps is None or k_split is not None or not wgmma_state(K, V, device)):
-        raise ValueError(
-            "wgmma: the wgmma state kernel needs the fused path, an sm_90 device, K in (64, 128), V % 64 == 0 "
-            f"and no k_split (got {qa.dtype}, K={K}, V={V}, k_split={k_split}, "
-            f"compute capability {ts.compute_capability(device)})"
-        )
-    if warps is not None and wgmma is None and k_split is None and wgmma_state(K, V, device):
-        wgmma = _sm90a_builds()
-    if warps is not None and not wgmma:
-        if k_split is None:
-            k_split = fused_k_split(K, V, N, HV, ts.num_sms(device))
-        elif k_split == 2 and (K % 32 or V % 32):
-            raise ValueError(f"k_split: 2 needs K % 32 == 0 and V % 32 == 0 (got K={K}, V={V})")
-        warps = 2 if k_split == 2 else warps  # two slabs of two warps: one CTA per SM (shared memory)
 
-    like = q if ts.is_torch(q) else None  # outputs and scratch in the kind of q (torch in, torch out)
-    stream = ts.launch_stream(like is not None, device)
-    tables = _device_tables(np.ascontiguousarray(bounds, np.int64), chunk_size, stream, device)
-    NC = tables.NC
-    o = _empty(like, (B, T, HV, V), qa.code)
-    final_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-    final_state = _empty(like, final_shape, ts.F32) if output_final_state else None
-    call = _Call(
-        q=qa.ptr,
-        k=ka.ptr,
-        v=va.ptr,
-        g=ga.ptr,
-        beta=ba.ptr,
-        a_log=a_log,
-        dt_bias=d_bias,
-        initial_state=init,
-        o=ts.pointer(o),
-        final_state=0 if final_state is None else ts.pointer(final_state),
-        tables=tables.acquire(stream),
-        heads=(H, HV, K, V),
-        dtype=qa.dtype,
-        scale=float(scale),
-        gate_flags=gate_flags,
-        l2norm=int(use_qk_l2norm_in_kernel),
-        state_v_first=int(state_v_first),
-        N=N,
-        NC=NC,
-        C=chunk_size,
-        like=like,
-        stream=stream,
-        device=device,
-    )
-    global last_kernels
-    if warps is None:
-        last_kernels = "three-kernel"
-        _run(call, tensor_cores)
-    else:
-        last_kernels = "fused wgmma sm_90a" if wgmma else f"fused mma.sync <{warps}, {k_split or 1}>"
-        _run_fused(call, warps, k_split or 1, bool(wgmma))
-    tables.release(stream)
-    return o, final_state
+def _plan(
+    x: _Inputs,
+    chunk_size: int,
+    use_tensor_cores: bool | None,
+    fused: bool | None,
+    k_split: int | None,
+    wgmma: bool | None,
+    device: int,
+) -> ChunkPlan:
+    """:func:`chunk_plan.select_plan` for these inputs on ``device``. The sm_90a build is tried only
+    where the default would take the wgmma kernel; where it fails the plan falls back to mma.sync."""
+    H, HV, K, V = x.heads
+    aligned = not any(a.ptr % 16 for a in (x.q, x.k, x.v))
+    key = (x.q.dtype, chunk_size, K, V, x.bounds.size - 1, HV, aligned, use_tensor_cores, fused, k_split, wgmma)
+    facts = (ts.num_sms(device), ts.compute_capability(device))
+    plan = select_plan(*key, *facts)
+    if plan.path == "wgmma" and wgmma is None and not _sm90a_builds():
+        plan = select_plan(*key, *facts, sm90a_builds=False)
+    return plan
 
 
 def _empty(like: Any, shape: tuple, code: int):
@@ -529,7 +486,6 @@ class _Call(NamedTuple):
     final_state: int  # 0: not asked for
     tables: tuple[int, int, int]  # chunk_start, chunk_len, seq_chunk_off
     heads: tuple[int, int, int, int]  # H, HV, K, V
-    dtype: str
     scale: float
     gate_flags: int
     l2norm: int
@@ -542,64 +498,59 @@ class _Call(NamedTuple):
     device: int
 
 
-def _run(c: _Call, tensor_cores: bool) -> None:
+def _run(c: _Call, plan: ChunkPlan) -> None:
     """The three-kernel path: fp32 scratch W, U, Kd, gates, per-chunk states and v_new (from the
     allocator of ``c.like``), then intra, state and output on ``c.stream``."""
     H, HV, K, V = c.heads
     C, NC, dev = c.C, c.NC, c.device
-    intra, state, output = _kernels(_CTYPES[c.dtype], C, tensor_cores)
-    smem_intra, smem_state, smem_output = _smem_bytes(C, K, V, tensor_cores)
+    intra, state, output = _functions(plan)
+    ki, ks, ko = plan.kernels
     shapes = ((NC, HV, C, K), (NC, HV, C, V), (NC, HV, C, K), (NC, HV, 2, C), (NC, HV, K, V), (NC, HV, C, V))
     scratch = [_empty(c.like, shape, ts.F32) for shape in shapes]
     pw, pu, pkd, pgates, pstates, pvnew = (ts.pointer(x) for x in scratch)
     start, length, off = c.tables
     if NC > 0:
         _SIG_INTRA.launch(
-            _handle(intra, smem_intra, dev), (NC, HV), _THREADS, smem_intra, c.stream,
+            _handle(intra, ki.smem, dev), (NC, HV), ki.threads, ki.smem, c.stream,
             c.k, c.v, c.g, c.beta, c.gate_flags, c.a_log, c.dt_bias, start, length, H, HV, K, V, c.l2norm,
             pw, pu, pkd, pgates,
         )  # fmt: skip
     if NC > 0 or c.final_state:
         _SIG_STATE.launch(
-            _handle(state, smem_state, dev), (c.N * -(-V // _STATE_TILE), HV), _THREADS, smem_state, c.stream,
+            _handle(state, ks.smem, dev), (c.N * -(-V // ks.columns), HV), ks.threads, ks.smem, c.stream,
             pw, pu, pkd, pgates, off, c.initial_state, int(c.initial_state != 0), c.state_v_first, HV, K, V,
             pstates, pvnew, c.final_state, int(c.final_state != 0),
         )  # fmt: skip
     if NC > 0:
         _SIG_OUTPUT.launch(
-            _handle(output, smem_output, dev), (NC, HV), _THREADS, smem_output, c.stream,
+            _handle(output, ko.smem, dev), (NC, HV), ko.threads, ko.smem, c.stream,
             c.q, c.k, c.g, c.gate_flags, c.a_log, c.dt_bias, start, length, pstates, pvnew, pgates,
             H, HV, K, V, c.l2norm, c.scale, c.o,
         )  # fmt: skip
     del scratch  # returned to the allocator in stream order
 
 
-def _run_fused(c: _Call, warps: int, k_split: int, wgmma: bool) -> None:
+def _run_fused(c: _Call, plan: ChunkPlan) -> None:
     """The fused bf16 path: prep (parallel over chunks) then state + output (sequential per sequence),
-    the state kernel on mma.sync (``warps`` slabs of 16 columns, ``k_split`` warps each) or on wgmma."""
+    the state kernel on mma.sync (``plan.warps`` slabs of 16 columns, ``plan.k_split`` warps each)
+    or on wgmma (one warpgroup per 64 columns and two producer warps)."""
     H, HV, K, V = c.heads
     C, NC, dev = c.C, c.NC, c.device
-    prep = _prep_kernel()
-    smem_prep, smem_state = _fused_smem_bytes(K, warps, k_split, wgmma)
-    columns, threads = 16 * warps, 32 * warps * k_split
-    if wgmma:
-        state = _wgmma_kernel(K)
-        columns, threads = _WGMMA_COLUMNS, 192  # a consumer warpgroup and two producer warps
-    else:
-        state = _fused_state_kernel(warps, k_split)
+    prep, state = _functions(plan)
+    kp, ks = plan.kernels
     mats = _empty(c.like, (NC, HV, 4, C, C), ts.BF16)  # T'hi, T'lo, P'hi, P'lo
     vecs = _empty(c.like, (NC, HV, 4, C), ts.F32)  # a, c, d, G
     pmats, pvecs = ts.pointer(mats), ts.pointer(vecs)
     start, length, off = c.tables
     if NC > 0:
         _SIG_PREP.launch(
-            _handle(prep, smem_prep, dev), (NC, HV), _THREADS, smem_prep, c.stream,
+            _handle(prep, kp.smem, dev), (NC, HV), kp.threads, kp.smem, c.stream,
             c.q, c.k, c.g, c.beta, c.gate_flags, c.a_log, c.dt_bias, start, length, H, HV, K, c.l2norm, c.scale,
             pmats, pvecs,
         )  # fmt: skip
     if NC > 0 or c.final_state:
         _SIG_FUSED_STATE.launch(
-            _handle(state, smem_state, dev), (c.N * (V // columns), HV), threads, smem_state, c.stream,
+            _handle(state, ks.smem, dev), (c.N * -(-V // ks.columns), HV), ks.threads, ks.smem, c.stream,
             c.q, c.k, c.v, pmats, pvecs, start, length, off, c.initial_state, int(c.initial_state != 0),
             c.state_v_first, H, HV, K, V, c.o, c.final_state, int(c.final_state != 0),
         )  # fmt: skip

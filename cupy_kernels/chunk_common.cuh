@@ -9,8 +9,10 @@
 //   chunk_wgmma.cu         gdn_fused_state_sm90_k64 / _k128: the same on sm_90a wgmma.
 //
 // Everything here is shared by at least two of those files: the input conventions (element types,
-// FLA's in-kernel gate options), the PTX wrappers, the bf16 split, and the fused path's constants
-// and fragment helpers. Cost model and measurements: CHUNK_NOTES.md.
+// FLA's in-kernel gate options), the PTX wrappers, the bf16 split, the fused path's constants and
+// fragment helpers, and the dynamic shared memory of every kernel (the launcher's copy of the
+// latter is cupy_kernels/layout.py; tests/test_kernel_layout.py compiles these with nvcc and
+// compares). Cost model and measurements: CHUNK_NOTES.md.
 //
 // Input element type T is float, __half or __nv_bfloat16; g and beta are float or T (gate_flags
 // bit 0: g is T, bit 1: beta is T); bits 2-4 select FLA's in-kernel gate options (native_gate,
@@ -166,6 +168,8 @@ constexpr int CP = C + kPad;      // row stride of the C x C operands in shared 
 constexpr int kMaxK = 128;        // state rows; bounds the registers that hold S
 constexpr int kMats = 4;          // T'hi, T'lo, P'hi, P'lo
 constexpr int kVecs = 4;          // a, c, d, G
+constexpr int kWgmmaColumns = 64;  // value columns per CTA of the sm_90a state kernel (one warpgroup)
+constexpr int kWgmmaThreads = 192;  // threads of that kernel: a consumer warpgroup and two producer warps
 
 // Lane address of an ldmatrix.x4 A fragment (16 x 16 at rows m0, columns k0) of a row-major
 // matrix with row stride ld: matrices (m0, k0), (m0 + 8, k0), (m0, k0 + 8), (m0 + 8, k0 + 8).
@@ -213,5 +217,53 @@ __device__ __forceinline__ void a_from_c(const float (&c0)[4], const float (&c1)
 }
 
 }  // namespace gdn_fused
+
+// ---------------------------------------------------------------------------------------------
+// Dynamic shared memory of each kernel in bytes, as its carve-up lays it out (the comment above
+// each kernel gives the layout). cupy_kernels/layout.py holds the launcher's copy;
+// tests/test_kernel_layout.py compiles these with nvcc and checks that both agree.
+namespace gdn_layout {
+
+__host__ __device__ constexpr int max_int(int a, int b) { return a > b ? a : b; }
+
+// gdn_chunk_intra: xs C * (max(K, V) | 1), A and T C * (C + 1) each, tmp C * C / 4, 6 vectors of C (floats).
+__host__ __device__ constexpr int chunk_intra_smem_bytes(int C, int K, int V) {
+    return 4 * (C * (max_int(K, V) | 1) + 2 * C * (C + 1) + C * C / 4 + 6 * C);
+}
+// gdn_chunk_state: W and Kd C * KP each (KP = K, or K + 4 with TC), U and v_new C * kStateTile each,
+// S K * kStateTile (floats).
+__host__ __device__ constexpr int chunk_state_smem_bytes(int C, int K, bool tc) {
+    return 4 * (2 * C * (tc ? K + 4 : K) + 2 * C * gdn_chunk::kStateTile + K * gdn_chunk::kStateTile);
+}
+// gdn_chunk_output: qs C * KS (KS = K | 1), xs max(C * KS, kOutTile (K + C)), P C * (C + 1), 2 vectors of C.
+__host__ __device__ constexpr int chunk_output_smem_bytes(int C, int K) {
+    return 4 * (C * (K | 1) + max_int(C * (K | 1), gdn_chunk::kOutTile * (K + C)) + C * (C + 1) + 2 * C);
+}
+// gdn_fused_prep: G [C] fp64; g, beta, rk, rq [C] fp32; A [C][C + 1] fp32; then k and q [C][K + kPad]
+// bf16, whose space T [C][C + 1] and tmp [C * C / 4] (fp32) take over.
+__host__ __device__ constexpr int fused_prep_smem_bytes(int K) {
+    using namespace gdn_fused;
+    return (2 * C + 4 * C + C * (C + 1)) * 4 + max_int(2 * C * (K + kPad) * 2, (C * (C + 1) + C * C / 4) * 4);
+}
+// gdn_fused_state<W, KS>: k + vectors double-buffered; q, v, T'/P' single-buffered (KS = 1) or
+// double-buffered (KS = 2); the output tile [C][16 W + kPad]; with KS = 2 an exchange buffer of
+// 2 (C / 8) 4 floats a lane per warp.
+__host__ __device__ constexpr int fused_state_smem_bytes(int K, int W, int KS) {
+    using namespace gdn_fused;
+    const int kp = K + kPad, vp = 16 * W + kPad;
+    const int k_and_vectors = C * kp * 2 + kVecs * C * 4;
+    const int q_v_mats = (C * kp * 2 + C * vp * 2 + kMats * C * CP * 2) * (KS > 1 ? 2 : 1);
+    const int exchange = KS > 1 ? W * KS * C * 32 * 4 : 0;
+    return 2 * k_and_vectors + q_v_mats + C * vp * 2 + exchange;
+}
+// gdn_fused_state_sm90_k<K>: two stages of k, q [C][K], T'hi, T'lo, P'hi, P'lo [C][C] (swizzled, no
+// padding), v [C][kWgmmaColumns + kPad] and the vectors [4][C] fp32; then the output tile.
+__host__ __device__ constexpr int wgmma_state_smem_bytes(int K) {
+    using namespace gdn_fused;
+    const int vp = kWgmmaColumns + kPad;
+    return 2 * (2 * C * K * 2 + kMats * C * C * 2 + C * vp * 2 + kVecs * C * 4) + C * vp * 2;
+}
+
+}  // namespace gdn_layout
 
 #endif  // GDN_CHUNK_COMMON_CUH

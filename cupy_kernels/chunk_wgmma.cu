@@ -209,14 +209,14 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
                                             int state_v_first, int H, int HV, int V, bf16* __restrict__ o,
                                             float* __restrict__ final_state, int has_final) {
     using namespace gdn_fused;
-    constexpr int BV = 64, VP = BV + kPad;
+    constexpr int BV = kWgmmaColumns, VP = BV + kPad;
     constexpr int KT = K / 8, KB = K / 16, CT = C / 8, CB = C / 16;
     // Warps 0-3: the consumer warpgroup (all products); warps 4, 5: the producers (all copies: k, q
     // and the vectors; T'/P' and v). Stage s is handed over through named barriers: kFull + s
     // (producers arrive once their copies landed, consumers wait) and kEmpty + s (consumers arrive
     // once done with it, producers wait). One producer warp was too slow: consumers waited for it
     // 18% of the time (ncu, H100, 2026-11-23).
-    constexpr int kFull = 1, kEmpty = 3, kPair = 192;
+    constexpr int kFull = 1, kEmpty = 3, kPair = kWgmmaThreads;
     // Stage (two of them): k, q [C][K] and T'hi, T'lo, P'hi, P'lo [C][C] as swizzled tiles, v
     // [C][VP] row-major (ldmatrix), vectors [4][C] fp32; then the output tile [C][VP]. Every
     // offset is a multiple of 128 bytes.
@@ -233,6 +233,7 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         return reinterpret_cast<float*>(smem_raw + s * kStage + 2 * kKBytes + kMats * kMBytes + kVBytes);
     };
     bf16* os = reinterpret_cast<bf16*>(smem_raw + 2 * kStage);
+    static_assert(2 * kStage + C * VP * 2 == gdn_layout::wgmma_state_smem_bytes(K), "layout: chunk_common.cuh");
     if (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) & 1023u) __trap();  // swizzle atoms: 1 KiB-aligned
 
     const int tiles = V / BV;
@@ -461,11 +462,13 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         o, final_state, has_final
 // The launcher's entry points (unmangled names; K is a template constant for the register arrays,
 // and the argument list is gdn_fused_state's, K included, so one launch call serves both kernels).
-extern "C" __global__ void __launch_bounds__(192, 1) gdn_fused_state_sm90_k128(GDN_FUSED_STATE_SM90_PARAMS) {
+extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
+    gdn_fused_state_sm90_k128(GDN_FUSED_STATE_SM90_PARAMS) {
     (void)K;
     gdn_sm90::fused_state<128>(GDN_FUSED_STATE_SM90_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(192, 1) gdn_fused_state_sm90_k64(GDN_FUSED_STATE_SM90_PARAMS) {
+extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
+    gdn_fused_state_sm90_k64(GDN_FUSED_STATE_SM90_PARAMS) {
     (void)K;
     gdn_sm90::fused_state<64>(GDN_FUSED_STATE_SM90_ARGS);
 }

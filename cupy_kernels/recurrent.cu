@@ -536,9 +536,10 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
 
 }  // namespace gdn
 
-#ifndef __CUDACC_RTC__
+#if !defined(__CUDACC_RTC__) && !defined(GDN_NO_INSTANTIATE)
 // Offline builds (nvcc -c, used by CI and for `-Xptxas -v`) instantiate the K = V = 128 shapes
-// the launcher picks; at run time NVRTC instantiates through name_expressions instead.
+// the launcher picks; at run time NVRTC instantiates through name_expressions instead (and
+// tests/test_kernel_layout.py's host program defines GDN_NO_INSTANTIATE: it needs only Params).
 #define GDN_INSTANTIATE(DT, ACC, VF, LC, AC, BR, MODE, CS, MINB) \
     template __global__ void gdn::recurrent_kernel<gdn::DT, ACC, VF, LC, AC, BR, gdn::MODE, CS, MINB>(const gdn::Params);
 GDN_INSTANTIATE(F32, float, false, 4, 1, 16, MODE_DECODE, false, 0)

@@ -1,38 +1,49 @@
-"""The core shared by the recurrent launchers (``recurrent.py``, ``decode.py``): kernel selection,
-validation of one call signature into a :class:`Plan`, and the launch.
+"""The core shared by the recurrent launchers (``recurrent.py``, ``decode.py``), in three steps:
 
-A call is described by a :class:`Request` (what the caller asks for, hashable) and the tensors'
-signature (shapes, strides, dtypes, alignments); the two together key a plan cache, so a repeated
-call costs attribute reads, one dict lookup and the launch. :class:`KernelMode` mirrors the
-template parameters of ``gdn::recurrent_kernel`` in ``recurrent.cu`` one to one.
+- :func:`validate`: one call signature (what the caller asks, as a :class:`Request`, and the
+  tensors' shapes, strides, dtypes and alignments) into a :class:`Problem`, or ``ValueError``
+  naming the argument. Pure.
+- :func:`select_plan`: the kernel instantiation and the grid for a problem, from the host
+  heuristics (lane tiling, warps per CTA) and the device's SM count. Pure, cached: testable on
+  the CPU without CuPy or a GPU.
+- :func:`plan` compiles the selection and packs the launch parameters once per signature (a
+  :class:`Plan`, cached); :func:`launch` / :func:`run` launch it.
+
+A repeated call costs attribute reads, one dict lookup and the launch. :class:`KernelMode`
+mirrors the template parameters of ``gdn::recurrent_kernel`` in ``recurrent.cu`` one to one; the
+layout of ``gdn::Params`` is ``layout.PARAMS``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import struct
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cupy_kernels import layout, sources
 from cupy_kernels import tensors as ts
 
-SOURCE = Path(__file__).with_name("recurrent.cu")
+SOURCE = "recurrent.cu"
 MAX_HEAD_DIM = 256
-MODE_DECODE, MODE_PREFILL, MODE_SPEC = 0, 1, 2  # recurrent.cu MODE_*
+MODE_DECODE, MODE_PREFILL, MODE_SPEC = layout.MODE_DECODE, layout.MODE_PREFILL, layout.MODE_SPEC
 
-# recurrent.cu FLAG_*
-FLAG_L2NORM, FLAG_GATE_IN_KERNEL, FLAG_STATE_VEC, FLAG_QK_VEC, FLAG_V_VEC, FLAG_O_VEC = 1, 2, 4, 8, 16, 32
-FLAG_BETA_SIGMOID, FLAG_NEG_EIGVAL = 64, 128
+FLAG_L2NORM = layout.FLAGS["FLAG_L2NORM"]
+FLAG_GATE_IN_KERNEL = layout.FLAGS["FLAG_GATE_IN_KERNEL"]
+FLAG_STATE_VEC = layout.FLAGS["FLAG_STATE_VEC"]
+FLAG_QK_VEC = layout.FLAGS["FLAG_QK_VEC"]
+FLAG_V_VEC = layout.FLAGS["FLAG_V_VEC"]
+FLAG_O_VEC = layout.FLAGS["FLAG_O_VEC"]
+FLAG_BETA_SIGMOID = layout.FLAGS["FLAG_BETA_SIGMOID"]
+FLAG_NEG_EIGVAL = layout.FLAGS["FLAG_NEG_EIGVAL"]
 
-# struct gdn::Params: 14 pointers, 30 int64, 1 double; every field 8 bytes, so no padding rules.
-POINTERS = struct.Struct("<14Q")  # the per-call head of Params
-SCALARS = struct.Struct("<30qd")  # the per-signature tail, packed once into Plan.static
-PARAMS_SIZE = POINTERS.size + SCALARS.size
+# gdn::Params: the per-call pointer head and the per-signature scalar tail (packed once into Plan.static)
+POINTERS = layout.POINTERS
+SCALARS = layout.SCALARS
+PARAMS_SIZE = layout.PARAMS_SIZE
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,7 @@ VARIANTS = {
 # wide-cs: fastest at B >= 64 on an H100, within 1 us below
 # (2026-11-22; reports/2026-11-22-decode-prefill-bench/README.md).
 DEFAULT_VARIANT = "wide-cs"
+_NOT_DECODE = DecodeVariant(False, 0)  # prefill and speculative decoding
 
 
 def variant(name: str | None) -> DecodeVariant:
@@ -155,6 +167,61 @@ def tiling(K: int, V: int, v_first: bool, double: bool) -> tuple[int, int, int, 
     return lc, ac, br, wv
 
 
+def _warps_per_cta(total_warps: int, sms: int) -> int:
+    # Small problems (batch-1 decode) get 1-warp CTAs so they spread over every SM; large ones 4.
+    target = 2 * sms
+    w = 4
+    while w > 1 and -(-total_warps // w) < target:
+        w //= 2
+    return w
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The kernel and grid :func:`select_plan` picks for a problem."""
+
+    kernel: KernelMode
+    vtiles: int  # V tiles (warps) per value head: Params::vtiles
+    total_warps: int  # N * HV * vtiles: Params::total_warps
+    blocks: int
+    threads: int
+
+
+def select_plan(
+    dtype: int,
+    double: bool,
+    v_first: bool,
+    mode: int,
+    variant_name: str | None,
+    N: int,
+    HV: int,
+    K: int,
+    V: int,
+    sms: int,
+) -> Selection:
+    """The instantiation and grid for a validated problem on a device with ``sms`` SMs: the lane
+    tiling of ``K, V`` (:func:`tiling`), the decode variant's cache hints and register cap (decode
+    only; ``None`` is :data:`DEFAULT_VARIANT`), one warp per (sequence, value head, V tile), 1 to 4
+    warps per CTA. Pure (no CuPy, no device) and cached: ``ValueError`` for an unknown variant.
+    ``None`` is resolved before the cache, so a changed :data:`DEFAULT_VARIANT` (the GPU tests and
+    sanitize_decode.py set it, then drop ``_PLANS``) takes effect."""
+    name = DEFAULT_VARIANT if variant_name is None else variant_name
+    return _select_plan(dtype, double, v_first, mode, name, N, HV, K, V, sms)
+
+
+@functools.cache
+def _select_plan(
+    dtype: int, double: bool, v_first: bool, mode: int, variant_name: str, N: int, HV: int, K: int, V: int, sms: int
+) -> Selection:
+    var = variant(variant_name) if mode == MODE_DECODE else _NOT_DECODE
+    lc, ac, br, wv = tiling(K, V, v_first, double)
+    kernel = KernelMode(dtype, double, v_first, lc, ac, br, mode, var.streaming, var.min_blocks)
+    vtiles = -(-V // wv)
+    total_warps = N * HV * vtiles
+    w = _warps_per_cta(total_warps, sms)
+    return Selection(kernel, vtiles, total_warps, -(-total_warps // w), 32 * w)
+
+
 @functools.cache
 def compiled(mode: KernelMode, device: int) -> tuple[Any, int]:
     """``(RawKernel, CUfunction handle)`` of one instantiation, compiled once per process and device
@@ -162,47 +229,40 @@ def compiled(mode: KernelMode, device: int) -> tuple[Any, int]:
     cp = ts.cupy()
     expr = mode.name_expression()
     with cp.cuda.Device(device):
-        module = cp.RawModule(code=SOURCE.read_text(), options=("-std=c++17",), name_expressions=[expr])
+        module = cp.RawModule(code=sources.source(SOURCE), options=("-std=c++17",), name_expressions=[expr])
         kernel = module.get_function(expr)
         kernel.kernel.ptr  # noqa: B018 - loads the module on this device now, not inside a graph capture
     return kernel, kernel.kernel.ptr
 
 
-def _warps_per_cta(total_warps: int, device: int) -> int:
-    # Small problems (batch-1 decode) get 1-warp CTAs so they spread over every SM; large ones 4.
-    target = 2 * ts.num_sms(device)
-    w = 4
-    while w > 1 and -(-total_warps // w) < target:
-        w //= 2
-    return w
-
-
-# --------------------------------------------------------------------------- plans
+# --------------------------------------------------------------------------- validation
 
 # Argument slots of a call, in Params pointer order (state_out, o and err come from the launcher).
 SLOTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "state", "cu_seqlens", "slots", "num_accepted")
 
 
-class Plan:
-    """Everything a call's request, shapes, strides, dtypes and alignments determine: validated once."""
+@dataclass(frozen=True)
+class Problem:
+    """One validated call signature: what :func:`select_plan` and the Params scalars depend on."""
 
-    __slots__ = (
-        "fn",
-        "blocks",
-        "threads",
-        "static",
-        "flags",
-        "kernel",
-        "o_shape",
-        "o_code",
-        "state_shape",
-        "state_code",
-        "masks",
-    )
+    dtype: int  # q/k/v element type code
+    mode: int  # MODE_*
+    N: int
+    HV: int
+    K: int
+    V: int
+    flags: int  # Params::flags without the grid (FLAG_*)
+    scalars: dict  # every Params scalar but vtiles and total_warps, by field name
+    o_code: int
+    o_shape: tuple
+    state_shape: tuple | None  # the new final-state tensor (None: not asked for, or in place)
+    state_code: int
+    masks: tuple  # the pointer alignment (bytes - 1) the vector flags promise: q/k, v, o, state
 
 
-def plan(req: Request, infos: tuple, device: int) -> Plan:
-    """Validate one argument signature (``tensors.read`` tuples in ``SLOTS`` order) and derive its launch."""
+def validate(req: Request, infos: tuple) -> Problem:
+    """Validate one argument signature (``tensors.read`` tuples in ``SLOTS`` order); ``ValueError``
+    naming the argument. Pure: reads only the tuples (pointers for alignment only)."""
     qi, ki, vi, gi, bi, ai, di, si, ci, xi, ni = (ts.elements(i) for i in infos)
     gn, bn, sn = req.names
     B, T, H, K = ts.rank("q", qi, 4, "[B, T, H, K]")
@@ -240,12 +300,12 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
     acc_code = ts.F64 if req.double else ts.F32
     state_dims = (V, K) if req.v_first else (K, V)
     num_slots = N
-    layout = "[.., HV, V, K]" if req.v_first else "[.., HV, K, V]"
+    layout_text = "[.., HV, V, K]" if req.v_first else "[.., HV, K, V]"
     if si is None and req.state != "initial":
         raise ValueError(f"{sn}: required")
     if si is not None:
         rows = N if req.state in ("initial", "inplace") else (si[1][0] if si[1] else 0)
-        ts.check(sn, si, (rows, HV) + state_dims, layout, (acc_code,), ts.CODE_NAME[acc_code])
+        ts.check(sn, si, (rows, HV) + state_dims, layout_text, (acc_code,), ts.CODE_NAME[acc_code])
         ts.check_contiguous(sn, si)
         num_slots = rows
     vw = 2 if req.double else 4
@@ -277,11 +337,6 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
         raise ValueError(f"scale: must be finite, got {scale}")
 
     mode = MODE_SPEC if req.state == "spec" else (MODE_PREFILL if T > 1 else MODE_DECODE)
-    var = variant(req.variant) if mode == MODE_DECODE else DecodeVariant(False, 0)
-    lc, ac, br, wv = tiling(K, V, req.v_first, req.double)
-    kernel = KernelMode(dt, req.double, req.v_first, lc, ac, br, mode, var.streaming, var.min_blocks)
-    vtiles = -(-V // wv)
-    total_warps = N * HV * vtiles
     in_item = ts.ITEM[dt]
     flags = (FLAG_L2NORM if req.l2norm else 0) | (FLAG_GATE_IN_KERNEL if req.gate_in_kernel else 0)
     flags |= (FLAG_BETA_SIGMOID if req.beta_sigmoid else 0) | (FLAG_NEG_EIGVAL if req.neg_eigval else 0)
@@ -293,58 +348,87 @@ def plan(req: Request, infos: tuple, device: int) -> Plan:
         flags |= FLAG_V_VEC
     if V % vw == 0:
         flags |= FLAG_O_VEC
-    qs, ks, vs, gs, bs = qi[2], ki[2], vi[2], gi[2], bi[2]
     dtypes = g_code | b_code << 4 | a_code << 8 | d_code << 12 | slot_code << 16 | accn_code << 20 | cu_code << 24
+    strides = {}
+    for tensor, info in (("q", qi), ("k", ki), ("v", vi), ("g", gi), ("b", bi)):
+        strides.update(zip((f"{tensor}_sb", f"{tensor}_st", f"{tensor}_sh"), info[2]))
+    scalars = dict(
+        strides,
+        B=B,
+        T=T,
+        N=N,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        num_slots=num_slots,
+        idx_stride=idx_stride,
+        idx_cols=idx_cols,
+        slot_mode=slot_mode,
+        dtypes=dtypes,
+        flags=flags,
+        scale=float(scale),
+    )
+    o_code = acc_code if req.double else dt
+    return Problem(
+        dtype=dt,
+        mode=mode,
+        N=N,
+        HV=HV,
+        K=K,
+        V=V,
+        flags=flags,
+        scalars=scalars,
+        o_code=o_code,
+        o_shape=(B, T, HV, V),
+        state_shape=(N, HV) + state_dims if req.state == "initial" and req.output_final_state else None,
+        state_code=acc_code,
+        masks=(
+            vw * in_item - 1 if flags & FLAG_QK_VEC else 0,
+            vw * in_item - 1 if flags & FLAG_V_VEC else 0,
+            vw * ts.ITEM[o_code] - 1 if flags & FLAG_O_VEC else 0,
+            15 if flags & FLAG_STATE_VEC else 0,
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- plans
+
+
+class Plan:
+    """Everything a call's request, shapes, strides, dtypes and alignments determine: validated,
+    selected, compiled and packed once."""
+
+    __slots__ = (
+        "fn",
+        "blocks",
+        "threads",
+        "static",
+        "flags",
+        "kernel",
+        "o_shape",
+        "o_code",
+        "state_shape",
+        "state_code",
+        "masks",
+    )
+
+
+def plan(req: Request, infos: tuple, device: int) -> Plan:
+    """:func:`validate`, :func:`select_plan` on ``device``, compile, and pack the Params scalars."""
+    prob = validate(req, infos)
+    sel = select_plan(
+        prob.dtype, req.double, req.v_first, prob.mode, req.variant, prob.N, prob.HV, prob.K, prob.V, ts.num_sms(device)
+    )
     p = Plan()
-    p.kernel = kernel
-    p.fn = compiled(kernel, device)[1]
-    w = _warps_per_cta(total_warps, device)
-    p.blocks, p.threads = -(-total_warps // w), 32 * w
-    p.static = SCALARS.pack(
-        qs[0],
-        qs[1],
-        qs[2],
-        ks[0],
-        ks[1],
-        ks[2],
-        vs[0],
-        vs[1],
-        vs[2],
-        gs[0],
-        gs[1],
-        gs[2],
-        bs[0],
-        bs[1],
-        bs[2],
-        B,
-        T,
-        N,
-        H,
-        HV,
-        K,
-        V,
-        num_slots,
-        idx_stride,
-        idx_cols,
-        slot_mode,
-        dtypes,
-        flags,
-        vtiles,
-        total_warps,
-        float(scale),
-    )
-    p.flags = flags
-    p.o_code = acc_code if req.double else dt
-    p.o_shape = (B, T, HV, V)
-    p.state_shape = (N, HV) + state_dims if req.state == "initial" and req.output_final_state else None
-    p.state_code = acc_code
-    # the pointer alignment (bytes - 1) the vector flags promise, for callers that patch pointers
-    p.masks = (
-        vw * in_item - 1 if flags & FLAG_QK_VEC else 0,
-        vw * in_item - 1 if flags & FLAG_V_VEC else 0,
-        vw * ts.ITEM[p.o_code] - 1 if flags & FLAG_O_VEC else 0,
-        15 if flags & FLAG_STATE_VEC else 0,
-    )
+    p.kernel = sel.kernel
+    p.fn = compiled(sel.kernel, device)[1]
+    p.blocks, p.threads = sel.blocks, sel.threads
+    p.static = layout.pack_scalars(dict(prob.scalars, vtiles=sel.vtiles, total_warps=sel.total_warps))
+    p.flags = prob.flags
+    p.o_code, p.o_shape = prob.o_code, prob.o_shape
+    p.state_shape, p.state_code = prob.state_shape, prob.state_code
+    p.masks = prob.masks
     return p
 
 
@@ -379,7 +463,7 @@ _launch_state: _Launch | None = None
 
 
 def launch(p: Plan, ptrs: tuple, stream: int) -> None:
-    """Pack the 14 pointers, copy the plan's pre-packed scalar tail, launch on ``stream``."""
+    """Pack the pointer head of Params, copy the plan's pre-packed scalar tail, launch on ``stream``."""
     global _launch_state
     if _launch_state is None:
         _launch_state = _Launch()

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-# dtype codes shared with the kernels (recurrent.cu enum gdn::DType)
-F32, F16, BF16, F64, I32, I64 = 0, 1, 2, 3, 4, 5
+from cupy_kernels.layout import BF16, ERR_WORDS, F16, F32, F64, I32, I64
+
+# dtype codes shared with the kernels (recurrent.cu enum gdn::DType): layout.DTYPES
 FLOAT_CODES = (F32, F16, BF16, F64)
 INDEX_CODES = (I32, I64)
 CODE_NAME = {
@@ -39,8 +40,8 @@ _CHAR_CODE = {"f": F32, "e": F16, "d": F64, "i": I32, "l": I64, "q": I64}
 _TORCH_CODE: dict | None = None
 _CUPY = None
 
-# Error words, one per metadata argument (the indices are recurrent.cu's ERR_* constants).
-ERROR_WORDS = 4
+# Error words, one per metadata argument (the indices are recurrent.cu's ERR_* constants: layout.ERRORS).
+ERROR_WORDS = ERR_WORDS
 ERROR_ARGUMENTS = ("cu_seqlens", "slot_indices", "ssm_state_indices", "num_accepted_tokens")
 ERROR_MEANING = (
     "offsets must satisfy 0 = c[0] <= c[1] <= ... <= c[N] = T (spec decoding: at most S tokens per request)",

@@ -11,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import struct
+import subprocess
 import sys
 import types
 
 import numpy as np
 import pytest
+
+from cupy_kernels import layout
 
 
 class _Mem:
@@ -62,11 +65,11 @@ def _fake_cupy(launches):
 
     def launch(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
         params = ctypes.cast(ctypes.c_void_p(argv), ctypes.POINTER(ctypes.c_void_p))[0]
-        raw = ctypes.string_at(params, 14 * 8 + 30 * 8 + 8)
+        fields = layout.unpack_params(ctypes.string_at(params, layout.PARAMS_SIZE))
         launches.append(
             dict(
-                ptrs=struct.unpack("<14Q", raw[:112]),
-                scalars=struct.unpack("<30qd", raw[112:]),
+                ptrs=tuple(fields[name] for name in layout.POINTER_FIELDS),
+                params=fields,
                 blocks=gx,
                 threads=bx,
                 stream=stream,
@@ -163,7 +166,7 @@ def test_recurrent_packs_pointers_and_scalars(fake):
         allow_neg_eigval=True,
     )
     (call,) = launches
-    ptrs, scalars = call["ptrs"], call["scalars"]
+    ptrs, p = call["ptrs"], call["params"]
     want = [x[n].data.ptr for n in ("q", "k", "v", "g", "beta")] + [
         A.data.ptr,
         0,
@@ -176,10 +179,10 @@ def test_recurrent_packs_pointers_and_scalars(fake):
     ]
     assert list(ptrs[:13]) == want
     assert ptrs[13] == tensors.error_words(0).ptr
-    B, T, N, H, HV, K, V = scalars[15:22]
-    assert (B, T, N, H, HV, K, V) == (1, 10, 2, 1, 2, 16, 8)
-    flags = scalars[27]
+    assert tuple(p[n] for n in ("B", "T", "N", "H", "HV", "K", "V")) == (1, 10, 2, 1, 2, 16, 8)
+    flags = p["flags"]
     assert flags & 2 and flags & 64 and flags & 128  # gate in kernel, beta sigmoid, neg eigval
+    assert p["q_st"] == 16 and p["v_sh"] == 8 and p["scale"] == 16**-0.5 and p["slot_mode"] == 0
     assert call["stream"] == 1234  # CuPy's current stream for CuPy arrays
     assert s.shape == (2, 2, 16, 8) and o.shape == (1, 10, 2, 8)
 
@@ -237,7 +240,8 @@ def test_spec_host_metadata(fake):
         spec_decode(**x, **dict(ok, ssm_state_indices=np.array([[0, 1], [2, 8]])))
     assert not launches
     spec_decode(**x, **ok)
-    assert launches[0]["scalars"][23:26] == (2, 2, 2)  # idx_stride, idx_cols, slot_mode
+    p = launches[0]["params"]
+    assert (p["idx_stride"], p["idx_cols"], p["slot_mode"]) == (2, 2, 2)
 
 
 def test_decode_step_guards(fake):
@@ -270,17 +274,6 @@ def test_kernel_mode_names_the_template():
 
     mode = KernelMode(2, False, False, 4, 1, 16, 0, True, 0)
     assert mode.name_expression() == "gdn::recurrent_kernel<2, float, false, 4, 1, 16, 0, true, 0>"
-
-
-def test_decode_variants_are_the_measured_ones():
-    """The variants that measured slower (narrow, persistent) left for cupy_kernels/experimental/."""
-    from cupy_kernels import decode, recurrent_kernel
-
-    assert set(recurrent_kernel.VARIANTS) == {"wide", "wide-cs"} == set(decode.DECODE_VARIANTS)
-    assert recurrent_kernel.DEFAULT_VARIANT == "wide-cs"
-    for name in ("narrow", "narrow-cs", "narrow-cs-pf", "wide-cs-pf"):
-        with pytest.raises(ValueError, match="^decode_variant:"):
-            recurrent_kernel.variant(name)
 
 
 def test_decode_graph_captures_once_and_replays(fake):
@@ -337,31 +330,31 @@ def test_external_streams_use_the_stream_protocol_where_cupy_has_it(fake, monkey
     ],
 )
 def test_fused_k_split_rule(K, V, sequences, HV, sms, want):
-    from cupy_kernels.chunk import fused_k_split
+    from cupy_kernels.chunk_plan import fused_k_split
 
     assert fused_k_split(K, V, sequences, HV, sms) == want
 
 
 def test_fused_state_shared_memory_fits():
     """Every fused state form the launcher can pick fits the 227 KiB an H100 CTA may opt in to."""
-    from cupy_kernels.chunk import FUSED_MAX_K, _fused_smem_bytes
+    from cupy_kernels.layout import FUSED_MAX_K, fused_state_smem
 
     forms = [(4, 1), (2, 1), (1, 1), (2, 2)]
-    sizes = {form: _fused_smem_bytes(FUSED_MAX_K, *form)[1] for form in forms}
+    sizes = {form: fused_state_smem(FUSED_MAX_K, *form) for form in forms}
     assert max(sizes.values()) <= 227 * 1024, sizes
     # the unsplit forms (many sequences) fit two CTAs in an SM's 228 KiB (1 KiB reserved per CTA)
     assert all(2 * (sizes[form] + 1024) <= 228 * 1024 for form in forms if form[1] == 1), sizes
     # the split form adds a second stage of q, v and T'/P' (bf16 rows padded by 8) and one 8 KiB
     # exchange buffer per warp (64 fp32 partials per lane)
     second_stage = 64 * (FUSED_MAX_K + 8) * 2 + 64 * (32 + 8) * 2 + 4 * 64 * (64 + 8) * 2
-    assert sizes[(2, 2)] - _fused_smem_bytes(FUSED_MAX_K, 2, 1)[1] == second_stage + 4 * 64 * 32 * 4
+    assert sizes[(2, 2)] - fused_state_smem(FUSED_MAX_K, 2, 1) == second_stage + 4 * 64 * 32 * 4
 
 
 def test_fused_prep_shared_memory_gives_four_ctas():
     """prep's k, q space is reused for T once the products are done: four CTAs per SM at K = 128."""
-    from cupy_kernels.chunk import FUSED_MAX_K, _fused_smem_bytes
+    from cupy_kernels.layout import FUSED_MAX_K, fused_prep_smem
 
-    prep = _fused_smem_bytes(FUSED_MAX_K, 4)[0]
+    prep = fused_prep_smem(FUSED_MAX_K)
     assert 4 * (prep + 1024) <= 228 * 1024, prep
     assert prep == 64 * 8 + 4 * 64 * 4 + 64 * 65 * 4 + 2 * 64 * (FUSED_MAX_K + 8) * 2
 
@@ -392,3 +385,163 @@ def test_chunk_tables_pack_into_one_buffer():
         np.testing.assert_array_equal(np.frombuffer(raw, np.int64, NC, o_start), start)
         np.testing.assert_array_equal(np.frombuffer(raw, np.int32, NC, o_len), length)
         np.testing.assert_array_equal(np.frombuffer(raw, np.int32, off.size, o_off), off)
+
+
+# --------------------------------------------------------------------------- plan selection (pure)
+
+
+def test_recurrent_select_plan():
+    """The recurrent kernel and grid from shapes and the SM count alone (no CuPy, no device)."""
+    from cupy_kernels import recurrent_kernel as rk
+
+    sel = rk.select_plan(2, False, False, rk.MODE_DECODE, None, 1, 32, 128, 128, 132)
+    assert sel.kernel == rk.KernelMode(2, False, False, 4, 1, 16, rk.MODE_DECODE, True, 0)  # "wide-cs"
+    assert (sel.vtiles, sel.total_warps) == (8, 256)
+    assert (sel.blocks, sel.threads) == (256, 32)  # batch 1: one-warp CTAs over every SM
+    sel = rk.select_plan(2, False, False, rk.MODE_DECODE, "wide", 64, 32, 128, 128, 132)
+    assert not sel.kernel.streaming and (sel.blocks, sel.threads) == (4096, 128)
+    prefill = rk.select_plan(2, False, True, rk.MODE_PREFILL, "wide-cs", 2, 4, 128, 128, 132)
+    assert prefill.kernel == rk.KernelMode(2, False, True, 8, 4, 4, rk.MODE_PREFILL, False, 0)  # variants: decode only
+    assert rk.select_plan(3, True, False, rk.MODE_PREFILL, None, 1, 1, 16, 16, 132).kernel.lc == 2  # doubles
+    with pytest.raises(ValueError, match="^decode_variant:"):
+        rk.select_plan(2, False, False, rk.MODE_DECODE, "narrow-cs", 1, 1, 128, 128, 132)
+
+
+def test_recurrent_select_plan_follows_the_default_variant(monkeypatch):
+    """``None`` means DEFAULT_VARIANT as it is now, not as it was when the cache first saw the key
+    (the GPU variant tests and sanitize_decode.py switch it and drop ``_PLANS``)."""
+    from cupy_kernels import recurrent_kernel as rk
+
+    args = (2, False, False, rk.MODE_DECODE, None, 1, 32, 128, 128, 132)
+    assert rk.select_plan(*args).kernel.streaming  # "wide-cs", now in the cache
+    monkeypatch.setattr(rk, "DEFAULT_VARIANT", "wide")
+    assert not rk.select_plan(*args).kernel.streaming
+
+
+def test_decode_variants_are_the_measured_ones():
+    """The variants that measured slower (narrow, persistent) left for cupy_kernels/experimental/."""
+    from cupy_kernels import decode, recurrent_kernel
+
+    assert set(recurrent_kernel.VARIANTS) == {"wide", "wide-cs"} == set(decode.DECODE_VARIANTS)
+    assert recurrent_kernel.DEFAULT_VARIANT == "wide-cs"
+    for name in ("narrow", "narrow-cs", "narrow-cs-pf", "wide-cs-pf"):
+        with pytest.raises(ValueError, match="^decode_variant:"):
+            recurrent_kernel.variant(name)
+
+
+H100 = dict(sms=132, capability=(9, 0))
+A100 = dict(sms=108, capability=(8, 0))
+
+
+def chunk_plan(dtype="bfloat16", C=64, K=128, V=128, N=1, HV=32, aligned=True, tc=None, fused=None, ks=None,
+               wgmma=None, device=H100, **kw):  # fmt: skip
+    from cupy_kernels.chunk_plan import select_plan
+
+    return select_plan(dtype, C, K, V, N, HV, aligned, tc, fused, ks, wgmma, device["sms"], device["capability"], **kw)
+
+
+def test_chunk_select_plan_three_kernel():
+    from cupy_kernels import layout
+
+    plan = chunk_plan("float32", C=32, K=100, V=60)
+    assert plan.path == plan.label == "three-kernel" and not plan.tensor_cores
+    assert [k.name for k in plan.kernels] == [
+        "gdn_chunk_intra<float, 32, false>",
+        "gdn_chunk_state<32, false>",
+        "gdn_chunk_output<float, 32, false>",
+    ]
+    assert {k.source for k in plan.kernels} == {"chunk_three_kernel.cu"}
+    assert [k.smem for k in plan.kernels] == [
+        layout.chunk_intra_smem(32, 100, 60),
+        layout.chunk_state_smem(32, 100, False),
+        layout.chunk_output_smem(32, 100),
+    ]
+    assert [k.threads for k in plan.kernels] == [256] * 3 and plan.kernels[1].columns == 16
+    tc = chunk_plan("float16", C=16, K=256, V=256)  # fp16: tensor cores, never fused
+    assert tc.path == "three-kernel" and tc.tensor_cores and tc.kernels[1].name == "gdn_chunk_state<16, true>"
+    assert tc.kernels[1].smem == layout.chunk_state_smem(16, 256, True)
+    assert chunk_plan(aligned=False).path == "three-kernel"  # the fused path copies 16-byte pieces
+    assert chunk_plan(fused=False).path == "three-kernel" and chunk_plan(tc=False).path == "three-kernel"
+
+
+def test_chunk_select_plan_fused_and_wgmma():
+    from cupy_kernels import layout
+
+    wg = chunk_plan()  # bf16, K = V = 128 on an H100: prep + the sm_90a state kernel, nothing else
+    assert wg.path == "wgmma" and wg.label == "fused wgmma sm_90a"
+    prep, state = wg.kernels
+    assert (prep.source, prep.name, prep.sm90a) == ("chunk_fused_prep.cu", "gdn_fused_prep", False)
+    assert (state.source, state.name, state.sm90a) == ("chunk_wgmma.cu", "gdn_fused_state_sm90_k128", True)
+    assert (state.threads, state.smem, state.columns) == (192, layout.wgmma_state_smem(128), 64)
+    assert prep.smem == layout.fused_prep_smem(128) and prep.threads == 256
+    # where the sm_90a build fails, or off sm_90: mma.sync; one long sequence splits K (one wave)
+    for plan in (chunk_plan(sm90a_builds=False), chunk_plan(HV=16, device=A100)):
+        assert plan.path == "fused" and plan.label == "fused mma.sync <2, 2>"
+        assert plan.kernels[1].name == "gdn_fused_state<2, 2>" and plan.kernels[1].source == "chunk_fused.cu"
+        assert plan.kernels[1].smem == layout.fused_state_smem(128, 2, 2) and plan.kernels[1].threads == 128
+    many = chunk_plan(N=8, device=A100)  # many sequences: four slabs, no split
+    assert many.label == "fused mma.sync <4, 1>" and many.kernels[1].columns == 64
+    assert chunk_plan(K=96, V=48).label == "fused mma.sync <1, 1>"  # V = 48: one slab; K = 96: no wgmma kernel
+    assert chunk_plan(wgmma=False).path == "fused" and chunk_plan(ks=1).label == "fused mma.sync <4, 1>"
+    assert chunk_plan(wgmma=True, K=64, V=192).kernels[1].name == "gdn_fused_state_sm90_k64"
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(dtype="float32", fused=True), "fused"),
+        (dict(aligned=False, fused=True), "fused"),
+        (dict(K=144, fused=True), "fused"),
+        (dict(dtype="float32", ks=1), "k_split"),
+        (dict(K=48, ks=2), "k_split"),
+        (dict(wgmma=True, device=A100), "wgmma"),
+        (dict(wgmma=True, K=96), "wgmma"),
+        (dict(wgmma=True, ks=1), "wgmma"),
+        (dict(wgmma=True, fused=False), "wgmma"),
+    ],
+)
+def test_chunk_select_plan_refuses_options_that_do_not_apply(kw, name):
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        chunk_plan(**kw)
+
+
+def test_chunk_builds_only_the_plans_kernels(monkeypatch):
+    """Each path compiles exactly the kernels it launches: the wgmma path builds prep alone (not
+    the mma.sync state kernel beside it) and the sm_90a state kernel."""
+    from cupy_kernels import chunk, sources
+
+    built = []
+    monkeypatch.setattr(sources, "raw_module", lambda src, names: built.append((src, names)) or names)
+
+    class Module:
+        def get_function(self, name):
+            built.append(("sm90a", name))
+            return name
+
+    monkeypatch.setattr(sources, "sm90a_module", lambda src: built.append(("sm90a module", src)) or Module())
+    chunk._functions.cache_clear()
+    try:
+        assert chunk._functions(chunk_plan()) == ("gdn_fused_prep", "gdn_fused_state_sm90_k128")
+        assert built == [
+            ("chunk_fused_prep.cu", ("gdn_fused_prep",)),
+            ("sm90a module", "chunk_wgmma.cu"),
+            ("sm90a", "gdn_fused_state_sm90_k128"),
+        ]
+        built.clear()
+        chunk._functions(chunk_plan(HV=16, device=A100))
+        assert built == [("chunk_fused_prep.cu", ("gdn_fused_prep",)), ("chunk_fused.cu", ("gdn_fused_state<2, 2>",))]
+        built.clear()
+        names = chunk._functions(chunk_plan("float32"))
+        assert built == [("chunk_three_kernel.cu", names)] and len(names) == 3
+    finally:
+        chunk._functions.cache_clear()
+
+
+def test_planning_modules_import_without_cupy():
+    code = (
+        "import sys; import cupy_kernels.chunk, cupy_kernels.chunk_plan, cupy_kernels.decode, cupy_kernels.layout, "
+        "cupy_kernels.recurrent, cupy_kernels.recurrent_kernel, cupy_kernels.sources; "
+        "assert not {'cupy', 'torch'} & set(sys.modules), sorted(m for m in sys.modules if 'cupy' in m)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
