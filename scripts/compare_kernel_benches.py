@@ -1,0 +1,121 @@
+"""Compare a GPU run's decode and prefill benches with the committed numbers of the same kernels.
+
+    python3 scripts/compare_kernel_benches.py OUT        (after scripts/gpu_kernel_validation.sh benches)
+
+Reads ``OUT/decode_bench.json`` (``scripts/bench_decode.py``) and ``OUT/prefill_bench.json``
+(``cli.py bench --what prefill --json``) and compares them, row by row, with the committed runs on
+an NVIDIA H100 80GB HBM3 (2026-11-23): decode against ``reports/2026-11-23-decode-validation/``
+(``decode_bench.json`` and ``decode_bench_persistent*.json``, three runs), prefill against
+``reports/2026-11-23-chunk-prefill/bench.json``. Fails (exit 1) where
+
+- a decode form (the default and each product variant) reaches a share of the copy ceiling more
+  than ``DECODE_POINTS`` points below the lowest committed run (run-to-run spread was 0-2 points);
+- a prefill row takes more than ``PREFILL_SLOWER`` times the committed time, or runs other kernels
+  than the committed row (``ours_kernels``);
+- a prefill accuracy (output and final state relative RMS against the float64 oracle) differs from
+  the committed one by more than ``ACCURACY`` relative. The inputs come from torch's seeded CUDA
+  generator, so with the same torch version a kernel that did not change gives the same number to
+  the last digit; any difference is printed.
+
+Compare only runs on the same kind of device: the script prints both devices and refuses (exit 2)
+where they differ. Pure standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DECODE_BASE = ROOT / "reports" / "2026-11-23-decode-validation"
+DECODE_RUNS = ("decode_bench.json", "decode_bench_persistent.json", "decode_bench_persistent_run2.json")
+PREFILL_BASE = ROOT / "reports" / "2026-11-23-chunk-prefill" / "bench.json"
+BASE_DEVICE = "NVIDIA H100 80GB HBM3"
+DECODE_POINTS = 0.03
+PREFILL_SLOWER = 1.05
+ACCURACY = 1e-3
+
+
+def _rows(document: list) -> list[dict]:
+    """The per-batch rows of a decode bench document (the last entry holds the launch floors)."""
+    return [r for r in document if "batch" in r]
+
+
+def compare_decode(new: list[dict], runs: list[list[dict]]) -> list[str]:
+    """Failure messages (empty: every form within DECODE_POINTS of the committed runs)."""
+    failures = []
+    for row in new:
+        B = row["batch"]
+        base = [r for run in runs for r in run if r["batch"] == B]
+        if not base:
+            continue
+        forms = {"default": (row["ours_frac"], [r["ours_frac"] for r in base])}
+        for name, frac in row.get("variant_frac", {}).items():
+            forms[name] = (frac, [r["variant_frac"][name] for r in base if name in r.get("variant_frac", {})])
+        for name, (frac, committed) in forms.items():
+            if not committed:
+                print(f"decode B={B:5d} {name:12s} {frac:6.1%} (nothing committed to compare)")
+                continue
+            low, high = min(committed), max(committed)
+            verdict = "ok" if frac >= low - DECODE_POINTS else "SLOWER"
+            span = f"committed {low:.1%}-{high:.1%}"
+            print(f"decode B={B:5d} {name:12s} {frac:6.1%} of the copy ceiling, {span}: {verdict}")
+            if verdict != "ok":
+                failures.append(f"decode B={B} {name}: {frac:.1%} < {low:.1%} - {DECODE_POINTS:.0%}")
+    return failures
+
+
+def compare_prefill(new: dict, base: dict) -> list[str]:
+    failures = []
+    committed = {r["shape"]: r for r in base["prefill"]}
+    for row in new.get("prefill", []):
+        old = committed.get(row["shape"])
+        if old is None:
+            continue
+        ratio = row["ours_ms"] / old["ours_ms"]
+        verdict = "ok" if ratio <= PREFILL_SLOWER else "SLOWER"
+        times = f"{row['ours_ms']:.3f} ms, committed {old['ours_ms']:.3f} ms ({ratio:.2f}x)"
+        print(f"prefill {row['shape']:10s} {times}: {verdict}")
+        if verdict != "ok":
+            failures.append(f"prefill {row['shape']}: {ratio:.2f}x the committed time")
+        if row.get("ours_kernels") != old.get("ours_kernels"):
+            ran, want = row.get("ours_kernels"), old.get("ours_kernels")
+            failures.append(f"prefill {row['shape']}: ran {ran!r}, committed {want!r}")
+    for section, key in (("prefill", "shape"), ("prefill_accuracy", "dtype")):
+        committed = {r[key]: r for r in base.get(section, [])}
+        for row in new.get(section, []):
+            old = committed.get(row[key])
+            if old is None:
+                continue
+            for field in ("ours_rel_rms", "ours_state_rel_rms"):
+                a, b = row[field], old[field]
+                change = abs(a - b) / abs(b) if b else abs(a)
+                note = "identical" if a == b else f"differs by {change:.1e} relative"
+                print(f"{section} {row[key]:10s} {field} {a:.6e}, committed {b:.6e}: {note}")
+                if change > ACCURACY:
+                    failures.append(f"{section} {row[key]} {field}: {a:.6e} against {b:.6e}")
+    return failures
+
+
+def main(out: Path) -> int:
+    new_decode = json.loads((out / "decode_bench.json").read_text())
+    new_prefill = json.loads((out / "prefill_bench.json").read_text())
+    devices = {r.get("device") for r in new_prefill.get("prefill", []) if r.get("device")}
+    print(f"this run: {sorted(devices) or 'device not recorded'}; committed: {BASE_DEVICE}")
+    if devices and devices != {BASE_DEVICE}:
+        print("different devices: the numbers are not comparable")
+        return 2
+    runs = [_rows(json.loads((DECODE_BASE / name).read_text())) for name in DECODE_RUNS]
+    failures = compare_decode(_rows(new_decode), runs)
+    failures += compare_prefill(new_prefill, json.loads(PREFILL_BASE.read_text()))
+    for failure in failures:
+        print("FAIL", failure)
+    print(f"compare_kernel_benches: {'FAILED' if failures else 'within the committed numbers'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    raise SystemExit(main(Path(sys.argv[1])))

@@ -1,0 +1,74 @@
+"""``scripts/gpu_kernel_validation.sh`` stays runnable: the ``gpu_session.sh`` phases it calls exist,
+both parse, and ``scripts/compare_kernel_benches.py`` passes the committed numbers and fails a
+slower or different run (CPU only: nothing here touches a GPU)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+
+
+def test_validation_calls_only_existing_session_phases():
+    session = (SCRIPTS / "gpu_session.sh").read_text()
+    phases = set(re.findall(r"^    ([a-z0-9_]+)\)$", session, re.M))
+    validation = (SCRIPTS / "gpu_kernel_validation.sh").read_text()
+    called = {p for line in re.findall(r'gpu_session\.sh" ([a-z0-9_ ]+)', validation) for p in line.split()}
+    assert called and called <= phases, called - phases
+    for name in ("compare_kernel_benches.py", "bench_decode.py", "sanitize_decode.py", "sanitize_launches.py"):
+        assert (SCRIPTS / name).is_file()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("script", ["gpu_kernel_validation.sh", "gpu_session.sh"])
+def test_scripts_parse(script):
+    result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _compare(out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPTS / "compare_kernel_benches.py"), str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def committed_run(tmp_path):
+    """A run directory holding the committed numbers themselves."""
+    reports = ROOT / "reports"
+    shutil.copy(
+        reports / "2026-11-23-decode-validation" / "decode_bench_persistent_run2.json", tmp_path / "decode_bench.json"
+    )
+    shutil.copy(reports / "2026-11-23-chunk-prefill" / "bench.json", tmp_path / "prefill_bench.json")
+    return tmp_path
+
+
+def test_compare_passes_the_committed_numbers(committed_run):
+    result = _compare(committed_run)
+    assert result.returncode == 0, result.stdout
+    assert "within the committed numbers" in result.stdout and "identical" in result.stdout
+
+
+def test_compare_fails_a_slower_or_different_run(committed_run):
+    prefill = json.loads((committed_run / "prefill_bench.json").read_text())
+    prefill["prefill"][1]["ours_ms"] *= 1.2
+    prefill["prefill_accuracy"][0]["ours_rel_rms"] *= 1.01
+    (committed_run / "prefill_bench.json").write_text(json.dumps(prefill))
+    decode = json.loads((committed_run / "decode_bench.json").read_text())
+    decode[1]["variant_frac"]["wide-cs"] -= 0.05
+    (committed_run / "decode_bench.json").write_text(json.dumps(decode))
+    result = _compare(committed_run)
+    assert result.returncode == 1, result.stdout
+    fails = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 3, fails
+    for row in prefill["prefill"]:
+        row["device"] = "NVIDIA A100-SXM4-80GB"
+    (committed_run / "prefill_bench.json").write_text(json.dumps(prefill))
+    assert _compare(committed_run).returncode == 2
