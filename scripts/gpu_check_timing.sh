@@ -35,6 +35,9 @@ check() {  # NAME ARGS...: one default check in bfloat16 (a fixed seed: cold and
 }
 export TRITON_CACHE_DIR=/tmp/triton-timing  # fresh: the machine is new, the folder did not exist
 check fla-chunk-cold --impl fla-chunk
+# BEFORE_WARM: a command the warm run waits for (e.g. other jobs on the machine ending: the warm run
+# is the measurement, the cold one may share the machine when its cost is known)
+[ -n "${BEFORE_WARM:-}" ] && bash -c "$BEFORE_WARM"
 check fla-chunk-warm --impl fla-chunk
 [ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
 [ "${VLLM:-1}" = 1 ] || exit 0  # VLLM=0: fla-chunk's cold and warm runs only
