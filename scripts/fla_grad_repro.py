@@ -45,6 +45,10 @@ CASES = [
     ("qla-bf16-K128-g-fp32", "1", "qla", "bfloat16", 128, 128, [128], "float32"),
     # tokens after cu_seqlens[-1] (3 here): their gradients must be zero, not left unwritten
     ("fla-bf16-varlen-tail", "0", "fla", "bfloat16", 128, 128, [1, 1, -3], "same"),
+    # the same with do = 0 on the padding (zero gradients there under any reading of the padding,
+    # even as a continuation of the last sequence) and torch's CUDA cache left full of NaN blocks
+    # the size of each gradient before the backward: an unwritten gradient reads NaN
+    ("fla-bf16-varlen-tail-do0", "0", "fla", "bfloat16", 128, 128, [1, 1, -3], "same"),
 ]
 # Cases whose kernels' autotuning choices are printed (TRITON_PRINT_AUTOTUNING=1): the V < 64 bug
 # came and went between processes, so each run records which configurations its kernels picked.
@@ -92,6 +96,9 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype):
     beta = torch.rand(1, T, HV, device=dev).to(dt)
     h0 = torch.randn(len(lengths), HV, K, V, device=dev)
     do = torch.randn(1, T, HV, V, device=dev).to(dt)
+    strict = name.endswith("-do0")
+    if strict:
+        do[:, cu[-1] :] = 0
     scale = K**-0.5
     if entry == "fla":
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
@@ -100,6 +107,9 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype):
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
     cu_t = torch.tensor(cu, device=dev, dtype=torch.long) if len(lengths) > 1 or tail else None
     o, _ = fn(*leaves[:5], scale=scale, initial_state=leaves[5], output_final_state=False, cu_seqlens=cu_t)
+    if strict:  # NaN blocks of each gradient's size and dtype, freed into the cache the backward allocates from
+        blocks = [torch.full_like(x, float("nan")) for x in leaves for _ in range(3)]
+        del blocks
     got = torch.autograd.grad((o.float() * do.float()).sum(), leaves, allow_unused=True, materialize_grads=True)
     torch.cuda.synchronize()
     want = reference(
