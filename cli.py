@@ -205,7 +205,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
     print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
     _print_compile(result.shapes, result.seconds)
-    print(console.format_time_split(result.time_split(), result.seconds))
+    print(console.format_time_split(result.time_split(), result.seconds, result.startup_seconds))
     return 0 if result.passed else 1
 
 

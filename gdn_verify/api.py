@@ -249,6 +249,7 @@ class CheckResult:
     timeout: float | None = DEFAULT_TIMEOUT
     shapes: ShapePlan | None = None  # compile-aware shape planning (None: not planned)
     seconds: float = 0.0  # the whole check, compilation included
+    startup_seconds: float | None = None  # from the process's start to the check's (imports, the CLI)
     grad: bool = False  # the gradient properties, against the backward
     # Properties not run: a property left the GPU context broken (PropertyResult.context_lost) and
     # every later call of this process would fail alike; run them in a fresh process.
@@ -326,6 +327,7 @@ class CheckResult:
             results=_rows(self.results, self.impl, self.convention),
             **_plan_dict(self.shapes, self.seconds),
             time_split={label: round(t, 2) for label, t in self.time_split().items()},
+            **({} if self.startup_seconds is None else {"startup_seconds": round(self.startup_seconds, 1)}),
             **({"not_run": self.not_run} if self.not_run else {}),
         )
 
@@ -402,7 +404,7 @@ def check(
     The same settings as one object: ``check(impl, **options.keywords())`` with a
     :class:`~gdn_verify.options.CheckOptions`, which validates them (as this call does first).
     """
-    start = time.perf_counter()
+    start, startup = time.perf_counter(), environment.process_seconds()
     options = CheckOptions(
         array=array,
         dtype=dtype,
@@ -448,6 +450,7 @@ def check(
     result = CheckResult(
         impl, dtype, seed, convention=options.convention, timeout=run.timeout, shapes=shapes, grad=grad
     )
+    result.startup_seconds = startup
     result.results = run_check(impl, props, run, progress, on_result)
     if result.results and result.results[-1].context_lost:
         result.not_run = [p.name for p in props[len(result.results) :]]

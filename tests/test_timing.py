@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gdn_verify import api, implementations
-from gdn_verify.core import timing
+from gdn_verify import api, console, implementations
+from gdn_verify.core import environment, timing
 from gdn_verify.runners.check import SPLIT_LABELS
 
 
@@ -59,5 +59,20 @@ def test_the_cli_prints_the_split_and_writes_it(tmp_path, capsys):
     code = main(["check", "--impl", "numpy", "--properties", "determinism", "--max-examples", "3", "--json", str(out)])
     assert code == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time: "))
-    assert "ours" in line and line.endswith(" s")  # labels under half a second are left out of the line
+    assert "ours" in line and " s of " in line  # labels under half a second are left out of the line
+    assert line.endswith("before it (Python's start, imports, the command line)")
     assert set(json.loads(out.read_text())["time_split"]) >= {"kernel", "ours"}  # the JSON keeps them all
+
+
+def test_a_check_records_the_seconds_before_it_began():
+    """The wall clock a user sees is the check's seconds plus the process's start and imports
+    before it (22 s of fla-chunk's on an H100, 2026-11-27): the JSON carries both."""
+    before = environment.process_seconds()
+    assert before is not None and before > 0  # Linux: /proc is there
+    time.sleep(0.05)
+    assert environment.process_seconds() >= before + 0.04  # it counts up, in seconds
+    result = api.check("numpy", properties=["determinism"], max_examples=2, seed=1)
+    assert result.startup_seconds is not None and result.startup_seconds >= before
+    assert result.as_dict()["startup_seconds"] == round(result.startup_seconds, 1)
+    line = console.format_time_split(result.time_split(), result.seconds, result.startup_seconds)
+    assert line.endswith("before it (Python's start, imports, the command line)")

@@ -8,6 +8,7 @@ The report's fuller record (git commit, nvidia-smi, CPU) is ``gdn_verify.report.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import sys
 from pathlib import Path
@@ -40,6 +41,18 @@ def package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return versions
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (Python's own start and every import included), from
+    ``/proc``; None where there is none. A check records it when it begins, so that its JSON
+    accounts for the wall clock a user sees, not only the check's own."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def device_name(array: str) -> str | None:
