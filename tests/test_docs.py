@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -379,3 +380,22 @@ def test_the_checks_catch_planted_mistakes(pytest_options):
         "matches_reference",
         "no_such_property",
     }
+
+
+def test_reports_keep_few_raw_logs_and_cite_each():
+    """Measurements live in JSON and markdown; a raw log is kept only where a report cites it,
+    and ten at most (102 were tracked on 2026-11-25). The tracked ones, where git can say."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "reports"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
+        logs = sorted(ROOT / name for name in listed if name.endswith(".log"))
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file is the project's
+        logs = sorted((ROOT / "reports").rglob("*.log"))
+    uncited = [
+        str(log.relative_to(ROOT))
+        for log in logs
+        if not any(log.name in md.read_text() for md in log.parent.glob("*.md"))
+    ]
+    assert uncited == [], "cite each kept log in its folder's markdown, or leave it out of git"
+    assert len(logs) <= 10, [str(log.relative_to(ROOT)) for log in logs]
