@@ -28,6 +28,10 @@ GATE_REGIMES = ("none", "mild", "moderate", "strong", "spikes", "strong_run", "m
 # Rows of q and k under l2norm: as drawn, some all-zero (padding), or some tiny (norm 10^-4.5 to
 # 10^-2.5, where the epsilon of x / sqrt(||x||^2 + 1e-6) decides the result).
 ROW_KINDS = ("plain", "zero", "tiny")
+# The scales :func:`problems` draws besides None (the kernel's default, 1/sqrt(K)). A kernel that
+# compiles per scale value (FlashQLA's TileLang kernels take it as a compile-time argument) warms
+# each of them up front (``implementations.flashqla.warm_variants``).
+EXPLICIT_SCALES = (1.0, 0.5, 0.125)
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,7 @@ def problems(
         l2norm = c.l2norm
         rows = draw(st.sampled_from(ROW_KINDS)) if l2norm else "plain"
         state_kind = draw(st.sampled_from(("zero", "random", "large"))) if c.initial_state else "absent"
-        scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
+        scale = draw(st.one_of(st.none(), st.sampled_from(EXPLICIT_SCALES)))
     else:
         H, HV = draw(heads if heads is not None else head_counts(limits))
         K, V = draw(head_dims(limits, max_dim))
@@ -327,7 +331,7 @@ def problems(
         l2norm = draw(st.booleans())
         rows = draw(st.sampled_from(ROW_KINDS)) if l2norm else "plain"
         state_kind = draw(st.sampled_from(("absent", "zero", "random", "large")))
-        scale = draw(st.one_of(st.none(), st.sampled_from((1.0, 0.5, 0.125))))
+        scale = draw(st.one_of(st.none(), st.sampled_from(EXPLICIT_SCALES)))
         dtype_name = limits.dtype if limits.dtype is not None else draw(st.sampled_from(tuple(DTYPES)))
     v_first = state_layouts and draw(st.booleans())
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))

@@ -104,3 +104,79 @@ def _stuck(**kw):
 
 jit_picky = compiling(_picky)
 jit_stuck = compiling(_stuck)
+
+
+# FlashQLA-like: compile keys beyond the shape class ---------------------------------------------
+# FlashQLA 0.1.3 on an H100 takes its intra-card context-parallel path for a B == 1 call in a
+# training step from 9 chunks of 64 (implementations.flashqla.CP_TOKENS).
+QLA_CP_CHUNKS = 9
+
+
+class QlaLike:
+    """A NumPy stand-in for FlashQLA's training call (``check --grad``): the forward and the
+    backward of ``numpy-grad``, recording the compile keys FlashQLA's ``@tilelang.jit`` forward and
+    backward would be built for (``implementations.flashqla.warm_variants`` lists them):
+
+    ``("fwd", H, HV, K, V, dtype, layout, initial state, scale, final state stored, context parallel)``
+    and ``("bwd", H, HV, K, V, dtype, layout, scale, dht given)``, where ``layout`` is ``"batched"``
+    (B > 1), ``"row"`` (B == 1: FlashQLA's synthesized int32 ``cu_seqlens``) or ``"varlen"`` and
+    ``scale`` is resolved (None: ``K ** -0.5``). ``first[key]`` is the ``phase`` (set by the test)
+    in which the key was first met, ``met[phase]`` every key met in it. An empty sequence is
+    refused before any kernel, as FlashQLA does.
+    ``declared``: with the adapter's declarations (``flashqla.declarations``), else those before
+    them (``jit_compiled()``: one warm call per class)."""
+
+    def __init__(self, declared: bool = True):
+        from gdn_verify.implementations import flashqla, numpy_grad
+        from gdn_verify.implementations.fla import jit_compiled
+
+        self.first: dict[tuple, str] = {}
+        self.met: dict[str, set[tuple]] = {}  # every key met, by phase
+        self.phase = "warm"
+        backward = numpy_grad.numpy_grad_backward()
+
+        def call(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale=None,
+            initial_state=None,
+            use_qk_l2norm_in_kernel=False,
+            cu_seqlens=None,
+            *,
+            do,
+            dht=None,
+        ):
+            B, T, H, K = np.shape(q)
+            _, _, HV, V = np.shape(v)
+            bounds = [0, T] if cu_seqlens is None else list(np.asarray(cu_seqlens))
+            lengths = np.diff(bounds)
+            if T == 0 or (lengths == 0).any():
+                raise NotImplementedError("FlashQLA refuses a call with an empty sequence")
+            layout = "varlen" if cu_seqlens is not None else ("row" if B == 1 else "batched")
+            s = K**-0.5 if scale is None else float(scale)
+            cp = B == 1 and int(max(-(-lengths // 64))) >= QLA_CP_CHUNKS
+            head = (H, HV, K, V, str(np.asarray(v).dtype), layout)
+            for key in (
+                ("fwd", *head, initial_state is not None, s, dht is not None, cp),
+                ("bwd", *head, s, dht is not None),
+            ):
+                self.first.setdefault(key, self.phase)
+                self.met.setdefault(self.phase, set()).add(key)
+            return backward(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens, do=do, dht=dht)
+
+        extra = flashqla.declarations() if declared else jit_compiled()
+        self.impl = Implementation(
+            "qla-like",
+            {"chunk": numpy_impl.chunk_gated_delta_rule, "backward": call},
+            "numpy",
+            "FlashQLA-like",
+            "float32",
+            extra,
+        )
+
+    def new_keys(self) -> list[tuple]:
+        """The keys first met outside the warm-up."""
+        return [key for key, phase in self.first.items() if phase != "warm"]

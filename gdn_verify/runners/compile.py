@@ -159,7 +159,7 @@ def option_variants(problem: Problem) -> list[dict[str, Any]]:
     (2026-11-26) those compiles cost fla-chunk's cold check about 45 s inside the two properties."""
     HV = problem.v.shape[2]
     A_log = [0.0] * HV
-    params = [
+    params: list[dict[str, Any]] = [
         dict(A_log=A_log, dt_bias=[0.5] * HV),
         dict(A_log=A_log, dt_bias=None),
         dict(beta_logits=True, allow_neg_eigval=False),
@@ -168,32 +168,58 @@ def option_variants(problem: Problem) -> list[dict[str, Any]]:
     return [options_from_params(p) for p in params]
 
 
+# A warm-up call: the problem, and whether a backward form gets a final-state cotangent ``dht``
+# (the forward then stores its final state); a forward form ignores the flag.
+WarmCall = tuple[Problem, bool]
+# ``Implementation.extra["warm_variants"]``: ``fn(example, backward) -> [WarmCall, ...]``, the calls
+# beside the class's own ``(example, True)`` that compile apart in the implementation (see warm_calls).
+WarmVariants = Callable[[Problem, bool], Sequence[WarmCall]]
+
+
+def warm_calls(impl: Implementation, problem: Problem, backward: bool) -> list[WarmCall]:
+    """The calls :func:`warm_class` makes beside the class's own ``(problem, True)`` (``problem`` its
+    example; ``backward``: through the backward form).
+
+    An implementation whose kernels take more compile-time arguments than a :class:`ShapeClass`
+    holds declares them as ``extra["warm_variants"]`` (a :data:`WarmVariants`; FlashQLA's TileLang
+    kernels compile per scale value and per ``dht`` given or not, ``implementations.flashqla``);
+    those are its calls. Otherwise: for a forward form of an implementation declared JIT-compiled
+    (``extra["compile_classes"]``) its :func:`variants`, and nothing for a backward form (FLA's:
+    Triton takes the scale at run time) or an undeclared implementation."""
+    declared = impl.extra.get("warm_variants")
+    if callable(declared):
+        return list(declared(problem, backward))
+    if backward or not impl.extra.get("compile_classes"):
+        return []
+    return [(v, True) for v in variants(problem)]
+
+
 def warm_class(impl: Implementation, c: ShapeClass, options: bool = False) -> float:
     """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c`` (compiling
-    it), then, for an implementation declared JIT-compiled (``extra["compile_classes"]``), its
-    :func:`variants` and, with ``options`` (the pool's first ``OPTION_CLASSES`` classes), its
-    :func:`option_variants` (ignored where unsupported or failing: the properties report those);
-    an implementation with a backward form (``check --grad``) runs that instead, which runs (and
-    compiles) its forward as well."""
+    it), or its backward form (``check --grad``, which runs and compiles its forward as well) with
+    a final-state cotangent; then the :func:`warm_calls` of the implementation and, for a forward
+    form with ``options`` (the pool's first ``OPTION_CLASSES`` classes of an implementation declared
+    JIT-compiled), its :func:`option_variants`. Only the class's own call may fail: a variant's
+    failure or refusal is ignored (the properties meet and report it); a timeout is raised."""
     problem = c.example()
+    backward = BACKWARD_FORM in impl.forms
+    calls: list[tuple[Problem, bool, dict[str, Any] | None]] = [(problem, True, None)]
+    calls += [(call, with_dht, None) for call, with_dht in warm_calls(impl, problem, backward)]
+    if options and not backward and impl.extra.get("compile_classes"):
+        calls += [(problem, True, o) for o in option_variants(problem)]
     start = time.perf_counter()
-    if BACKWARD_FORM in impl.forms:
-        impl.run_backward(problem, *cotangents(problem, seed=0))
-    elif impl.extra.get("compile_classes"):
-        calls = [(problem, None)] + [(v, None) for v in variants(problem)]
-        calls += [(problem, o) for o in option_variants(problem)] if options else []
-        for i, (call, opts) in enumerate(calls):
-            for form in impl.native_forms:
-                try:
+    for i, (call, with_dht, opts) in enumerate(calls):
+        try:
+            if backward:
+                impl.run_backward(call, *cotangents(call, seed=0, with_dht=with_dht))
+            else:
+                for form in impl.native_forms:
                     impl.run(call, form, options=opts)
-                except KernelTimeout:
-                    raise
-                except Exception:  # noqa: BLE001 - a warm-up: the properties meet and report it
-                    if i == 0:  # the class itself: its failure is the outcome
-                        raise
-    else:
-        for form in impl.native_forms:
-            impl.run(problem, form)
+        except KernelTimeout:
+            raise
+        except Exception:  # noqa: BLE001 - a warm-up: the properties meet and report it
+            if i == 0:  # the class itself: its failure is the outcome
+                raise
     return time.perf_counter() - start
 
 

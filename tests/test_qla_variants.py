@@ -1,0 +1,75 @@
+"""FlashQLA's TileLang kernels compile per scale, per ``dht`` given or not and per layout, not only
+per shape class: the pool warms each class with the adapter's declared variants
+(``implementations.flashqla.warm_variants``), so the gradient properties compile nothing.
+
+On an H100 (2026-11-27) ``check --grad --impl flash-qla --dims 128`` compiled the fused forward
+and backward again in nearly every example of ``grad_matches_reference`` and ran out of time.
+``tests/jit_like.QlaLike`` records the compile keys FlashQLA would build, in NumPy.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gdn_verify import api
+from gdn_verify.core.shapes import ShapeClass
+from gdn_verify.implementations import flashqla
+from gdn_verify.properties.strategies import EXPLICIT_SCALES, Limits
+from gdn_verify.runners.check import RunSettings, run_check
+from gdn_verify.runners.compile import MIN_CLASSES, warm_calls
+from tests.jit_like import QlaLike
+
+LIMITS = Limits(dtype="float32", head_dims=(16,), max_tokens=1024)  # growth reaches the context-parallel path
+PROPERTIES = ("grad_matches_reference", "grad_varlen_equals_separate", "grad_determinism", "grad_error_growth")
+
+
+def run_gradient_properties(fake: QlaLike, tmp_path, examples: int = 4) -> list:
+    """Plan a pool for ``fake`` (at least MIN_CLASSES classes), then run the gradient properties on it."""
+    limits, plan = api.plan_limits(fake.impl, LIMITS, 0.5, plans_dir=None)
+    assert plan.classes is not None and len(plan.classes) >= MIN_CLASSES
+    fake.phase = "properties"
+    catalogue = api.grad_catalogue(limits)
+    settings = RunSettings(max_examples=examples, seed=7, cases_dir=tmp_path / "cases", timeout=None)
+    return run_check(fake.impl, [catalogue[name] for name in PROPERTIES], settings)
+
+
+def test_the_declared_variants_leave_the_gradient_properties_nothing_to_compile(tmp_path):
+    start = time.perf_counter()
+    fake = QlaLike(declared=True)
+    results = run_gradient_properties(fake, tmp_path)
+    assert [r.name for r in results] == list(PROPERTIES)
+    assert all(r.status == "passed" and r.examples for r in results), [(r.name, r.status, r.note) for r in results]
+    met = fake.met["properties"]
+    assert any(key[6] == "row" for key in met) and any(key[0] == "fwd" and key[-1] for key in met)  # B == 1, and CP
+    assert (
+        len({key[-3] for key in met if key[0] == "fwd"}) > 1 and len({key[-1] for key in met if key[0] == "bwd"}) == 2
+    )
+    assert fake.new_keys() == []
+    assert time.perf_counter() - start < 60
+
+
+def test_without_the_declaration_the_properties_compile_new_variants(tmp_path):
+    """The old behaviour (one warm call per class): the same run meets keys the pool never built."""
+    fake = QlaLike(declared=False)
+    run_gradient_properties(fake, tmp_path)
+    new = fake.new_keys()
+    assert new and {key[0] for key in new} == {"fwd", "bwd"}
+
+
+def test_flashqla_warms_every_scale_dht_and_layout_of_a_class():
+    """24 backward calls for a batched class (4 scales x dht or not x B > 1, B == 1 and a
+    context-parallel length), 8 for a varlen one; forward: 4 scales x the class's 3 variants x 2."""
+    impl = QlaLike().impl
+    batched = ShapeClass(2, 4, 128, 128, "bfloat16", initial_state=True).example()
+    varlen = ShapeClass(2, 4, 128, 128, "bfloat16", varlen=True).example()
+    calls = [(batched, True), *warm_calls(impl, batched, True)]
+    assert len(calls) == 24 and len({(p.scale, d, p.shape["B"], p.shape["T"]) for p, d in calls}) == 24
+    assert {p.scale for p, _ in calls} == {None, *EXPLICIT_SCALES}
+    assert {(p.shape["B"], p.shape["T"]) for p, _ in calls} == {(2, 35), (1, 35), (1, flashqla.CP_TOKENS)}
+    assert len(warm_calls(impl, varlen, True)) == 7 and len(warm_calls(impl, varlen, False)) == 11
+    assert len(warm_calls(impl, batched, False)) == 23
+    assert flashqla.class_key(ShapeClass(2, 4, 128, 128, "bfloat16", l2norm=True)) == ShapeClass(
+        2, 4, 128, 128, "bfloat16"
+    )
+    undeclared = QlaLike(declared=False).impl  # FLA's way: a backward is warmed by its one call
+    assert warm_calls(undeclared, batched, True) == [] and len(warm_calls(undeclared, batched, False)) == 2
