@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.shapes import ShapeClass
+from gdn_verify.core.shapes import EXPLICIT_SCALES, ShapeClass
 
 CHUNK_SIZES = (16, 32, 64)
 AWKWARD_DIMS = (1, 3, 60, 100, 128)
@@ -28,10 +28,6 @@ GATE_REGIMES = ("none", "mild", "moderate", "strong", "spikes", "strong_run", "m
 # Rows of q and k under l2norm: as drawn, some all-zero (padding), or some tiny (norm 10^-4.5 to
 # 10^-2.5, where the epsilon of x / sqrt(||x||^2 + 1e-6) decides the result).
 ROW_KINDS = ("plain", "zero", "tiny")
-# The scales :func:`problems` draws besides None (the kernel's default, 1/sqrt(K)). A kernel that
-# compiles per scale value (FlashQLA's TileLang kernels take it as a compile-time argument) warms
-# each of them up front (``implementations.flashqla.warm_variants``).
-EXPLICIT_SCALES = (1.0, 0.5, 0.125)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ from gdn_verify.core.problem import DTYPES, Problem, dtype_name
 # them meet only its first classes (batched with a state; varlen with l2norm), and the planner warms
 # those classes with the options too.
 OPTION_CLASSES = 2
+# The scales the strategies draw besides None (the kernel's default, 1/sqrt(K)). A kernel that
+# compiles per scale value (FlashQLA's TileLang kernels take it as a compile-time argument) warms
+# each of them up front (``implementations.flashqla.warm_variants``).
+EXPLICIT_SCALES = (1.0, 0.5, 0.125)
 
 
 @dataclass(frozen=True, order=True)
@@ -95,3 +99,18 @@ class ShapeClass:
             cu_seqlens=cu,
         )
         return problem.astype(DTYPES[self.dtype])
+
+
+def variants(problem: Problem) -> list[Problem]:
+    """Calls of ``problem``'s class that the properties also make and that a Triton kernel compiles
+    apart (a constexpr each): the state in ``[V, K]`` layout (``matches_reference`` and
+    ``gate_extremes`` draw it) and no final state (``output_contract``). On an H100 (2026-11-26)
+    fla-chunk's cold check spent 273 s compiling variants inside the properties that the pool had
+    not warmed, 3 s warm."""
+    v_first = problem.replace(
+        state_v_first=True,
+        initial_state=None
+        if problem.initial_state is None
+        else np.ascontiguousarray(problem.initial_state.swapaxes(-1, -2)),
+    )
+    return [v_first, problem.replace(output_final_state=False)]

@@ -16,7 +16,7 @@ from typing import Any
 from gdn_verify.core import arrays
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.shapes import ShapeClass
+from gdn_verify.core.shapes import EXPLICIT_SCALES, ShapeClass, variants
 from gdn_verify.implementations.fla import cuda_library, jit_compiled, wrap
 
 
@@ -58,8 +58,8 @@ def first_row(problem: Problem) -> Problem:
 def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]]:
     """The calls beside ``(example, True)`` that compile TileLang kernels of their own in FlashQLA
     0.1.3 (``Implementation.extra["warm_variants"]``, ``runners.compile.warm_calls``): every scale
-    the strategies draw (None and ``strategies.EXPLICIT_SCALES``) crossed with, through the backward
-    form, ``dht`` given and not; through a forward form, the example's ``compile.variants`` (state
+    the strategies draw (None and ``shapes.EXPLICIT_SCALES``) crossed with, through the backward
+    form, ``dht`` given and not; through a forward form, the example's ``shapes.variants`` (state
     ``[V, K]``, no final state); each on the example, for a batched class also on its first row
     alone (``B == 1``), and through the backward form on one batched sequence of ``CP_TOKENS``.
 
@@ -90,7 +90,7 @@ def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]
       116 chunks without gradients. ``grad_error_growth``'s B = 1 prefixes of 1024 and 2048 tokens
       take it; nothing else of ``check --grad`` (``MAX_LEN`` 96) does.
     - ``state_v_first`` (``fused_fwd.py:44``, ``fused_bwd.py:34``, ``prepare_h.py:35``): drawn by the
-      forward properties only (``backward_kwargs`` drops it): ``compile.variants``.
+      forward properties only (``backward_kwargs`` drops it): ``shapes.variants``.
     - ``block_DV`` of the forward (``fused_fwd.py:45``, ``:730-736``): 128, 64 or 32 as the
       sequences (or context-parallel pieces) times HV reach ``0.7 * SMs`` (92 on an H100) or half
       of it: at most 6 x 4 = 24 in a ``--dims 128`` pool (HV <= 4), always 32. Not warmed.
@@ -109,9 +109,6 @@ def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]
     still what the properties would otherwise compile one example at a time; a warm TileLang
     cache (a stored plan) pays none of it.
     """
-    from gdn_verify.properties.strategies import EXPLICIT_SCALES
-    from gdn_verify.runners.compile import variants
-
     shapes = [example]
     if example.cu_seqlens is None:
         shapes.append(first_row(example))

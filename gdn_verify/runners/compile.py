@@ -37,14 +37,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gdn_verify.core import environment
 from gdn_verify.core.gating import options_from_params
 from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.shapes import OPTION_CLASSES, ShapeClass
+from gdn_verify.core.shapes import OPTION_CLASSES, ShapeClass, variants
 from gdn_verify.runners.compile_workers import CompilePool, ImplSpec, Outcome, default_workers, error_text
 from gdn_verify.runners.guard import KernelTimeout
 
@@ -134,21 +132,6 @@ def _key(impl: Implementation) -> Callable[[ShapeClass], object]:
     """The implementation's own class key (``extra["compile_classes"]`` as a callable), else the class."""
     declared = impl.extra.get("compile_classes")
     return declared if callable(declared) else (lambda c: c)
-
-
-def variants(problem: Problem) -> list[Problem]:
-    """Calls of ``problem``'s class that the properties also make and that a Triton kernel compiles
-    apart (a constexpr each): the state in ``[V, K]`` layout (``matches_reference`` and
-    ``gate_extremes`` draw it) and no final state (``output_contract``). On an H100 (2026-11-26)
-    fla-chunk's cold check spent 273 s compiling variants inside the properties that the pool had
-    not warmed, 3 s warm."""
-    v_first = problem.replace(
-        state_v_first=True,
-        initial_state=None
-        if problem.initial_state is None
-        else np.ascontiguousarray(problem.initial_state.swapaxes(-1, -2)),
-    )
-    return [v_first, problem.replace(output_final_state=False)]
 
 
 def option_variants(problem: Problem) -> list[dict[str, Any]]:
