@@ -75,8 +75,12 @@ def test_a_warm_run_compiles_nothing(tmp_path):
     calls: list = []
     impl = fake_jit(calls)
     _, first = plan(impl, tmp_path)
+    compiled = {name: set(fn.seen) for name, fn in impl.forms.items()}  # each form's compiled classes
     _, again = plan(impl, tmp_path)  # the same process: every class of the pool is compiled already
-    assert again.source == "stored" and again.compile_seconds < COST
+    assert again.source == "stored" and again.classes == first.classes
+    # no class compiled again or anew (compared by the kernels' own caches, not by the clock, which
+    # a loaded 2-core machine stretched past one compile's cost: 1.07 s against 0.6, 2026-11-27)
+    assert {name: set(fn.seen) for name, fn in impl.forms.items()} == compiled
 
 
 def test_another_dtype_head_size_or_gradient_mode_plans_afresh(tmp_path):
