@@ -24,7 +24,10 @@ whatever the exact value is. Per token and value head, from the float64 adjoint'
     dk_t     (|dS_t| |u_t| + |D_t| |dp_t|) / sqrt(V)      (dk = dS_t u_t + D_t dp_t: both halves)
     dv_t     beta_t |dS_t| |k_t| / sqrt(K)                (dv = beta dS^T k)
     dbeta_t  max(|du_t|, |dS_t||k_t|/sqrt(K)) max(|r_t|, (|v_t|^2 + (|D_t||k_t|/sqrt(K))^2)^1/2) / sqrt(V)
-    dg_t     |dD_t| |D_t| / sqrt(K V)                      (dg = <dD_t, D_t>)
+    dg_t     max(|dD_t| |D_t| / sqrt(K V), p_t)           (dg = <dD_t, D_t>; p_t: the parts
+                                                          a chunked backward sums into it)
+    p_t      (|do_t||o_t| + |u_t||w_t| + beta_t (|pred_t||w_t| + |v_t||e_t|)) / sqrt(V)
+             + [a chunk may end at t] |S_t| |dS_t^later| / sqrt(K V)
 
 ``dq``/``dk`` of a q/k head take the root-sum-square over the value heads of its group, divided by
 ``sqrt(|x|^2 + eps)`` under the in-kernel l2norm; ``dh0``'s scale is the largest the state
@@ -33,7 +36,14 @@ included): the backward erases as the forward does, and the erased part's roundi
 block is judged on ``max(RMS |x_ref_t|, RMS m_t)`` over its tokens, floored at ``FLOOR`` times
 the problem-wide RMS. A gradient dropped or doubled errs by about its own size, which is the
 scale; a block whose exact gradient is tiny by cancellation is judged on what its factors
-could produce.
+could produce. For ``dg`` those factors include the parts a chunked backward sums into it (the
+last term below): ``<dD_t, D_t>`` is 0 at a sequence's first token without an initial state
+(``D = 0``, for every input) and ``exp(-40)``-small under saturated gates, while the parts are
+of order 1 and cancel only exactly, so any 16-bit rounding of their operands leaves ``u_in``
+times their size. With ``<dD, D>`` alone as the scale such a block was judged on float64's
+``tiny`` (or ``FLOOR`` of the problem): its measured responses, and with them ``dg``'s one
+bound for every block of the problem, reached 1e10 to 1e305 (FLA on an H100, 2026-11-27:
+3.2e304), and a ``dg`` wrong by half its size in the other sequences of a pack passed.
 
 **The bound: one derived term per source of error** (per gradient ``x``)::
 
@@ -65,7 +75,10 @@ tolerance.chunk_gate_sums`` (two draws, the second with every other sign flipped
 the problem copied along the sequence axis (in batches that bound the memory). With float32
 inputs the intermediates are stored in float32 and no rounding is probed (the float32 term
 covers them); a problem whose probes would exceed ``PROBE_BUDGET`` gives every rounding the
-inputs' ``kappa`` (the forward's fallback).
+inputs' ``kappa``, at least 1 (the forward's fallback; the floor counts where a gradient is
+identically zero for every input, as ``dg`` above, so that the inputs' response is float64 noise
+while a rounding's is not: bfloat16, ``T = 1``, ``K = V = 128``, saturated gates put a correct
+16-bit model at 17 to 28 times a bound without it).
 
 With 16-bit inputs, an allowed rounding whose intermediate (the float64 run's largest element of a
 state, write, cotangent or ``dq``/``dk`` part) lies beyond the input dtype's range has no finite
@@ -463,7 +476,8 @@ def _natural(
         dq=dq,
         dk=dk,
         dv=beta * mag["dS"] * knorm / np.sqrt(K),
-        dg=mag["dD"] * mag["D"] / np.sqrt(K * V) * _pad_tokens(np.abs(fg), T),
+        dg=np.maximum(mag["dD"] * mag["D"] / np.sqrt(K * V), _dg_natural(problem, p, x, m))
+        * _pad_tokens(np.abs(fg), T),
         dbeta=du * r / np.sqrt(V) * _pad_tokens(np.abs(fb), T),
     )
 
@@ -518,20 +532,44 @@ def _dh0_natural(p: Packed, m: dict[str, np.ndarray], dS_final: np.ndarray) -> n
     return np.maximum(carried, final)
 
 
-def _dg_scan_magnitudes(problem: Problem, p: Packed, x: _Inputs, m: dict[str, np.ndarray]) -> np.ndarray:
-    """``[B, T, HV]``: ``a_t``, the sum over the 64-token chunk of ``t`` of the magnitudes of the
-    per-token terms a chunked backward's reverse cumsum adds to form ``dg`` (module docstring)."""
-    from gdn_verify.core.adjoint import gather, scatter
+def _dg_parts(p: Packed, x: _Inputs, m: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Packed ``[N, L, HV]`` norm products of the parts a chunked backward sums into ``dg``
+    (module docstring): per token ``|do||o| + |u||w| + beta (|pred||w| + |v||e|)`` (products of
+    V-vectors), and at each token where a chunk may end ``|S||later|`` (of K x V states; 0 elsewhere).
+    Padding tokens get 0."""
+    from gdn_verify.core.adjoint import gather
 
     do = gather(p, np.sqrt(np.einsum("bthv,bthv->bth", x.do, x.do)), np.float64)
     v = np.sqrt(np.einsum("nlhv,nlhv->nlh", p.v, p.v))
     beta = np.abs(p.beta)
-    w = do * m["o"] + m["u"] * m["w"] + beta * (m["pred"] * m["w"] + v * m["e"])
+    tokens = do * m["o"] + m["u"] * m["w"] + beta * (m["pred"] * m["w"] + v * m["e"])
     position = np.arange(p.v.shape[1])[None, :]
     last = p.lengths[:, None] - 1
     boundary = ((position + 1) % CHUNK_END_EVERY == 0) | (position == last)
-    w = w + np.where(boundary[..., None], m["S"] * m["later"], 0.0)
-    w = np.where((p.token_index >= 0)[..., None], w, 0.0)
+    ends = np.where(boundary[..., None], m["S"] * m["later"], 0.0)
+    real = (p.token_index >= 0)[..., None]
+    return np.where(real, tokens, 0.0), np.where(real, ends, 0.0)
+
+
+def _dg_natural(problem: Problem, p: Packed, x: _Inputs, m: dict[str, np.ndarray]) -> np.ndarray:
+    """``[B, T, HV]``: the typical size of the parts a chunked backward sums into ``dg_t``, the
+    per-token parts over ``sqrt(V)`` and a chunk end's ``<S, dh>`` over ``sqrt(K V)`` (module
+    docstring: they cancel where ``dg`` is tiny, and their rounding does not)."""
+    from gdn_verify.core.adjoint import scatter
+
+    s = problem.shape
+    tokens, ends = _dg_parts(p, x, m)
+    typical = tokens / np.sqrt(s["V"]) + ends / np.sqrt(s["K"] * s["V"])
+    return _pad_tokens(scatter(p, np.ascontiguousarray(typical)), s["T"])
+
+
+def _dg_scan_magnitudes(problem: Problem, p: Packed, x: _Inputs, m: dict[str, np.ndarray]) -> np.ndarray:
+    """``[B, T, HV]``: ``a_t``, the sum over the 64-token chunk of ``t`` of the magnitudes of the
+    per-token terms a chunked backward's reverse cumsum adds to form ``dg`` (module docstring)."""
+    from gdn_verify.core.adjoint import scatter
+
+    tokens, ends = _dg_parts(p, x, m)
+    w = tokens + ends
     N, L, HV = w.shape
     chunks = w.reshape(N, L // MAX_CHUNK, MAX_CHUNK, HV).sum(axis=2, keepdims=True)
     a = np.broadcast_to(chunks, (N, L // MAX_CHUNK, MAX_CHUNK, HV)).reshape(N, L, HV)
@@ -778,9 +816,14 @@ def _tolerance(
                 base_packed, **{f: nudge(getattr(base_packed, f)) for f in ("dq", "dk_state", "dk_pred")}
             )
             record("parts", assemble(p0, nudged, base.q, base.k, H, problem.use_qk_l2norm_in_kernel))
-    for group in groups:  # too large for the probes: every rounding answers like the inputs
+    # Too large for the probes: every rounding answers like the inputs, with their kappa (at least
+    # 1, as the forward's fallback). The floor matters where a gradient is identically zero for every
+    # input and so does not respond to them at all, while a rounding does respond: dg at a sequence's
+    # first token without an initial state (D = 0) is the sum of a chunked backward's parts that
+    # cancel only exactly (bfloat16, T = 1, K = V = 128: 0.69 of the bound without the floor).
+    for group in groups:
         if group not in measured and group != "underflow":
-            measured[group] = dict(measured["inputs"])
+            measured[group] = {name: max(1.0, value) for name, value in measured["inputs"].items()}
 
     dot_length = max(s["K"], MAX_CHUNK)
     a_dg = _dg_scan_magnitudes(problem, p0, base, mags) * _pad_tokens(np.abs(fg), T)
