@@ -25,7 +25,7 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from gdn_verify.core import environment
-from gdn_verify.core.verdict import Violation
+from gdn_verify.core.property import Violation
 from gdn_verify.implementations import from_callable
 from gdn_verify.implementations.precision import BY_NAME, MODELS
 from gdn_verify.properties import Limits, catalogue

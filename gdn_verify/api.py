@@ -38,7 +38,7 @@ from gdn_verify import console, implementations
 from gdn_verify.core import environment
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.verdict import Property
+from gdn_verify.core.property import Property
 from gdn_verify.options import (
     CheckOptions,
     valid_choice,

@@ -8,7 +8,7 @@ runners receive the result as objects). This package imports ``gdn_verify.core``
 else of the library.
 """
 
-from gdn_verify.core.verdict import Property
+from gdn_verify.core.property import Property
 from gdn_verify.properties.strategies import LARGE_CPU, LARGE_GPU, Limits
 from gdn_verify.properties.suite import NAMES, catalogue
 

@@ -35,7 +35,7 @@ from gdn_verify.core.grad_verdict import compare_gradients, run_backward_checked
 from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import BACKWARD_FORM, GRADIENTS, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement, Property, Violation
+from gdn_verify.core.property import Measurement, Property, Violation
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.native import EXTREME_REGIMES, GROWTH_BOUND, strategy_growth
 from gdn_verify.properties.strategies import Limits

@@ -36,11 +36,9 @@ from gdn_verify.core.error_stats import growth_exponent
 from gdn_verify.core.implementation import ContractError, Implementation, Result
 from gdn_verify.core.oracle import Oracle, numpy_oracle
 from gdn_verify.core.problem import Problem
+from gdn_verify.core.property import Measurement, Property, Violation
 from gdn_verify.core.shapes import OPTION_CLASSES
 from gdn_verify.core.verdict import (
-    Measurement,
-    Property,
-    Violation,
     as64,
     bitwise_equal,
     compare,

@@ -44,10 +44,8 @@ from gdn_verify.core.conventions import SpecRules, spec_rules_of
 from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
+from gdn_verify.core.property import Measurement, Property, Violation
 from gdn_verify.core.verdict import (
-    Measurement,
-    Property,
-    Violation,
     compare,
     oracle_and_tolerance,
     run_checked,

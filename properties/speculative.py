@@ -41,7 +41,8 @@ from gdn_verify.core.conventions import NATIVE_SPEC, SpecRules, spec_rules_of
 from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.verdict import Measurement, Property, Violation, compare, state_dtype_of
+from gdn_verify.core.property import Measurement, Property, Violation
+from gdn_verify.core.verdict import compare, state_dtype_of
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.strategies import Limits
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gdn_verify.core.oracle import Oracle, numpy_oracle
-from gdn_verify.core.verdict import Property
+from gdn_verify.core.property import Property
 from gdn_verify.properties.native import native_properties
 from gdn_verify.properties.pools import pool_properties
 from gdn_verify.properties.speculative import spec_properties

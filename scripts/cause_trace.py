@@ -17,7 +17,7 @@ import numpy as np
 
 from gdn_verify import api
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.verdict import Measurement
+from gdn_verify.core.property import Measurement
 from gdn_verify.runners import causes
 
 

@@ -11,7 +11,7 @@ from gdn_verify import console
 from gdn_verify.api import check
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement
+from gdn_verify.core.property import Measurement
 from gdn_verify.implementations import numpy_impl, planted, resolve
 from gdn_verify.implementations.planted import state_across_sequences
 from gdn_verify.runners import causes

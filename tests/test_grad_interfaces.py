@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from gdn_verify import _cli, api, implementations
 from gdn_verify.core.gradients import cotangents, problem_gradients, recurrent_gated_delta_rule_backward
 from gdn_verify.core.implementation import BACKWARD_FORM, GRADIENTS, ConfigurationError, Implementation
-from gdn_verify.core.verdict import Measurement, Property, Violation
+from gdn_verify.core.property import Measurement, Property, Violation
 from gdn_verify.implementations import numpy_impl
 from gdn_verify.options import CheckOptions
 from gdn_verify.properties import strategies as gs

@@ -11,7 +11,7 @@ from gdn_verify.api import check
 from gdn_verify.core.conventions import FLASHINFER_SPEC, VLLM_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Violation
+from gdn_verify.core.property import Violation
 from gdn_verify.implementations import planted_memory as pm
 from gdn_verify.implementations import speculative as cs
 from gdn_verify.properties import NAMES

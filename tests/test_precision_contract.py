@@ -17,7 +17,7 @@ import pytest
 from gdn_verify.core import tolerance
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.verdict import Violation
+from gdn_verify.core.property import Violation
 from gdn_verify.implementations import from_callable
 from gdn_verify.implementations.precision import BY_NAME, MODELS
 from gdn_verify.properties.native import check_matches_reference

@@ -11,7 +11,7 @@ from gdn_verify.api import check
 from gdn_verify.core import tolerance
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.verdict import Violation
+from gdn_verify.core.property import Violation
 from gdn_verify.implementations import planted, resolve
 from gdn_verify.properties import NAMES
 from gdn_verify.properties.native import check_matches_reference

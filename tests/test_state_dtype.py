@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from gdn_verify.core import tolerance
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Violation, oracle_and_tolerance, state_dtype_of
+from gdn_verify.core.property import Violation
+from gdn_verify.core.verdict import oracle_and_tolerance, state_dtype_of
 from gdn_verify.implementations import from_callable
 from gdn_verify.implementations.precision import BY_NAME, stored_state
 from gdn_verify.properties import Limits, catalogue

@@ -17,7 +17,7 @@ from gdn_verify.api import check
 from gdn_verify.core import tolerance
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Violation
+from gdn_verify.core.property import Violation
 from gdn_verify.implementations import resolve
 from gdn_verify.properties.native import check_matches_reference
 

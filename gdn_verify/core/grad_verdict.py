@@ -16,7 +16,7 @@ import numpy as np
 from gdn_verify.core import grad_tolerance as gtol
 from gdn_verify.core.implementation import GRADIENTS, ContractError, Gradients, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement, Violation
+from gdn_verify.core.property import Measurement, Violation
 
 
 def expected_shapes(problem: Problem) -> dict[str, tuple[int, ...] | None]:

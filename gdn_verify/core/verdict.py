@@ -1,7 +1,7 @@
-"""The verdict engine: measurements, violations, the output contract and the comparison against a reference.
+"""The verdict engine: the output contract and the comparison against a reference.
 
-A property's check returns a :class:`Measurement` (the worst error it saw and the bound it held
-it to) or raises :class:`Violation`. :func:`compare` holds an implementation's outputs to the
+A property's check (``gdn_verify.core.property``) returns a :class:`Measurement` or raises
+:class:`Violation`; :func:`compare` holds an implementation's outputs to the
 tolerance model of ``gdn_verify.core.tolerance`` against the float64 oracle (or against another
 run of the same implementation, with a factor).
 """
@@ -11,8 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,59 +21,7 @@ from gdn_verify.core import tolerance as tol
 from gdn_verify.core.implementation import ContractError, Implementation, Result
 from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_with_norms
 from gdn_verify.core.problem import Problem
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """The worst error and the bound it was held to. ``uniform``: the uniform model's part of
-    ``bound`` (``bound`` adds the algorithm-aware term); ``note``: one line when an error lies
-    between the two, naming the rounding that puts it there."""
-
-    error: float
-    bound: float
-    detail: str = ""
-    uniform: float | None = None
-    note: str = ""
-
-    @property
-    def ratio(self) -> float:
-        return self.error / self.bound if self.bound > 0 else (0.0 if self.error == 0 else float("inf"))
-
-    @property
-    def uniform_ratio(self) -> float:
-        """Error over the uniform bound (``ratio`` where there is no algorithm-aware term)."""
-        if self.uniform is None:
-            return self.ratio
-        return self.error / self.uniform if self.uniform > 0 else (0.0 if self.error == 0 else float("inf"))
-
-
-class Violation(AssertionError):
-    def __init__(self, message: str, measurement: Measurement | None = None):
-        super().__init__(message)
-        self.measurement = measurement
-
-
-def _applies(impl: Implementation) -> str | None:
-    return None
-
-
-@dataclass(frozen=True)
-class Property:
-    """A named property as the runners see it: configured once, then drawn and checked.
-
-    ``strategy(impl)`` is a Hypothesis strategy of ``(problem, params)``; ``check(impl, problem,
-    params)`` returns a :class:`Measurement` or raises :class:`Violation` (``NotImplementedError``
-    from the implementation means unsupported); ``unsupported_by(impl)`` is a reason, or None
-    when the property applies. ``form`` is the form it calls: ``"native"`` or ``"spec"``.
-    """
-
-    name: str
-    summary: str
-    strategy: Callable[[Implementation], Any]
-    check: Callable[[Implementation, Problem, dict], Measurement]
-    max_examples: int = 40
-    unsupported_by: Callable[[Implementation], str | None] = _applies
-    form: str = "native"
+from gdn_verify.core.property import Measurement, Violation
 
 
 def output_contract_violations(

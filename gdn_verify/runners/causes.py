@@ -32,7 +32,8 @@ from gdn_verify.core.conventions import l2norm
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement, as64, output_contract_violations
+from gdn_verify.core.property import Measurement
+from gdn_verify.core.verdict import as64, output_contract_violations
 from gdn_verify.implementations import numpy_impl, planted, precision
 
 # A model explains a failure when the error left against it is at most REPRODUCES of the

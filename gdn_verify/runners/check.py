@@ -34,7 +34,7 @@ from hypothesis.errors import Unsatisfiable
 from gdn_verify.core import timing
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement, Property, Violation
+from gdn_verify.core.property import Measurement, Property, Violation
 from gdn_verify.runners import causes
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard, KernelTimeout, abandoned_calls
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdn_verify.core.implementation import ConfigurationError, Implementation
-from gdn_verify.core.verdict import Measurement, Property
+from gdn_verify.core.property import Measurement, Property
 from gdn_verify.runners.check import CASES_DIR, NOT_PASSED, PropertyResult, RunSettings, run_property
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard
 

@@ -25,7 +25,7 @@ from gdn_verify.core import grad_tolerance as gtol
 from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import GRADIENTS, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.verdict import Measurement
+from gdn_verify.core.property import Measurement
 from gdn_verify.implementations import planted_grad
 from gdn_verify.runners.causes import CONTRADICTS, MAX_TOKENS, REPRODUCES, Cause, fresh_examples
 

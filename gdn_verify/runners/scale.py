@@ -40,7 +40,8 @@ from gdn_verify.core import arrays
 from gdn_verify.core.implementation import Implementation, Result
 from gdn_verify.core.oracle import Oracle
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.verdict import Measurement, Violation, compare, oracle_and_tolerance
+from gdn_verify.core.property import Measurement, Violation
+from gdn_verify.core.verdict import compare, oracle_and_tolerance
 
 GRID_LIMIT = 65535  # gridDim.y and gridDim.z of a CUDA launch
 OFFSET_LIMIT = 2**31  # elements an int32 offset can address

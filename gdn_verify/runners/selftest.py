@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gdn_verify.core.implementation import Implementation
-from gdn_verify.core.verdict import Property
+from gdn_verify.core.property import Property
 from gdn_verify.implementations import planted
 from gdn_verify.runners.check import PropertyResult, RunSettings, run_property
 from gdn_verify.runners.guard import Guard

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gdn_verify.core.verdict import Measurement
+from gdn_verify.core.property import Measurement
 from gdn_verify.runners.check import PropertyResult
 from gdn_verify.runners.fuzz import FuzzReport, merge_reports
 
