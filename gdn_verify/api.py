@@ -963,6 +963,14 @@ def _plan_dict(plan: ShapePlan | None, seconds: float) -> dict[str, Any]:
                 if plan.workers > 1
                 else {}
             ),
+            **(  # classes split into units of their warm calls: how many, and their wall time
+                {
+                    "worker_units": {c.describe(): n for c, n in plan.parallel_units.items()},
+                    "worker_wall_seconds": {c.describe(): round(t, 1) for c, t in plan.parallel_wall.items()},
+                }
+                if plan.workers > 1 and plan.parallel_units
+                else {}
+            ),
             **({"worker_errors": plan.worker_errors} if plan.worker_errors else {}),
         ),
     )

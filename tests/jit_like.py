@@ -7,7 +7,8 @@ Class = (H, HV, K, V, dtype, varlen or not, initial state or not, l2norm or not)
 With ``GDN_TEST_COMPILE_CACHE=<dir>`` the compiled classes are also kept on disk, like Triton's
 cache: a marker file per class, so that a class compiled in one process is free in the others;
 each process that compiles there also leaves ``compiling-<pid>`` (for tests of leftover processes).
-``jit_picky`` and ``jit_stuck`` are plug-ins that refuse, fail or hang on some classes.
+``jit_picky`` and ``jit_stuck`` are plug-ins that refuse, fail or hang on some classes;
+``jit_scaled`` compiles per scale too and declares its warm variants (split into compile units).
 """
 
 from __future__ import annotations
@@ -53,12 +54,15 @@ def _marker(kernel: str, key: tuple) -> Path | None:
     return Path(directory) / "-".join(["class", kernel, *map(str, key)]) if directory else None
 
 
-def compiling(fn: Callable, seen: set | None = None, seconds: float | None = None) -> Callable:
-    """``fn`` paying ``seconds`` for each class not yet in ``seen`` (its own set: one kernel's cache)."""
+def compiling(
+    fn: Callable, seen: set | None = None, seconds: float | None = None, key_of: Callable = class_key
+) -> Callable:
+    """``fn`` paying ``seconds`` for each class (``key_of`` a call) not yet in ``seen`` (its own set:
+    one kernel's cache)."""
     seen = set() if seen is None else seen
 
     def call(*args, **kw):
-        key = class_key(args, kw)
+        key = key_of(args, kw)
         if key not in seen:
             marker = _marker(getattr(fn, "__name__", "kernel"), key)
             if marker is None or not marker.exists():
@@ -104,6 +108,38 @@ def _stuck(**kw):
 
 jit_picky = compiling(_picky)
 jit_stuck = compiling(_stuck)
+
+
+# Warm calls that compile apart, as FlashQLA's per scale -------------------------------------------
+SCALED_VARIANTS = 7  # warm calls beside a class's own (scale None): 8 per class
+CALLS_LOG = "calls.log"  # in the disk cache: a line "<pid> <compile key>" per call of jit_scaled
+
+
+def scaled_key(args: tuple, kw: dict) -> tuple:
+    """``jit_scaled``'s compile key: the class and the scale (a compile-time argument, as in TileLang)."""
+    return (*class_key(args, kw), kw.get("scale"))
+
+
+def scaled_variants(example, backward: bool) -> list:
+    """``jit_scaled``'s warm calls beside the class's own: the example at ``SCALED_VARIANTS`` scales."""
+    return [(example.replace(scale=1.0 + i / 16), True) for i in range(1, SCALED_VARIANTS + 1)]
+
+
+def _scaled(**kw):
+    """Correct, except that a class with K=60 fails at the default scale (its own warm call) alone;
+    each call is logged to ``CALLS_LOG`` when there is a disk cache."""
+    directory = os.environ.get(CACHE_ENV)
+    if directory:
+        line = f"{os.getpid()} {'-'.join(map(str, scaled_key((), kw)))}\n"
+        with open(Path(directory) / CALLS_LOG, "a") as f:  # one short append: whole lines across processes
+            f.write(line)
+    if np.shape(kw["q"])[3] == 60 and kw.get("scale") is None:
+        raise ValueError("K=60 miscompiled at the default scale")
+    return numpy_impl.chunk_gated_delta_rule(**kw)
+
+
+jit_scaled = compiling(_scaled, key_of=scaled_key)
+jit_scaled.warm_variants = scaled_variants  # type: ignore[attr-defined]
 
 
 # FlashQLA-like: compile keys beyond the shape class ---------------------------------------------

@@ -66,7 +66,9 @@ def from_callable(
     in MAX's convention (``gdn_verify.core.max_convention``) run as the native form.
 
     A chunked plug-in may expose its stages for ``replay --diagnose`` as ``fn.stages`` (a
-    ``gdn_verify.runners.diagnose.StagedImplementation``).
+    ``gdn_verify.runners.diagnose.StagedImplementation``), and the calls beside a shape class's
+    own that compile kernels of their own as ``fn.warm_variants``
+    (``Implementation.extra["warm_variants"]``, ``runners.compile.warm_calls``).
     """
     if convention not in CONVENTIONS:
         raise ConfigurationError("convention", f"{convention!r}: choose from {', '.join(CONVENTIONS)}")
@@ -75,6 +77,7 @@ def from_callable(
     name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     stages = getattr(fn, "stages", None)
     rules = getattr(fn, "spec_rules", None)  # a spec plug-in's SpecRules (padding, null slot, pool layout)
+    warm = getattr(fn, "warm_variants", None)  # calls that compile apart, warmed with each class
     form = _CONVENTION_FORMS[convention]
     if convention == "max":
         fn = max_convention.native_form(fn, array)
@@ -84,5 +87,5 @@ def from_callable(
         array=array,
         description=f"plug-in {name}",
         default_dtype="float32" if array == "numpy" else "bfloat16",
-        extra={k: x for k, x in (("stages", stages), ("spec_rules", rules)) if x is not None},
+        extra={k: x for k, x in (("stages", stages), ("spec_rules", rules), ("warm_variants", warm)) if x is not None},
     )

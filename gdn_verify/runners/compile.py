@@ -10,10 +10,13 @@ Cheap implementations get no pool (``ShapePlan.classes is None``): full shape va
 
 The classes past the probe compile in parallel worker processes (``runners.compile_workers``)
 when the implementation can be re-created there by name: Triton's on-disk cache carries a class
-compiled in a worker over to this process, which then warms each class cheaply, so the budget
-bounds wall-clock time and a cold pool costs about the probe and its slowest class. When the
-first such class is still expensive here (a library caching only in memory), the rest compile in
-this process, as without workers.
+compiled in a worker over to this process, which then warms each class (all its calls) cheaply,
+so the budget bounds wall-clock time. A class of an implementation whose declared warm variants
+compile apart (FlashQLA) is split into units of its warm calls (:func:`class_calls`,
+:func:`unit_calls`), so a cold pool costs about the probe and its warm calls' seconds over the
+workers; any other class is one unit, and a cold pool costs about the probe and its slowest
+class. When the first such class is still expensive here (a library caching only in memory), the
+rest compile in this process, as without workers.
 
 A pool persists: :func:`save_plan` writes it, with each class's measured compile seconds (here
 and in its worker), to one small JSON file per :class:`PlanKey` (implementation, version, device,
@@ -80,7 +83,10 @@ class ShapePlan:
     measured: str | None = None  # when the stored pool was measured (ISO date and time)
     note: str | None = None  # why the run planned afresh, why nothing was stored, why no workers
     workers: int = 1  # worker processes whose compiles this run used (1: none)
-    parallel_seconds: dict[ShapeClass, float] = field(default_factory=dict)  # per class compiled in a worker
+    parallel_seconds: dict[ShapeClass, float] = field(default_factory=dict)  # per class compiled in workers: the
+    # sum over its units (what it would cost in one process)
+    parallel_units: dict[ShapeClass, int] = field(default_factory=dict)  # per class split into several units
+    parallel_wall: dict[ShapeClass, float] = field(default_factory=dict)  # and its first unit's start to its last's end
     worker_errors: list[str] = field(default_factory=list)  # a class's exception in its worker, or its death
 
     @property
@@ -97,14 +103,23 @@ class ShapePlan:
 
     def parallel(self) -> str | None:
         """How the workers compiled the pool, e.g. ``18 classes compiled in 71 s, 16 of them in 15
-        worker processes (slowest class 64 s; serial sum 880 s)``; None without workers."""
+        worker processes (slowest class 64 s; serial sum 880 s)``; with classes split into units
+        of their warm calls, e.g. ``... 8 of them in 15 worker processes as 80 units (slowest class
+        1300 s of compiles in 170 s; serial sum 8000 s)``; None without workers."""
         if self.workers <= 1 or not self.parallel_seconds or self.classes is None:
             return None
         serial = sum(self.parallel_seconds.get(c, self.class_seconds.get(c, 0.0)) for c in self.classes)
+        slowest = max(self.parallel_seconds, key=lambda c: self.parallel_seconds[c])
+        units = ""
+        how = _seconds(self.parallel_seconds[slowest])
+        if self.parallel_units:
+            units = f" as {sum(self.parallel_units.get(c, 1) for c in self.parallel_seconds)} units"
+            if slowest in self.parallel_wall:
+                how += f" of compiles in {_seconds(self.parallel_wall[slowest])}"
         return (
             f"{len(self.classes)} classes compiled in {_seconds(self.compile_seconds)}, "
-            f"{len(self.parallel_seconds)} of them in {self.workers} worker processes "
-            f"(slowest class {_seconds(max(self.parallel_seconds.values()))}; serial sum {_seconds(serial)})"
+            f"{len(self.parallel_seconds)} of them in {self.workers} worker processes{units} "
+            f"(slowest class {how}; serial sum {_seconds(serial)})"
         )
 
     def describe(self) -> str:
@@ -177,21 +192,41 @@ def warm_calls(impl: Implementation, problem: Problem, backward: bool) -> list[W
     return [(v, True) for v in variants(problem)]
 
 
-def warm_class(impl: Implementation, c: ShapeClass, options: bool = False) -> float:
-    """Seconds to run every native form of ``impl`` once on a tiny problem of class ``c`` (compiling
-    it), or its backward form (``check --grad``, which runs and compiles its forward as well) with
-    a final-state cotangent; then the :func:`warm_calls` of the implementation and, for a forward
-    form with ``options`` (the pool's first ``OPTION_CLASSES`` classes of an implementation declared
-    JIT-compiled), its :func:`option_variants`. Only the class's own call may fail: a variant's
-    failure or refusal is ignored (the properties meet and report it); a timeout is raised."""
+# One call of a class's warm-up: the problem, a final-state cotangent or not (``WarmCall``'s flag),
+# and the option keywords of a forward form (None: none).
+ClassCall = tuple[Problem, bool, dict[str, Any] | None]
+
+
+def class_calls(impl: Implementation, c: ShapeClass, options: bool = False) -> list[ClassCall]:
+    """Every call :func:`warm_class` makes for ``c``, in order: ``[0]`` the class's own (its example
+    with a final-state cotangent), then the :func:`warm_calls` of the implementation and, for a
+    forward form with ``options`` (the pool's first ``OPTION_CLASSES`` classes of an implementation
+    declared JIT-compiled), its :func:`option_variants`. The one list both the compile workers
+    (which split it into units, ``compile_workers.split_units``) and this process index into."""
     problem = c.example()
     backward = BACKWARD_FORM in impl.forms
-    calls: list[tuple[Problem, bool, dict[str, Any] | None]] = [(problem, True, None)]
+    calls: list[ClassCall] = [(problem, True, None)]
     calls += [(call, with_dht, None) for call, with_dht in warm_calls(impl, problem, backward)]
     if options and not backward and impl.extra.get("compile_classes"):
         calls += [(problem, True, o) for o in option_variants(problem)]
+    return calls
+
+
+def warm_class(impl: Implementation, c: ShapeClass, options: bool = False, calls: Sequence[int] | None = None) -> float:
+    """Seconds to make the :func:`class_calls` of ``c`` numbered ``calls`` (None: all of them): every
+    native form of ``impl`` once on each (compiling it), or its backward form (``check --grad``,
+    which runs and compiles its forward as well) with a final-state cotangent or not. Only the
+    class's own call (``0``) may fail: a variant's failure or refusal is ignored (the properties
+    meet and report it), so a selection without ``0`` never fails; a timeout is raised. A number
+    outside the list raises ``IndexError`` (a worker that builds another list than its parent)."""
+    everything = class_calls(impl, c, options)
+    chosen = range(len(everything)) if calls is None else list(calls)
+    if any(not 0 <= i < len(everything) for i in chosen):
+        raise IndexError(f"warm calls {list(chosen)} of a class with {len(everything)}")
+    backward = BACKWARD_FORM in impl.forms
     start = time.perf_counter()
-    for i, (call, with_dht, opts) in enumerate(calls):
+    for i in chosen:
+        call, with_dht, opts = everything[i]
         try:
             if backward:
                 impl.run_backward(call, *cotangents(call, seed=0, with_dht=with_dht))
@@ -206,12 +241,14 @@ def warm_class(impl: Implementation, c: ShapeClass, options: bool = False) -> fl
     return time.perf_counter() - start
 
 
-def try_warm(impl: Implementation, c: ShapeClass, options: bool = False) -> tuple[str, float | None, str]:
+def try_warm(
+    impl: Implementation, c: ShapeClass, options: bool = False, calls: Sequence[int] | None = None
+) -> tuple[str, float | None, str]:
     """:func:`warm_class` as an outcome: ``("compiled", seconds, "")``, or ``("timeout" |
     "unsupported" | "error", None, the exception in one line)`` (a crash is the properties' to
-    report, not the planner's). Here and in a compile worker alike."""
+    report, not the planner's). Here and in a compile worker alike (there on a unit's ``calls``)."""
     try:
-        return "compiled", warm_class(impl, c, options), ""
+        return "compiled", warm_class(impl, c, options, calls), ""
     except KernelTimeout as exc:
         return "timeout", None, error_text(exc)
     except NotImplementedError as exc:
@@ -241,7 +278,9 @@ def _start_workers(
 ) -> tuple[CompilePool | None, str | None]:
     """Worker processes compiling ``classes`` (those in ``options`` with their :func:`option_variants`
     too), or None and why not (None: one worker, nothing to say)."""
-    n = default_workers(len(classes)) if workers is None else min(workers, len(classes))
+    calls = unit_calls(impl, classes, options)
+    units = sum(calls.get(c, 1) for c in classes)  # at most one worker per call
+    n = default_workers(units) if workers is None else min(workers, units)
     if n <= 1:
         return None, None
     spec = ImplSpec.of(impl)
@@ -250,7 +289,21 @@ def _start_workers(
             "compiled in this process: the implementation was handed in as a Python object, "
             "not by a name (built-in or MODULE:FUNCTION) a worker process can resolve"
         )
-    return CompilePool(spec, classes, n, timeout, options), None
+    return CompilePool(spec, classes, n, timeout, options, calls), None
+
+
+def unit_calls(
+    impl: Implementation, classes: Sequence[ShapeClass], options: Sequence[ShapeClass] = ()
+) -> dict[ShapeClass, int]:
+    """How many :func:`class_calls` each class has, for an implementation whose declared
+    ``extra["warm_variants"]`` compile apart (FlashQLA: a fused forward and backward per call),
+    so that the workers may split a class into units of its calls; empty for any other (FLA: a
+    variant call runs the class's whole kernel pipeline, which a unit of its own would compile
+    again), whose classes stay one unit each."""
+    if not callable(impl.extra.get("warm_variants")):
+        return {}
+    chosen = set(options)
+    return {c: len(class_calls(impl, c, c in chosen)) for c in classes}
 
 
 def _from_worker(children: CompilePool, c: ShapeClass, until: float | None, plan: ShapePlan) -> Outcome | None:
@@ -267,9 +320,17 @@ def _from_worker(children: CompilePool, c: ShapeClass, until: float | None, plan
             f"compiled in this process: a worker process could not re-create the implementation ({outcome.error})"
         )
         return None
-    if outcome.status == "error":
+    if outcome.status == "error" or (outcome.status == "compiled" and outcome.error):  # (a later unit died)
         plan.worker_errors.append(f"{c.describe()}: {outcome.error}")
     return outcome
+
+
+def _record(plan: ShapePlan, c: ShapeClass, outcome: Outcome) -> None:
+    """``c`` compiled in the workers: its seconds there (the sum over its units) and, when it was
+    split, its units and their wall time."""
+    plan.parallel_seconds[c] = outcome.seconds
+    if outcome.units > 1 and outcome.wall is not None:
+        plan.parallel_units[c], plan.parallel_wall[c] = outcome.units, outcome.wall
 
 
 def _carried_over(
@@ -286,6 +347,13 @@ def _carried_over(
         f"{seconds:.1f} s here after {outcome.seconds:.1f} s in its worker): the rest compiled in this process"
     )
     return False
+
+
+def _keep(plan: ShapePlan, pool: Sequence[ShapeClass]) -> None:
+    """The workers' times of the classes in ``pool`` only."""
+    plan.parallel_seconds = {c: s for c, s in plan.parallel_seconds.items() if c in pool}
+    plan.parallel_units = {c: n for c, n in plan.parallel_units.items() if c in pool}
+    plan.parallel_wall = {c: s for c, s in plan.parallel_wall.items() if c in pool}
 
 
 def _unique(classes: Sequence[ShapeClass], done: set[object], key: Callable[[ShapeClass], object]) -> list[ShapeClass]:
@@ -375,7 +443,7 @@ def plan_shapes(
                 assert children is not None
                 status = outcome.status
                 if status == "compiled":  # compiled in its worker: cheap here when the disk cache carried it over
-                    plan.parallel_seconds[c] = outcome.seconds
+                    _record(plan, c, outcome)
                     status, seconds, _ = try_warm(impl, c)
                     if seconds is not None:
                         plan.class_seconds[c] = seconds
@@ -392,7 +460,7 @@ def plan_shapes(
         if children is not None:
             children.close()
     plan.classes = tuple(pool)
-    plan.parallel_seconds = {c: s for c, s in plan.parallel_seconds.items() if c in pool}
+    _keep(plan, pool)
     plan.compile_seconds = time.perf_counter() - start
     if progress is not None:
         progress(len(pool), len(pool), plan.compile_seconds)
@@ -603,7 +671,7 @@ def warm_plan(
             else:
                 status, seconds, _ = try_warm(impl, c)
                 if outcome is not None:
-                    plan.parallel_seconds[c] = outcome.seconds
+                    _record(plan, c, outcome)
                 if seconds is not None and i == 0:  # against its first call when stored: cold here or not
                     cold = _compiled_here(impl, c, seconds, stored.repeat_seconds or 0.0, stored.class_seconds.get(c))
                     if not cold and children is not None:
@@ -624,7 +692,7 @@ def warm_plan(
             children.close()
     plan.classes = tuple(pool)
     plan.class_seconds = dict(stored.class_seconds)
-    plan.parallel_seconds = {c: s for c, s in plan.parallel_seconds.items() if c in pool}
+    _keep(plan, pool)
     plan.compile_seconds = time.perf_counter() - start
     if progress is not None:
         progress(len(pool), len(pool), plan.compile_seconds)
