@@ -245,3 +245,44 @@ def test_a_split_class_reports_its_serial_seconds_units_and_wall_time():
         "3 classes compiled in 190 s, 2 of them in 15 worker processes (slowest class 2100 s; serial sum 3100 s)"
     )
     assert "worker_units" not in api._plan_dict(plan, 200.0)["compile"]
+
+
+def test_the_classes_the_pool_needs_start_past_the_budget_and_the_others_do_not(cache, monkeypatch):
+    """A unit starts only before ``start_by``, unless its class is one the planner must wait for (the
+    pool's first MIN_CLASSES): compiling that in the parent would cost its calls in a row."""
+    from gdn_verify.runners.compile import MIN_CLASSES, _needed
+
+    costing(monkeypatch, 0.3)
+    pool = started(resolve("tests.jit_like:jit_scaled"), [BATCHED, VARLEN], 2)
+    try:
+        assert len(pool.units) == 8 and len(pool.running) == 2  # runs of 2 calls; two of BATCHED running
+        pool.start_by = time.monotonic() - 1
+        pool.require([VARLEN])
+        assert pool.wait(BATCHED) is None  # its other units will not start
+        varlen = pool.wait(VARLEN)
+        assert varlen is not None and varlen.status == "compiled" and varlen.units == 4
+        assert [u.outcome is None for u in pool.units if u.shape_class == BATCHED] == [False, False, True, True]
+    finally:
+        pool.close()
+    candidates = list(pool_candidates(Limits(dtype="float32")))
+    free = candidates[2]  # compiled already under the implementation's key
+    needed = _needed(candidates, candidates[:2], {free}, lambda c: c)
+    assert needed == candidates[3:MIN_CLASSES]  # 2 in the pool, 1 free: one to compile
+
+
+def test_a_planned_pool_records_its_split_classes(cache, monkeypatch):
+    """Through plan_shapes: the classes past the probe compile as units in the workers, and this
+    process then warms them cheaply; the plan keeps their units and wall time."""
+    from gdn_verify.runners.compile import plan_shapes
+
+    costing(monkeypatch, 0.5)
+    candidates = pool_candidates(Limits(dtype="float32", head_dims=(16, 32)))[:4]  # small: cheap NumPy calls
+    plan = plan_shapes(resolve("tests.jit_like:jit_scaled"), candidates, 60, workers=8)
+    print(f"\n{plan.describe()}")
+    assert plan.classes == candidates and plan.workers == 8 and not plan.note and not plan.worker_errors
+    assert plan.parallel_units == {c: CALLS for c in candidates[2:]} and set(plan.parallel_wall) == set(candidates[2:])
+    assert all(plan.parallel_seconds[c] >= CALLS * 0.5 * 0.9 for c in candidates[2:])
+    assert all(plan.class_seconds[c] < CALLS * 0.5 / 2 for c in candidates[2:])  # from the disk cache here
+    assert "2 of them in 8 worker processes as 16 units (slowest class" in plan.describe()
+    there = collections.Counter(key for pid, key in logged(cache) if pid != os.getpid())
+    assert len(there) == 2 * CALLS and set(there.values()) == {1}

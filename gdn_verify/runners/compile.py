@@ -356,6 +356,24 @@ def _keep(plan: ShapePlan, pool: Sequence[ShapeClass]) -> None:
     plan.parallel_wall = {c: s for c, s in plan.parallel_wall.items() if c in pool}
 
 
+def _needed(
+    candidates: Sequence[ShapeClass], pool: Sequence[ShapeClass], seen: set[object], key: Callable[[ShapeClass], object]
+) -> list[ShapeClass]:
+    """The classes that still compile for the pool to reach ``MIN_CLASSES`` (none unsupported): their
+    units start past the budget's ``start_by``, as this process waits for them without a deadline."""
+    count, keys, out = len(pool), set(seen), []
+    for c in candidates:
+        if count >= MIN_CLASSES:
+            break
+        if c in pool:
+            continue
+        if key(c) not in keys:
+            keys.add(key(c))
+            out.append(c)
+        count += 1
+    return out
+
+
 def _unique(classes: Sequence[ShapeClass], done: set[object], key: Callable[[ShapeClass], object]) -> list[ShapeClass]:
     """The first class of each key not in ``done``, in order: what is left to compile."""
     keys, out = set(done), []
@@ -411,6 +429,7 @@ def plan_shapes(
             children, plan.note = _start_workers(impl, later, workers, timeout)
         if children is not None:  # a child that cannot finish by the deadline is not worth starting
             children.start_by = deadline - (sum(costs) / len(costs) if costs else 0.0)
+            children.require(_needed(candidates, pool, seen, key))  # compiled whatever the budget
         checked = False  # whether the first class a worker compiled carried over to this process
         for c in candidates:
             if c in pool:
@@ -425,6 +444,8 @@ def plan_shapes(
                 if progress is not None:
                     left = children.given[children.given.index(c) :] if c in children.given else [c]
                     progress(len(pool), len(pool) + len(left), time.perf_counter() - start)
+                if must:  # (one more when a class before it was unsupported)
+                    children.require([c])
                 outcome = _from_worker(children, c, None if must else deadline, plan)
             if outcome is None:  # this process compiles it, as without workers
                 elapsed = time.perf_counter() - start

@@ -150,7 +150,8 @@ class _Unit:
 class CompilePool:
     """Children compiling ``classes`` as units (:func:`split_units` of ``calls``, the number of warm
     calls of each class that may be split; at most ``workers`` children at once, in order); a
-    child is started only before ``start_by`` (``time.monotonic()``; None: any time)."""
+    child is started only before ``start_by`` (``time.monotonic()``; None: any time), unless its
+    class was given to :meth:`require`."""
 
     def __init__(
         self,
@@ -170,6 +171,7 @@ class CompilePool:
         self.running: list[_Unit] = []
         self.done: dict[ShapeClass, Outcome] = {}  # the classes all of whose units ended
         self.start_by: float | None = None
+        self.required: set[ShapeClass] = set()  # classes whose units start past start_by too
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         try:
@@ -188,7 +190,7 @@ class CompilePool:
                 self.poll()
                 if c in self.done:
                     return self.done[c]
-                if c not in self.given or (self._too_late() and any(u.shape_class == c for u in self.pending)):
+                if c not in self.given or any(self._too_late(u) for u in self.pending if u.shape_class == c):
                     return None
                 if not any(u.shape_class == c for u in self.running + self.pending):
                     return None  # closed before all its units ran
@@ -203,8 +205,12 @@ class CompilePool:
                 assert unit.child is not None
                 if unit.child.proc.poll() is not None:
                     self._finish(unit)
-            while self.pending and len(self.running) < self.workers and not self._too_late() and not self.closed:
-                unit = self.pending.pop(0)
+            for unit in list(self.pending):  # in order, those that may still start
+                if len(self.running) >= self.workers or self.closed:
+                    break
+                if self._too_late(unit):
+                    continue
+                self.pending.remove(unit)
                 unit.started = time.monotonic()
                 try:
                     unit.child = self._start(unit)
@@ -232,6 +238,13 @@ class CompilePool:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
+    def require(self, classes: Sequence[ShapeClass]) -> None:
+        """Start the units of ``classes`` past ``start_by`` too: the parent waits for them however
+        long they take (the pool's first ``MIN_CLASSES``), and compiling one of them in the parent
+        would cost its calls in a row."""
+        with self._lock:
+            self.required.update(classes)
+
     def _schedule(self) -> None:
         """The pool's thread: start units as others end, until closed (or nothing is left)."""
         while True:
@@ -241,7 +254,9 @@ class CompilePool:
                 self.poll()
             time.sleep(POLL_SECONDS)
 
-    def _too_late(self) -> bool:
+    def _too_late(self, unit: _Unit) -> bool:
+        if unit.shape_class in self.required:
+            return False
         return self.start_by is not None and time.monotonic() >= self.start_by
 
     def _finish(self, unit: _Unit) -> None:
