@@ -104,10 +104,11 @@ def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]
     fused forward and backward (20-90 s each on an H100), so a cold ``--grad --dims 128`` pool of
     15 classes (10 kernel sets: l2norm shares them, see the class key) holds about 160 forward,
     72 backward and 24 context-parallel backward kernels: some 250 x ~45 s = 3 CPU-hours, and a
-    batched class alone about 24 x 2 x 45 s = 36 min in one worker. The default budget (3 min)
-    then keeps the pool at ``MIN_CLASSES`` (4: about 35 min up front with 4 workers), which is
-    still what the properties would otherwise compile one example at a time; a warm TileLang
-    cache (a stored plan) pays none of it.
+    batched class alone about 24 x 2 x 45 s = 36 min in one process. The compile workers split a
+    class into units of these calls (``compile_workers.split_units``); the default budget (3 min)
+    keeps the pool at ``MIN_CLASSES`` (4: 80 calls, an estimated 9 min up front with 15 workers,
+    docs/jit-kernels.md), which is still what the properties would otherwise compile one example
+    at a time; a warm TileLang cache (a stored plan) pays none of it.
     """
     shapes = [example]
     if example.cu_seqlens is None:
