@@ -101,7 +101,8 @@ def test_another_dtype_head_size_or_gradient_mode_plans_afresh(tmp_path):
 def test_an_explicit_budget_re_plans_and_replaces_the_stored_plan(tmp_path):
     _, first = plan(fake_jit([]), tmp_path)
     calls: list = []
-    _, bigger = plan(fake_jit(calls), tmp_path, budget=BUDGET + 2 * COST)
+    # room for several more classes: 2 more compiles' worth was eaten by a loaded 2-core machine (2026-11-27)
+    _, bigger = plan(fake_jit(calls), tmp_path, budget=BUDGET + 8 * COST)
     assert bigger.source == "planned" and "re-planned and replaces the stored plan" in bigger.describe()
     assert len(bigger.classes) > len(first.classes) and len(calls) > len(bigger.classes)  # probed again
     _, again = plan(fake_jit([]), tmp_path)
