@@ -86,6 +86,35 @@ def compiled_implementation(impl: Implementation, seconds: float | None = None) 
     return Implementation(impl.name + "+jit", forms, impl.array, impl.description, impl.default_dtype, extra)
 
 
+# Compile workers seen from the test process ---------------------------------------------------
+def compiler_pids(cache: Path) -> set[int]:
+    """Processes that compiled a class into ``cache`` (``tests.jit_like`` leaves ``compiling-<pid>``)."""
+    return {int(p.name.split("-")[1]) for p in cache.glob("compiling-*")} - {os.getpid()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def worker_children() -> list[int]:
+    """This process's children that are compile workers (Linux: read from /proc)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("PPid:")), None)
+        if ppid == os.getpid() and b"compile_workers" in cmdline:
+            found.append(int(status.parent.name))
+    return found
+
+
 SEEN: set = set()
 jit_gdn = compiling(numpy_impl.chunk_gated_delta_rule, SEEN)
 

@@ -27,7 +27,7 @@ from gdn_verify.properties.strategies import Limits, pool_candidates
 from gdn_verify.runners.compile import _start_workers, class_calls, unit_calls, warm_calls, warm_class
 from gdn_verify.runners.compile_workers import CompilePool, split_units
 from tests import jit_like
-from tests.jit_like import QlaLike
+from tests.jit_like import QlaLike, alive, compiler_pids, worker_children
 
 BATCHED = ShapeClass(2, 4, 16, 8, "float32")
 VARLEN = ShapeClass(2, 4, 16, 8, "float32", varlen=True)
@@ -57,33 +57,6 @@ def logged(cache: Path) -> list[tuple[int, str]]:
     log = cache / jit_like.CALLS_LOG
     lines = log.read_text().splitlines() if log.exists() else []
     return [(int(pid), key) for pid, key in (line.split(" ", 1) for line in lines)]
-
-
-def compiler_pids(cache: Path) -> set[int]:
-    return {int(p.name.split("-")[1]) for p in cache.glob("compiling-*")} - {os.getpid()}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def worker_children() -> list[int]:
-    """This process's children that are compile workers (Linux: read from /proc)."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("PPid:")), None)
-        if ppid == os.getpid() and b"compile_workers" in cmdline:
-            found.append(int(status.parent.name))
-    return found
 
 
 def started(impl, classes, workers: int) -> CompilePool:

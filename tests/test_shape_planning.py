@@ -30,6 +30,7 @@ from gdn_verify.runners.check import RunSettings, run_property
 from gdn_verify.runners.compile import MIN_CLASSES, plan_shapes
 from gdn_verify.runners.fuzz import FuzzReport
 from tests import jit_like
+from tests.jit_like import alive, compiler_pids, worker_children
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = 0.8  # seconds per new class: well above the 0.5 s threshold, cheap enough for the normal suite
@@ -341,34 +342,6 @@ def jit_cache(tmp_path, monkeypatch):
     yield cache
     for seen in cold:
         seen.clear()
-
-
-def compiler_pids(cache: Path) -> set[int]:
-    """Processes that compiled a class into ``cache`` (``tests.jit_like`` leaves ``compiling-<pid>``)."""
-    return {int(p.name.split("-")[1]) for p in cache.glob("compiling-*")} - {os.getpid()}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def worker_children() -> list[int]:
-    """This process's children that are compile workers (Linux: read from /proc)."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("PPid:")), None)
-        if ppid == os.getpid() and b"compile_workers" in cmdline:
-            found.append(int(status.parent.name))
-    return found
 
 
 def test_a_cold_pool_compiles_in_about_one_class_time_with_workers(jit_cache):
