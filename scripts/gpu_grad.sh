@@ -60,7 +60,9 @@ if [ "${TIMED:-1}" = 1 ]; then
 fi
 [ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
 [ "${REPRO:-1}" = late ] && repro
-# the rest side by side (their compile costs are not the measurement); GRAD_MORE picks them
+# the rest side by side (their compile costs are not the measurement); GRAD_MORE picks them.
+# SERIAL=1: one after another instead, each cold pool with the machine to itself (two cold pools
+# of 15 workers each, plus the repro, drove the load to 57 on 16 cores on 2026-11-27)
 for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
   case $job in
     fp16) check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 $DIMS & ;;
@@ -70,5 +72,6 @@ for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
     dispatch) FLA_FLASH_QLA=1 TRITON_CACHE_DIR=/tmp/triton-dispatch \
       check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 & ;;
   esac
+  [ "${SERIAL:-0}" = 1 ] && wait $!  # this job only: the repro runs on beside
 done
 wait
