@@ -447,9 +447,17 @@ def _token_norms(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def _natural(
-    problem: Problem, p: Packed, x: _Inputs, m: dict[str, np.ndarray], fg: np.ndarray, fb: np.ndarray, end: int
+    problem: Problem,
+    p: Packed,
+    x: _Inputs,
+    m: dict[str, np.ndarray],
+    fg: np.ndarray,
+    fb: np.ndarray,
+    end: int,
+    dg_parts: tuple[np.ndarray, np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """Per-token natural magnitudes ``[B, T, heads]`` of each token gradient (module docstring)."""
+    """Per-token natural magnitudes ``[B, T, heads]`` of each token gradient (module docstring);
+    ``dg_parts``: :func:`_dg_parts` of ``p``, ``x`` and ``m``."""
     from gdn_verify.core.adjoint import scatter
 
     s = problem.shape
@@ -476,7 +484,7 @@ def _natural(
         dq=dq,
         dk=dk,
         dv=beta * mag["dS"] * knorm / np.sqrt(K),
-        dg=np.maximum(mag["dD"] * mag["D"] / np.sqrt(K * V), _dg_natural(problem, p, x, m))
+        dg=np.maximum(mag["dD"] * mag["D"] / np.sqrt(K * V), _dg_natural(problem, p, dg_parts))
         * _pad_tokens(np.abs(fg), T),
         dbeta=du * r / np.sqrt(V) * _pad_tokens(np.abs(fb), T),
     )
@@ -551,24 +559,26 @@ def _dg_parts(p: Packed, x: _Inputs, m: dict[str, np.ndarray]) -> tuple[np.ndarr
     return np.where(real, tokens, 0.0), np.where(real, ends, 0.0)
 
 
-def _dg_natural(problem: Problem, p: Packed, x: _Inputs, m: dict[str, np.ndarray]) -> np.ndarray:
+def _dg_natural(problem: Problem, p: Packed, parts: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """``[B, T, HV]``: the typical size of the parts a chunked backward sums into ``dg_t``, the
     per-token parts over ``sqrt(V)`` and a chunk end's ``<S, dh>`` over ``sqrt(K V)`` (module
-    docstring: they cancel where ``dg`` is tiny, and their rounding does not)."""
+    docstring: they cancel where ``dg`` is tiny, and their rounding does not); ``parts``:
+    :func:`_dg_parts`."""
     from gdn_verify.core.adjoint import scatter
 
     s = problem.shape
-    tokens, ends = _dg_parts(p, x, m)
+    tokens, ends = parts
     typical = tokens / np.sqrt(s["V"]) + ends / np.sqrt(s["K"] * s["V"])
     return _pad_tokens(scatter(p, np.ascontiguousarray(typical)), s["T"])
 
 
-def _dg_scan_magnitudes(problem: Problem, p: Packed, x: _Inputs, m: dict[str, np.ndarray]) -> np.ndarray:
+def _dg_scan_magnitudes(problem: Problem, p: Packed, parts: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """``[B, T, HV]``: ``a_t``, the sum over the 64-token chunk of ``t`` of the magnitudes of the
-    per-token terms a chunked backward's reverse cumsum adds to form ``dg`` (module docstring)."""
+    per-token terms a chunked backward's reverse cumsum adds to form ``dg`` (module docstring);
+    ``parts``: :func:`_dg_parts`."""
     from gdn_verify.core.adjoint import scatter
 
-    tokens, ends = _dg_parts(p, x, m)
+    tokens, ends = parts
     w = tokens + ends
     N, L, HV = w.shape
     chunks = w.reshape(N, L // MAX_CHUNK, MAX_CHUNK, HV).sum(axis=2, keepdims=True)
@@ -775,7 +785,8 @@ def _tolerance(
 
     results, mags, base_packed = _run_copies(problem, copies, seed, H)
     p0, _, dS0 = _packed(problem, base)
-    natural = _natural(problem, p0, base, mags, fg, fb, end)
+    dg_parts = _dg_parts(p0, base, mags)  # dg's scale and its scan term, from the same norm products
+    natural = _natural(problem, p0, base, mags, fg, fb, end, dg_parts)
     names = [name for name in GRADIENTS if reference.get(name) is not None]
     scales = _scales(
         problem,
@@ -826,7 +837,7 @@ def _tolerance(
             measured[group] = {name: max(1.0, value) for name, value in measured["inputs"].items()}
 
     dot_length = max(s["K"], MAX_CHUNK)
-    a_dg = _dg_scan_magnitudes(problem, p0, base, mags) * _pad_tokens(np.abs(fg), T)
+    a_dg = _dg_scan_magnitudes(problem, p0, dg_parts) * _pad_tokens(np.abs(fg), T)
     dg_scan = 0.0
     if "dg" in scales:
         scan = _block_error(C_GATE * UNIT_ROUNDOFF_FP32 * a_dg, "dg", problem, tolerance0)
