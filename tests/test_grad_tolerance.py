@@ -215,7 +215,7 @@ DG_VANISHING = {
     # the minimal example Hypothesis draws: T = 1, no state, no gates
     "one_token_no_state": dict(B=1, T=1, HV=2, K=2, V=2, h0=False, g=0.0),
     # beyond PROBE_BUDGET (every rounding answers like the inputs), gates at -9984: the inputs'
-    # response is float64 noise, the bfloat16 scale q operand is not (the old model: 6 to 22 times
+    # response is float64 noise, the bfloat16 scale q operand is not (the old model: 17 to 28 times
     # its bound on the correct model, a false failure)
     "one_token_saturated_wide": dict(B=3, T=1, HV=4, K=128, V=128, h0=False, g=-9984.0),
     # every gate -20 to -60: dg ~ 1e-13, its parts ~ 1
