@@ -448,9 +448,15 @@ def check(
         timeout=options.timeout,
     )
     result = CheckResult(
-        impl, dtype, seed, convention=options.convention, timeout=run.timeout, shapes=shapes, grad=grad
+        impl,
+        dtype,
+        seed,
+        convention=options.convention,
+        timeout=run.timeout,
+        shapes=shapes,
+        startup_seconds=startup,
+        grad=grad,
     )
-    result.startup_seconds = startup
     result.results = run_check(impl, props, run, progress, on_result)
     if result.results and result.results[-1].context_lost:
         result.not_run = [p.name for p in props[len(result.results) :]]
