@@ -1,6 +1,7 @@
 """``scripts/gpu_kernel_validation.sh`` stays runnable: the ``gpu_session.sh`` phases it calls exist,
 both parse, and ``scripts/compare_kernel_benches.py`` passes the committed numbers and fails a
-slower or different run (CPU only: nothing here touches a GPU)."""
+slower or different run, a prefill row judged by its ratio to FLA in the same run (on absolute
+time only where FLA's is missing). CPU only: nothing here touches a GPU."""
 
 from __future__ import annotations
 
@@ -72,3 +73,50 @@ def test_compare_fails_a_slower_or_different_run(committed_run):
         row["device"] = "NVIDIA A100-SXM4-80GB"
     (committed_run / "prefill_bench.json").write_text(json.dumps(prefill))
     assert _compare(committed_run).returncode == 2
+
+
+def _write_prefill(run: Path, prefill: dict) -> None:
+    (run / "prefill_bench.json").write_text(json.dumps(prefill))
+
+
+def _fails(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+
+
+def test_compare_judges_prefill_by_the_ratio_to_fla(committed_run):
+    """A row slower in absolute time with FLA slower alike (another machine of the same kind) passes;
+    a row whose ratio ours / FLA got more than 5 % worse fails."""
+    prefill = json.loads((committed_run / "prefill_bench.json").read_text())
+    rows = prefill["prefill"]
+    for key in ("ours_ms", "fla_ms"):  # both 10 % slower: the same ratio
+        rows[3][key] *= 1.10
+    _write_prefill(committed_run, prefill)
+    result = _compare(committed_run)
+    assert result.returncode == 0, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith(f"prefill {rows[3]['shape']:10s}")]
+    assert lines[0].endswith("(1.000x): ok"), lines
+    assert "absolute, information only: ours" in lines[1] and "(1.10x)" in lines[1], lines
+
+    rows[4]["ours_ms"] *= 1.06  # ours 6 % slower, FLA as committed: the ratio 6 % worse
+    _write_prefill(committed_run, prefill)
+    result = _compare(committed_run)
+    assert result.returncode == 1, result.stdout
+    fails = _fails(result)
+    assert len(fails) == 1 and f"prefill {rows[4]['shape']}: ours/FLA" in fails[0], fails
+
+
+def test_compare_falls_back_to_absolute_time_without_fla(committed_run):
+    prefill = json.loads((committed_run / "prefill_bench.json").read_text())
+    row = prefill["prefill"][2]
+    row["fla_ms"] = row["ratio"] = None
+    row["ours_ms"] *= 1.03
+    _write_prefill(committed_run, prefill)
+    result = _compare(committed_run)
+    assert result.returncode == 0, result.stdout
+    assert "ok (no FLA time in this run: judged on absolute time)" in result.stdout
+    row["ours_ms"] *= 1.03  # 6 % over the committed time in all
+    _write_prefill(committed_run, prefill)
+    result = _compare(committed_run)
+    assert result.returncode == 1, result.stdout
+    fails = _fails(result)
+    assert len(fails) == 1 and "no FLA time in this run" in fails[0], fails
