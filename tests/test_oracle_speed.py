@@ -49,31 +49,27 @@ def _plain_oracle(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return unpack_output(p, o), export_state(p, S)
 
 
-def _plain_rounding_condition(problem, reference, scales, rng):
-    """``tolerance.rounding_condition`` as it was (fancy-indexed rows, signs as 2 b - 1)."""
+def _plain_rounding_condition(problem, reference, scales, seed, copies=None):
+    """``tolerance.rounding_condition`` the straightforward way (fancy-indexed rows, signs as 2 b - 1,
+    one copy's rows at a time), with the same random numbers (each draw's own stream)."""
     eta = tol.underflow_unit(problem.dtype)
-    names = [
-        name
-        for name in tol.ROUNDINGS
-        if (name != "qk" or problem.use_qk_l2norm_in_kernel) and (name != "underflow" or eta > tol.UNDERFLOW_NEGLIGIBLE)
-    ]
+    copies = tol.rounding_copies(problem) if copies is None else copies
+    streams = [np.random.default_rng([seed, 2, list(tol.ROUNDINGS).index(n), d]) for n, d in copies]
     longest = int(problem.lengths.max(initial=1))
     C = min(tol.MAX_CHUNK, 1 << max(1, (longest - 1).bit_length()))
     p = pack_problem(problem, C)
     N = p.v.shape[0]
-    copies = [name for name in names for _ in range(tol.PROBES)]
     owner = np.repeat(np.arange(len(copies)), N)
 
     def perturb(x, stage):
         out = x
-        for absolute in (False, True):
-            chosen = np.array([stage in tol.ROUNDINGS[name] and (name == "underflow") == absolute for name in copies])
-            rows = np.flatnonzero(chosen[owner])
-            if not rows.size:
+        for i, (name, _) in enumerate(copies):
+            if stage not in tol.ROUNDINGS[name]:
                 continue
+            rows = np.flatnonzero(owner == i)
             out = out.copy() if out is x else out
-            signs = rng.integers(0, 2, size=(rows.size,) + x.shape[1:], dtype=np.int8) * 2.0 - 1.0
-            if absolute:
+            signs = streams[i].integers(0, 2, size=(rows.size,) + x.shape[1:], dtype=np.int8) * 2.0 - 1.0
+            if name == "underflow":
                 out[rows] += tol.PERTURBATION * eta * signs
             else:
                 out[rows] *= 1.0 + tol.PERTURBATION * signs
@@ -92,13 +88,13 @@ def _plain_rounding_condition(problem, reference, scales, rng):
         initial_state=stack(p.initial_state),
     )
     o, S = chunk_core(stacked, C, hook=lambda stage, x: perturb(x, stage))
-    out = {name: np.zeros(3) for name in names}
-    for i, name in enumerate(copies):
+    out = {}
+    for i, (name, _) in enumerate(copies):
         part = slice(i * N, (i + 1) * N)
         errors = tol.measure(
             unpack_output(p, o[part]), export_state(p, S[part]), reference[0], reference[1], problem, scales
         )
-        out[name] = np.maximum(out[name], [getattr(errors, m) / tol.PERTURBATION for m in tol.METRICS])
+        out[name] = np.maximum(out.get(name, 0.0), [getattr(errors, m) / tol.PERTURBATION for m in tol.METRICS])
     return {name: tuple(float(v) for v in x) for name, x in out.items()}
 
 
@@ -221,7 +217,7 @@ def test_prefix_oracles_in_worker_processes_equal_them_one_by_one():
     from gdn_verify.core.verdict import oracle_and_tolerance, oracles_and_tolerances
 
     rng = np.random.default_rng(5)
-    T, H, HV, K, V = 130, 1, 2, 8, 6
+    T, H, HV, K, V = 600, 1, 2, 8, 6  # 600: past the token loop, its reference and parts run apart
     long = Problem(
         rng.standard_normal((1, T, H, K)),
         rng.standard_normal((1, T, H, K)) / np.sqrt(K),
@@ -230,7 +226,8 @@ def test_prefix_oracles_in_worker_processes_equal_them_one_by_one():
         rng.uniform(0, 1, (1, T, HV)),
         initial_state=rng.standard_normal((1, HV, K, V)).astype(np.float32),
     ).astype(np.float32)
-    parts = [long.tokens(0, n) for n in (64, 130)]
+    parts = [long.tokens(0, n) for n in (64, 130, 600)]
+    assert not token_loop(parts[-1]) and token_loop(parts[1])
     parallel = oracles_and_tolerances(parts, workers=2)
     for part, (reference, tolerance) in zip(parts, parallel):
         want_reference, want_tolerance = oracle_and_tolerance(part)
@@ -304,3 +301,21 @@ def test_chunked_oracle_state_norms_equal_the_token_loops(name):
     np.testing.assert_array_less(np.abs(norms - want), 1e-12 * want + 1e-14 * np.exp(largest) + 1e-300)
     # the final state's scale, the largest norm decayed to the end, too (token scales are the norms times |q|)
     assert _rel(tol.natural_scales(problem, norms).state, tol.natural_scales(problem).state) <= 1e-12
+
+
+def test_a_rounding_draw_responds_the_same_alone_or_stacked():
+    """condition()'s parts of a long problem run one draw each (in worker processes): each draw's
+    response equals the one it gives stacked with the others (the short problems' single run)."""
+    problem = _problem(7, T=40, H=1, HV=2, K=16, V=8, use_qk_l2norm_in_kernel=True).astype(np.float16)
+    reference, norms = numpy_oracle_with_norms(problem)
+    scales = tol.natural_scales(problem, norms)
+    copies = tol.rounding_copies(problem)
+    assert {name for name, _ in copies} == {"qk", "operands", "stored", "underflow"}
+    stacked = tol.rounding_condition(problem, reference, scales, seed=3)
+    alone = [tol.rounding_condition(problem, reference, scales, seed=3, copies=[c]) for c in copies]
+    merged = tol.kappa_of([{"rounding": r} for r in alone] + [{"inputs": (1.0, 1.0, 1.0)}], scales).rounding
+    assert merged is not None and merged.keys() == stacked.keys()
+    for name in stacked:
+        assert _rel(merged[name], stacked[name]) <= 1e-12, name
+    # and the draws differ: a draw of its own, not the same numbers again
+    assert alone[0]["qk"] != alone[1]["qk"]

@@ -130,6 +130,7 @@ are not adjusted per test.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import ml_dtypes
@@ -494,28 +495,49 @@ def gate_cumsum_cause(problem: Problem) -> str:
     )
 
 
-def rounding_condition(
-    problem: Problem, reference: tuple[np.ndarray, np.ndarray], scales: Scales | None, rng: np.random.Generator
-) -> dict[str, tuple[float, float, float]]:
-    """Each allowed rounding's response: the three metrics' relative change per unit relative
-    perturbation of its intermediates (random signs, the larger of ``PROBES`` draws).
-
-    All draws run as one float64 ``chunk_core`` call over copies of the problem stacked along the
-    sequence axis; each copy perturbs one rounding's intermediates through the hook.
-    """
+def _rounding_names(problem: Problem) -> list[str]:
+    """The allowed roundings that apply to ``problem`` (``qk`` with the in-kernel l2norm, ``underflow``
+    for a dtype whose underflow is not negligible)."""
     eta = underflow_unit(problem.dtype)
-    names = [
+    return [
         name
         for name in ROUNDINGS
         if (name != "qk" or problem.use_qk_l2norm_in_kernel) and (name != "underflow" or eta > UNDERFLOW_NEGLIGIBLE)
     ]
+
+
+def rounding_copies(problem: Problem) -> list[tuple[str, int]]:
+    """The draws :func:`rounding_condition` runs: ``(rounding, draw)`` for each allowed rounding that
+    applies to ``problem`` and each of its ``PROBES`` draws."""
+    return [(name, probe) for name in _rounding_names(problem) for probe in range(PROBES)]
+
+
+def rounding_condition(
+    problem: Problem,
+    reference: tuple[np.ndarray, np.ndarray],
+    scales: Scales | None,
+    seed: int,
+    copies: Sequence[tuple[str, int]] | None = None,
+) -> dict[str, tuple[float, float, float]]:
+    """Each allowed rounding's response: the three metrics' relative change per unit relative
+    perturbation of its intermediates (random signs, the larger of ``PROBES`` draws). ``copies``:
+    these draws only (``(rounding, draw)`` of :func:`rounding_copies`; default all).
+
+    All draws run as one float64 ``chunk_core`` call over copies of the problem stacked along the
+    sequence axis; each copy perturbs one rounding's intermediates through the hook, with random
+    numbers of its own (seeded by ``seed``, the rounding and the draw): a draw's response is the
+    same run alone or stacked with the others.
+    """
+    eta = underflow_unit(problem.dtype)
+    copies = rounding_copies(problem) if copies is None else list(copies)
+    order = list(ROUNDINGS)
+    streams = [np.random.default_rng([seed, 2, order.index(name), probe]) for name, probe in copies]
     # Sequences shorter than a chunk are one chunk of the next power of two: padding tokens (beta = 0,
     # g = 0) make zero intermediates, so the response is the same as at MAX_CHUNK, and cheaper.
     longest = int(problem.lengths.max(initial=1))
     C = min(MAX_CHUNK, 1 << max(1, (longest - 1).bit_length()))
     p = pack_problem(problem, C)
     N = p.v.shape[0]
-    copies = [name for name in names for _ in range(PROBES)]
     # A drawn bit b gives the factor 1 + PERTURBATION (2b - 1) (relative) or the term PERTURBATION eta
     # (2b - 1) (absolute), computed as step b + low: the same values (powers of two), in fewer passes.
     steps = {False: (2 * PERTURBATION, 1.0 - PERTURBATION), True: (2 * PERTURBATION * eta, -PERTURBATION * eta)}
@@ -523,38 +545,30 @@ def rounding_condition(
     def perturb(x: np.ndarray, stage: str, own: bool = False) -> np.ndarray:
         """``x [copies * N, ...]`` with the chosen copies' rows perturbed; ``own``: ``x`` may be overwritten."""
         out = x
-        for absolute in (False, True):  # relative (x (1 + d)) and, for "underflow", absolute (x + e)
-            chosen = np.array([stage in ROUNDINGS[name] and (name == "underflow") == absolute for name in copies])
-            if not chosen.any():
+        for i, (name, _) in enumerate(copies):
+            if stage not in ROUNDINGS[name]:
                 continue
             out = x.copy() if out is x and not own else out
-            # One draw for the chosen copies' rows in order; they are runs of consecutive copies, so
-            # slices of the stack (no fancy indexing).
-            bits = rng.integers(0, 2, size=(int(chosen.sum()) * N,) + x.shape[1:], dtype=np.int8)
-            step, low = steps[absolute]
-            values = bits * step
+            # relative (x (1 + d)) or, for "underflow", absolute (x + e); a copy's rows are a slice
+            step, low = steps[name == "underflow"]
+            values = streams[i].integers(0, 2, size=(N,) + x.shape[1:], dtype=np.int8) * step
             values += low
-            edges = np.flatnonzero(np.diff(np.concatenate([[False], chosen, [False]])))
-            offset = 0
-            for first, end in zip(edges[::2] * N, edges[1::2] * N):
-                part = values[offset : offset + end - first]
-                offset += end - first
-                if absolute:
-                    out[first:end] += part
-                else:
-                    out[first:end] *= part
+            if name == "underflow":
+                out[i * N : (i + 1) * N] += values
+            else:
+                out[i * N : (i + 1) * N] *= values
         return out
 
     stacked = stack_packed([p] * len(copies))
     stacked = dataclasses.replace(stacked, q=perturb(stacked.q, "qk"), k=perturb(stacked.k, "qk"))
     o, S = chunk_core(stacked, C, hook=lambda stage, x: perturb(x, stage, own=stage != "h"))
-    out: dict[str, np.ndarray] = {name: np.zeros(3) for name in names}
-    for i, name in enumerate(copies):
+    out: dict[str, np.ndarray] = {}
+    for i, (name, _) in enumerate(copies):
         part = slice(i * N, (i + 1) * N)
         o_i = unpack_output(p, o[part])
         s_i = export_state(p, S[part])
         errors = measure(o_i, s_i, reference[0], reference[1], problem, scales)
-        out[name] = np.maximum(out[name], [getattr(errors, m) / PERTURBATION for m in METRICS])
+        out[name] = np.maximum(out.get(name, 0.0), [getattr(errors, m) / PERTURBATION for m in METRICS])
     return {name: (float(x[0]), float(x[1]), float(x[2])) for name, x in out.items()}
 
 
@@ -638,6 +652,125 @@ def state_rounding_condition(
     return {kind: (float(x[0]), float(x[1]), float(x[2])) for kind, x in out.items()}
 
 
+def condition_parts(problem: Problem, state_dtype=None) -> tuple[str, ...]:
+    """The parts :func:`condition` measures, each on its own random draws, so that they can run side
+    by side (``verdict.oracles_and_tolerances`` runs a long problem's parts in worker processes).
+
+    ``"state_rounding"`` (a declared state dtype coarser than float32, where affordable); the
+    rounding responses (``"rounding"``: all draws in one stacked run; past the token loop one
+    ``"rounding:<name>:<draw>"`` per draw, :func:`rounding_copies`); the oracle reruns (``"reruns"``:
+    stacked in one token loop; past it ``"inputs"``, and with gates ``"gates"`` and ``"decay"``).
+    Which parts a problem has depends on the problem alone: a part's result is the same wherever it runs.
+    """
+    affordable = _affordable(problem)
+    parts = ["state_rounding"] if narrow_state_dtype(state_dtype) is not None and affordable else []
+    if token_loop(problem):
+        parts += ["rounding"] if affordable else []
+        return (*parts, "reruns")
+    parts += [f"rounding:{name}:{probe}" for name, probe in rounding_copies(problem)] if affordable else []
+    a = chunk_gate_sums(problem)
+    gated = bool(a.size) and a.max() > 0
+    return (*parts, "inputs", *(("gates", "decay") if gated else ()))
+
+
+def _reruns(problem: Problem, part: str, seed: int) -> dict[str, list[Problem]]:
+    """The perturbed problems a reruns part runs, by the response they measure (see :func:`condition`)."""
+    out: dict[str, list[Problem]] = {}
+    if part in ("reruns", "inputs"):
+        rng = np.random.default_rng([seed, 0])
+
+        def nudge(x):
+            if x is None:
+                return None
+            x = np.asarray(x, np.float64)
+            return x * (1.0 + PERTURBATION * rng.choice([-1.0, 1.0], size=x.shape))
+
+        nudged = problem.replace(
+            **{name: nudge(getattr(problem, name)) for name in ("q", "k", "v", "g", "beta", "initial_state")}
+        )
+        if problem.scale is not None:
+            nudged = nudged.replace(scale=problem.scale * (1.0 + PERTURBATION))
+        out["inputs"] = [nudged]
+    a = chunk_gate_sums(problem)
+    if not (a.size and a.max() > 0):
+        return out
+    g = np.asarray(problem.g, np.float64)
+    if part in ("reruns", "gates"):
+        # Two draws, the second with every other token's sign flipped: a gate factor spanning two
+        # tokens sees r_i a_i + r_j a_j, which one random draw cancels half the time (seen: a -1e4
+        # spike followed by two gates); the flipped draw then adds them. Longer spans add like the
+        # random walk the constant C_GATE assumes.
+        signs = np.random.default_rng([seed, 3]).choice([-1.0, 1.0], a.shape)
+        flip = np.where(np.arange(a.shape[1]) % 2 == 0, 1.0, -1.0)[None, :, None]
+        out["gates"] = [problem.replace(g=g + PERTURBATION * r * a) for r in (signs, signs * flip)]
+    if part in ("reruns", "decay"):
+        # Every nonzero gate shifted the same way: a per-token exp(g) with the same relative error each
+        # token (exp(0) = 1 exactly in any kernel), the coherent worst case over a long memory.
+        out["decay"] = [problem.replace(g=g + PERTURBATION * (g != 0))]
+    return out
+
+
+def condition_part(
+    problem: Problem,
+    reference: tuple[np.ndarray, np.ndarray],
+    part: str,
+    scales: Scales | None,
+    seed: int = 0,
+    oracle: Oracle = numpy_oracle,
+    state_dtype=None,
+) -> dict:
+    """One part of :func:`condition` (a name from :func:`condition_parts`): the fields it measures,
+    ``{"state_rounding": ...}``, ``{"rounding": {name: ...}}`` or ``{response: (rms, token, state)}``
+    for the reruns' responses ``"inputs"``, ``"gates"`` and ``"decay"``."""
+    if part == "state_rounding":
+        narrow = narrow_state_dtype(state_dtype)
+        rng = np.random.default_rng([seed, 1])
+        return {"state_rounding": state_rounding_condition(problem, reference, scales, rng, narrow)}
+    if part == "rounding" or part.startswith("rounding:"):
+        copies = None
+        if part != "rounding":
+            name, probe = part.split(":")[1:]
+            copies = [(name, int(probe))]
+        return {"rounding": rounding_condition(problem, reference, scales, seed, copies)}
+    reruns = _reruns(problem, part, seed)
+    problems = [x for group in reruns.values() for x in group]
+    if oracle is numpy_oracle and token_loop(problem):
+        outputs = numpy_oracle_stacked(problems)
+    else:
+        outputs = [oracle(x) for x in problems]
+    responses = iter(
+        np.array([getattr(e, name) / PERTURBATION for name in METRICS])
+        for e in (measure(*out, reference[0], reference[1], problem, scales) for out in outputs)
+    )
+    # a response group's larger draw counts (the two gate draws)
+    return {
+        name: tuple(float(x) for x in np.maximum.reduce([next(responses) for _ in group]))
+        for name, group in reruns.items()
+    }
+
+
+def kappa_of(parts: Sequence[dict], scales: Scales | None, state_dtype=None) -> Kappa:
+    """The :class:`Kappa` of a problem from its :func:`condition_part` results (all of its parts)."""
+    merged: dict = {}
+    rounding: dict = {}
+    for fields in parts:
+        for name, response in fields.get("rounding", {}).items():  # a rounding's larger draw counts
+            rounding[name] = tuple(max(a, b) for a, b in zip(rounding.get(name, response), response))
+        merged.update({k: v for k, v in fields.items() if k != "rounding"})
+    rms, token, state = (max(1.0, x) for x in merged["inputs"])
+    gated = {"gate": merged["gates"], "decay": merged["decay"]} if "gates" in merged else {}
+    return Kappa(
+        rms,
+        token,
+        state,
+        **gated,
+        rounding=rounding if any("rounding" in fields for fields in parts) else None,
+        scales=scales,
+        state_dtype=narrow_state_dtype(state_dtype),
+        state_rounding=merged.get("state_rounding"),
+    )
+
+
 def condition(
     problem: Problem,
     reference: tuple[np.ndarray, np.ndarray],
@@ -655,68 +788,18 @@ def condition(
     ``Kappa.rounding`` by :func:`rounding_condition` (None for problems too large for NumPy).
     ``state_dtype``: the implementation's declared state dtype (``Implementation.extra
     ["state_dtype"]``); when coarser than float32, ``Kappa.state_rounding`` is measured by
-    :func:`state_rounding_condition` (its own random draws: the other responses do not change).
+    :func:`state_rounding_condition`.
     ``norms``: the reference run's state norms where the oracle gave them (:func:`natural_scales`).
     With the NumPy oracle in its token-loop regime the reruns go through one stacked token loop.
+    Each part (:func:`condition_parts`) draws its own random numbers (seeded by ``seed`` and the
+    part), so the parts give the same results run here one by one or side by side elsewhere.
     """
-    rng = np.random.default_rng(seed)
     scales = natural_scales(problem, norms)
-    narrow = narrow_state_dtype(state_dtype)
-    state_rounding = None
-    if narrow is not None and _affordable(problem):
-        state_rounding = state_rounding_condition(problem, reference, scales, np.random.default_rng([seed, 1]), narrow)
-
-    def nudge(x):
-        if x is None:
-            return None
-        x = np.asarray(x, np.float64)
-        return x * (1.0 + PERTURBATION * rng.choice([-1.0, 1.0], size=x.shape))
-
-    nudged = problem.replace(
-        **{name: nudge(getattr(problem, name)) for name in ("q", "k", "v", "g", "beta", "initial_state")}
-    )
-    if problem.scale is not None:
-        nudged = nudged.replace(scale=problem.scale * (1.0 + PERTURBATION))
-    rounding = rounding_condition(problem, reference, scales, rng) if _affordable(problem) else None
-    reruns = [nudged]
-    a = chunk_gate_sums(problem)
-    gated = bool(a.size) and a.max() > 0
-    if gated:
-        # Two draws, the second with every other token's sign flipped: a gate factor spanning two
-        # tokens sees r_i a_i + r_j a_j, which one random draw cancels half the time (seen: a -1e4
-        # spike followed by two gates); the flipped draw then adds them. Longer spans add like the
-        # random walk the constant C_GATE assumes.
-        signs = rng.choice([-1.0, 1.0], a.shape)
-        flip = np.where(np.arange(a.shape[1]) % 2 == 0, 1.0, -1.0)[None, :, None]
-        g = np.asarray(problem.g, np.float64)
-        reruns += [problem.replace(g=g + PERTURBATION * r * a) for r in (signs, signs * flip)]
-        # Every nonzero gate shifted the same way: a per-token exp(g) with the same relative error each
-        # token (exp(0) = 1 exactly in any kernel), the coherent worst case over a long memory.
-        reruns.append(problem.replace(g=g + PERTURBATION * (g != 0)))
-    if oracle is numpy_oracle and token_loop(problem):
-        outputs = numpy_oracle_stacked(reruns)
-    else:
-        outputs = [oracle(x) for x in reruns]
-    errors = [measure(*out, reference[0], reference[1], problem, scales) for out in outputs]
-    responses = [np.array([getattr(e, name) / PERTURBATION for name in METRICS]) for e in errors]
-    rms, token, state = (max(1.0, float(x)) for x in responses[0])
-    if not gated:
-        return Kappa(
-            rms, token, state, rounding=rounding, scales=scales, state_dtype=narrow, state_rounding=state_rounding
-        )
-    gate = np.maximum(responses[1], responses[2])
-    decay = tuple(float(x) for x in responses[3])
-    return Kappa(
-        rms,
-        token,
-        state,
-        gate=tuple(float(x) for x in gate),
-        rounding=rounding,
-        scales=scales,
-        decay=decay,
-        state_dtype=narrow,
-        state_rounding=state_rounding,
-    )
+    parts = [
+        condition_part(problem, reference, part, scales, seed, oracle, state_dtype)
+        for part in condition_parts(problem, state_dtype)
+    ]
+    return kappa_of(parts, scales, state_dtype)
 
 
 def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
