@@ -28,10 +28,23 @@ export PYTHONPATH="$PWD:$SITE" PYTHONUNBUFFERED=1 GDN_VERIFY_VLLM_OPS=$PWD/.whl/
   head -n 1 .whl/vllm_fla/MANIFEST.txt; } > "$LOGS/env.txt" 2>&1
 check() {  # NAME ARGS...: one default check in bfloat16 (a fixed seed: cold and warm draw alike)
   local name=$1; shift
-  local start=$(date +%s)
+  local start=$(date +%s.%N)
   timeout "${CHECK_TIMEOUT:-900}" python3 cli.py check --dtype bfloat16 --seed 1 --json "$LOGS/$name.json" \
     --cases "$LOGS/cases" --plans "$LOGS/plans" "$@" > "$LOGS/$name.log" 2>&1
-  echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
+  local status=$?  # the wall clock to 0.1 s: less the JSON's seconds and startup_seconds, the exit
+  echo "exit $status after $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s" >> "$LOGS/$name.log"
+}
+imports() {  # what a warm run's start-up is made of: each import and CUDA's start, in one process
+  python3 - > "$LOGS/imports.txt" 2>&1 <<'PY'
+import time
+t = [time.perf_counter()]
+import torch; t.append(time.perf_counter())
+torch.zeros(1, device="cuda"); torch.cuda.synchronize(); t.append(time.perf_counter())
+import fla.ops.gated_delta_rule; t.append(time.perf_counter())
+import gdn_verify.api, gdn_verify.implementations; t.append(time.perf_counter())
+names = ("import torch", "CUDA start", "import fla.ops.gated_delta_rule", "import gdn_verify")
+print("; ".join(f"{n} {b - a:.2f} s" for n, a, b in zip(names, t, t[1:])))
+PY
 }
 export TRITON_CACHE_DIR=/tmp/triton-timing  # fresh: the machine is new, the folder did not exist
 check fla-chunk-cold --impl fla-chunk
@@ -39,6 +52,7 @@ check fla-chunk-cold --impl fla-chunk
 # is the measurement, the cold one may share the machine when its cost is known)
 [ -n "${BEFORE_WARM:-}" ] && bash -c "$BEFORE_WARM"
 check fla-chunk-warm --impl fla-chunk
+imports
 [ -n "${AFTER_WARM:-}" ] && (setsid nohup bash -c "$AFTER_WARM" > "$LOGS/after-warm.txt" 2>&1 < /dev/null &)
 [ "${VLLM:-1}" = 1 ] || exit 0  # VLLM=0: fla-chunk's cold and warm runs only
 check vllm-chunk-cold --impl vllm-chunk

@@ -724,6 +724,7 @@ def condition_part(
     for the reruns' responses ``"inputs"``, ``"gates"`` and ``"decay"``."""
     if part == "state_rounding":
         narrow = narrow_state_dtype(state_dtype)
+        assert narrow is not None  # condition_parts names this part for a narrow state dtype only
         rng = np.random.default_rng([seed, 1])
         return {"state_rounding": state_rounding_condition(problem, reference, scales, rng, narrow)}
     if part == "rounding" or part.startswith("rounding:"):
