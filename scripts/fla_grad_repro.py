@@ -51,6 +51,8 @@ CASES = [
     # even as a continuation of the last sequence) and torch's CUDA cache left full of NaN blocks
     # the size of each gradient before the backward: an unwritten gradient reads NaN
     ("fla-bf16-varlen-tail-do0", "0", "fla", "bfloat16", 128, 128, [1, 1, -3], "same"),
+    # FlashQLA directly, the same (check --grad --impl flash-qla failed grad_padding_zero: NaN dq)
+    ("qla-bf16-varlen-tail-do0", "1", "qla", "bfloat16", 128, 128, [1, 1, -3], "float32"),
 ]
 # Cases whose kernels' autotuning choices are printed (TRITON_PRINT_AUTOTUNING=1): the V < 64 bug
 # came and went between processes, so each run records which configurations its kernels picked.
