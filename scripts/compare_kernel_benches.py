@@ -12,7 +12,10 @@ an NVIDIA H100 80GB HBM3 (2026-11-23): decode against ``reports/2026-11-23-decod
   than ``DECODE_POINTS`` points below the lowest committed run (run-to-run spread was 0-2 points);
 - a prefill row's ratio ours / FLA (both timed side by side in the same run) is more than
   ``PREFILL_SLOWER`` times the committed row's ratio, or the row runs other kernels than the
-  committed row (``ours_kernels``). Absolute times are printed as information only: from one
+  committed row (``ours_kernels``). Where the run timed the row in interleaved rounds (its row has
+  ``ratio_spread``), the ratio judged is its ``ratio``, the median of the per-round ratios, and the
+  spread over rounds is printed beside it; otherwise (the committed 2026-11-23 rows) ``ours_ms /
+  fla_ms``. Absolute times are printed as information only: from one
   machine to another of the same kind they moved by 7-10 % for FLA too on the same rows (2026-11-27
   against 2026-11-23), which a ratio taken in one run cancels. Only where FLA's time is missing from
   either run is the row judged on its absolute time against the committed one (the output says so);
@@ -71,9 +74,24 @@ def compare_decode(new: list[dict], runs: list[list[dict]]) -> list[str]:
 
 
 def _fla_ratio(row: dict) -> float | None:
-    """ours / FLA of one prefill row, or None where FLA was not timed."""
+    """ours / FLA of one prefill row, or None where FLA was not timed: the row's ``ratio`` (the median
+    of its per-round ratios) where it was timed in rounds (``ratio_spread``), else ours_ms / fla_ms."""
     ours, fla = row.get("ours_ms"), row.get("fla_ms")
-    return ours / fla if ours and fla else None
+    if not (ours and fla):
+        return None
+    if row.get("ratio_spread") and row.get("ratio") is not None:
+        return row["ratio"]
+    return ours / fla
+
+
+def _rounds(row: dict) -> str | None:
+    """The spread of a row's per-round ratios ours / FLA, for printing; None without rounds."""
+    spread = row.get("ratio_spread")
+    if not spread:
+        return None
+    each = ", ".join(f"{r:.3f}" for r in row.get("ratio_rounds") or ())
+    rounds = f" ({each})" if each else ""
+    return f"ours/FLA over rounds {spread[0]:.3f}-{spread[1]:.3f}{rounds}; judged on the median"
 
 
 def compare_prefill(new: dict, base: dict) -> list[str]:
@@ -93,6 +111,8 @@ def compare_prefill(new: dict, base: dict) -> list[str]:
             change = ratio / old_ratio
             verdict = "ok" if change <= PREFILL_SLOWER else "SLOWER"
             print(f"{shape} ours/FLA {ratio:.3f}, committed {old_ratio:.3f} ({change:.3f}x): {verdict}")
+            if (rounds := _rounds(row)) is not None:
+                print(f"{shape}   {rounds}")
             fla = f"FLA {row['fla_ms']:.3f} ms, committed {old['fla_ms']:.3f} ms ({row['fla_ms'] / old['fla_ms']:.2f}x)"
             print(f"{shape}   absolute, information only: {times}; {fla}")
             if verdict != "ok":

@@ -17,8 +17,8 @@
 #              --what prefill), then scripts/compare_kernel_benches.py against the committed
 #              numbers (reports/2026-11-23-decode-validation/, reports/2026-11-23-chunk-prefill/,
 #              NVIDIA H100 80GB HBM3): each decode form within 3 points of the copy ceiling share,
-#              each prefill row's ratio ours / FLA (side by side in the same run) within 5 % of the
-#              committed ratio on the same kernels (absolute times printed as information; judged on
+#              each prefill row's ratio ours / FLA (side by side in the same run, the median of
+#              its interleaved rounds) within 5 % of the committed ratio on the same kernels (absolute times printed as information; judged on
 #              them only where FLA's time is missing), the accuracies unchanged (~5 min). Run it on
 #              the kind of device the numbers were taken on.
 #

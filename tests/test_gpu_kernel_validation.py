@@ -1,7 +1,8 @@
 """``scripts/gpu_kernel_validation.sh`` stays runnable: the ``gpu_session.sh`` phases it calls exist,
 both parse, and ``scripts/compare_kernel_benches.py`` passes the committed numbers and fails a
-slower or different run, a prefill row judged by its ratio to FLA in the same run (on absolute
-time only where FLA's is missing). CPU only: nothing here touches a GPU."""
+slower or different run, a prefill row judged by its ratio to FLA in the same run (the median of
+its interleaved rounds where it has them; on absolute time only where FLA's is missing). CPU only:
+nothing here touches a GPU."""
 
 from __future__ import annotations
 
@@ -120,3 +121,31 @@ def test_compare_falls_back_to_absolute_time_without_fla(committed_run):
     assert result.returncode == 1, result.stdout
     fails = _fails(result)
     assert len(fails) == 1 and "no FLA time in this run" in fails[0], fails
+
+
+def test_compare_judges_a_row_timed_in_rounds_on_its_median_ratio(committed_run):
+    """A run with interleaved rounds (``ratio_spread``) is judged on its ``ratio``, the median of the
+    per-round ratios, not on ours_ms / fla_ms, and the spread is printed; the limit is unchanged."""
+    prefill = json.loads((committed_run / "prefill_bench.json").read_text())
+    rows = prefill["prefill"]
+    row = rows[3]
+    committed = row["ours_ms"] / row["fla_ms"]
+    rounds = [committed * f for f in (0.95, 0.99, 1.0, 1.02, 1.12)]
+    row.update(ratio=committed, ratio_rounds=rounds, ratio_spread=[min(rounds), max(rounds)])
+    row["ours_ms"] *= 1.10  # the medians' quotient 10 % worse; the median round as committed
+    _write_prefill(committed_run, prefill)
+    result = _compare(committed_run)
+    assert result.returncode == 0, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith(f"prefill {row['shape']:10s}")]
+    assert lines[0].endswith("(1.000x): ok"), lines
+    spread = f"ours/FLA over rounds {min(rounds):.3f}-{max(rounds):.3f}"
+    assert spread in lines[1] and "judged on the median" in lines[1], lines
+
+    row["ours_ms"] /= 1.10  # the medians' quotient as committed; the median round 6 % worse
+    row["ratio"] = committed * 1.06
+    _write_prefill(committed_run, prefill)
+    result = _compare(committed_run)
+    assert result.returncode == 1, result.stdout
+    fails = _fails(result)
+    assert len(fails) == 1 and f"prefill {row['shape']}: ours/FLA {committed * 1.06:.3f}" in fails[0], fails
+    assert "limit 1.05" in fails[0]

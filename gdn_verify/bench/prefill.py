@@ -3,7 +3,13 @@
 Both run on identical bf16 torch inputs, varlen-packed with ``B = 1`` and ``cu_seqlens`` as in
 serving (no ``cu_seqlens`` for a single sequence), with the final state written. Per row:
 
-- time: CUDA-event medians after warm-up, device time of the whole call including launches;
+- time: CUDA-event medians after warm-up, device time of the whole call including launches, taken
+  in :data:`ROUNDS` interleaved rounds (ours, FLA, ours, FLA, ...; :func:`interleaved_rounds`): each
+  time is the median over rounds of each round's median, and the ratio ours / FLA the median of the
+  per-round ratios, with their spread. Both kernels read ``cu_seqlens`` on the host once per call,
+  inside the timed window, so the varlen rows time host latency too, which drifts over a run (our
+  own time on them moved 9-13 % between two runs on H100s, 2026-11-27); a ratio taken within each
+  round cancels that drift, as both kernels see the same host in the same round;
 - extra memory: the peak of device memory the call allocates beyond its inputs (outputs and
   scratch), measured the same way for both: torch's peak statistics plus CuPy's pool through a
   memory hook (ours allocates through torch for torch inputs, its small chunk tables through CuPy);
@@ -30,6 +36,9 @@ from gdn_verify.core.reference import chunk_gated_delta_rule as oracle
 CASES = ((1, 4096), (1, 16384), (1, 65536), (8, 2048), (64, 512))
 # The accuracy shape of the issue: H = 4, HV = 8, K = V = 128, one sequence of 8192 tokens.
 ACCURACY_SHAPE = dict(H=4, HV=8, K=128, V=128, T=8192)
+# Interleaved timing rounds per row; the repetitions are split across them (10 reps: 2 a round), with
+# one untimed call before each round after the first: 17 calls of each kernel a row (13 before the rounds).
+ROUNDS = 5
 
 
 def _time_ms(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, reps: int) -> float:
@@ -48,6 +57,45 @@ def _time_ms(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, reps:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def interleaved_rounds(
+    time_ours: Callable[[int], float], time_fla: Callable[[int], float] | None, rounds: int = ROUNDS
+) -> dict[str, Any]:
+    """Time ours and FLA alternately in ``rounds`` rounds (ours, FLA, ours, FLA, ...), each callable
+    taking the round's index and returning that round's time in ms; without FLA (``time_fla`` None),
+    ours alone in rounds.
+
+    Returns ``ours_ms`` and ``fla_ms`` (the median over rounds), ``ratio`` (the median over rounds of
+    the per-round ratio ours / FLA), ``ratio_rounds`` (the per-round ratios, in order) and
+    ``ratio_spread`` (``[min, max]`` of them); FLA's keys are None without FLA. Pure: no GPU.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    ours, fla = [], []
+    for i in range(rounds):
+        ours.append(time_ours(i))
+        if time_fla is not None:
+            fla.append(time_fla(i))
+    result: dict[str, Any] = dict(
+        ours_ms=statistics.median(ours), fla_ms=None, ratio=None, ratio_rounds=None, ratio_spread=None
+    )
+    if time_fla is not None:
+        ratios = [o / f for o, f in zip(ours, fla)]
+        result.update(
+            fla_ms=statistics.median(fla),
+            ratio=statistics.median(ratios),
+            ratio_rounds=ratios,
+            ratio_spread=[min(ratios), max(ratios)],
+        )
+    return result
+
+
+def _round_timer(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, reps: int) -> Callable[[int], float]:
+    """A round timer for :func:`interleaved_rounds`: :func:`_time_ms` of ``fn`` with ``reps``
+    repetitions, after ``warmup`` calls in the first round and one in each later one (the other
+    kernel ran in between)."""
+    return lambda i: _time_ms(fn, sync, warmup if i == 0 else 1, reps)
 
 
 def _inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed: int, dtype) -> dict:
@@ -145,14 +193,21 @@ def prefill_bench(
     warmup: int = 3,
     reps: int = 10,
     seed: int = 0,
+    rounds: int = ROUNDS,
 ) -> list[dict]:
     """Time, memory and accuracy of ours and FLA on ``cases`` of ``(sequences, length)``, bf16 inputs.
 
+    Each row is timed in ``rounds`` interleaved rounds (:func:`interleaved_rounds`) of
+    ``max(1, reps // rounds)`` repetitions per kernel, after ``warmup`` calls of each before the first
+    round and one before each later round.
+
     One dict per case: ``shape`` ("S x L"), ``sequences``, ``length``, ``tokens``, ``ours_ms``,
-    ``fla_ms``, ``ratio`` (ours / FLA), ``ours_peak_bytes``, ``fla_peak_bytes``, ``ours_rel_rms``,
-    ``fla_rel_rms`` (output), ``ours_state_rel_rms``, ``fla_state_rel_rms``, ``heads`` (the value heads
-    scored), ``ours_kernels`` (which of our kernel paths ran), ``device``, ``date``, ``dtype``. FLA's keys
-    are None where FLA is not importable.
+    ``fla_ms`` (medians over rounds), ``ratio`` (ours / FLA: the median of the per-round ratios),
+    ``ratio_rounds`` (the per-round ratios), ``ratio_spread`` (``[min, max]`` of them),
+    ``ours_peak_bytes``, ``fla_peak_bytes``, ``ours_rel_rms``, ``fla_rel_rms`` (output),
+    ``ours_state_rel_rms``, ``fla_state_rel_rms``, ``heads`` (the value heads scored), ``ours_kernels``
+    (which of our kernel paths ran), ``device``, ``date``, ``dtype``. FLA's keys (and the ratio's) are
+    None where FLA is not importable.
     """
     from cupy_kernels import chunk
 
@@ -160,6 +215,7 @@ def prefill_bench(
     say = progress or (lambda _msg: None)
     device, today = torch.cuda.get_device_name(), datetime.date.today().isoformat()
     heads = sorted({0, HV - 1})
+    per_round = max(1, reps // rounds)
     rows = []
     for seqs, length in cases:
         x = _inputs(torch, seqs, length, H, HV, K, V, seed, torch.bfloat16)
@@ -172,19 +228,21 @@ def prefill_bench(
         row: dict[str, Any] = dict(
             shape=f"{seqs} x {length}", sequences=seqs, length=length, tokens=seqs * length, dtype="bfloat16"
         )
-        row["ours_ms"] = _time_ms(run_ours, torch.cuda.synchronize, warmup, reps)
-        row["ours_kernels"] = chunk.last_kernels
-        row["ours_peak_bytes"] = _peak_bytes(torch, run_ours)
-        outs = {"ours": run_ours()}
-        row["fla_ms"] = row["fla_peak_bytes"] = row["ratio"] = None
+        time_fla = None
         if fla is not None:
 
             def run_fla(args=args, cu=cu):
                 return fla(*args, output_final_state=True, cu_seqlens=cu)
 
-            row["fla_ms"] = _time_ms(run_fla, torch.cuda.synchronize, warmup, reps)
+            time_fla = _round_timer(run_fla, torch.cuda.synchronize, warmup, per_round)
+        time_ours = _round_timer(run_ours, torch.cuda.synchronize, warmup, per_round)
+        row.update(interleaved_rounds(time_ours, time_fla, rounds))
+        row["ours_kernels"] = chunk.last_kernels
+        row["ours_peak_bytes"] = _peak_bytes(torch, run_ours)
+        outs = {"ours": run_ours()}
+        row["fla_peak_bytes"] = None
+        if fla is not None:
             row["fla_peak_bytes"] = _peak_bytes(torch, run_fla)
-            row["ratio"] = row["ours_ms"] / row["fla_ms"]
             outs["fla"] = run_fla()
         errors = _oracle_errors(x, heads, H, HV, outs)
         row["ours_rel_rms"], row["ours_state_rel_rms"] = errors["ours"]
@@ -236,11 +294,17 @@ def _mib(x: int | None) -> str:
     return "n/a" if x is None else f"{x / 2**20:.0f} MiB"
 
 
+def _spread(row: dict) -> str:
+    """The ratio's spread over rounds as "min-max", or "n/a" (no FLA, or a row from before the rounds)."""
+    spread = row.get("ratio_spread")
+    return "n/a" if not spread else f"{spread[0]:.2f}-{spread[1]:.2f}"
+
+
 def format_row(row: dict) -> str:
     """One progress line of a :func:`prefill_bench` row."""
     return (
         f"{row['shape']}: ours {row['ours_ms']:.3f} ms, FLA {_num(row['fla_ms'], '.3f')} ms, "
-        f"ratio {_num(row['ratio'], '.2f')}, extra memory ours {_mib(row['ours_peak_bytes'])} "
+        f"ratio {_num(row['ratio'], '.2f')} (rounds {_spread(row)}), extra memory ours {_mib(row['ours_peak_bytes'])} "
         f"FLA {_mib(row['fla_peak_bytes'])}, "
         f"o rel RMS ours {row['ours_rel_rms']:.2e} FLA {_num(row['fla_rel_rms'], '.2e')} "
         f"({row.get('ours_kernels') or 'kernels not recorded'})"
@@ -257,14 +321,14 @@ def format_table(rows: list[dict], accuracy: Sequence[dict] = ()) -> str:
         f"relative RMS against the float64 oracle on value heads {r0['heads']}.\n\n"
     )
     lines = [
-        "| sequences x length | tokens | ours ms | FLA ms | ours / FLA | ours extra memory | FLA extra memory "
-        "| ours o rel RMS | FLA o rel RMS | ours state rel RMS | FLA state rel RMS | our kernels |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| sequences x length | tokens | ours ms | FLA ms | ours / FLA | ours / FLA over rounds | ours extra memory "
+        "| FLA extra memory | ours o rel RMS | FLA o rel RMS | ours state rel RMS | FLA state rel RMS | our kernels |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['shape']} | {r['tokens']} | {r['ours_ms']:.3f} | {_num(r['fla_ms'], '.3f')} | "
-            f"{_num(r['ratio'], '.2f')} | {_mib(r['ours_peak_bytes'])} | {_mib(r['fla_peak_bytes'])} | "
+            f"{_num(r['ratio'], '.2f')} | {_spread(r)} | {_mib(r['ours_peak_bytes'])} | {_mib(r['fla_peak_bytes'])} | "
             f"{r['ours_rel_rms']:.2e} | {_num(r['fla_rel_rms'], '.2e')} | {r['ours_state_rel_rms']:.2e} | "
             f"{_num(r['fla_state_rel_rms'], '.2e')} | {r.get('ours_kernels') or 'n/a'} |"
         )
