@@ -172,8 +172,8 @@ def oracles_and_tolerances(
     one by one: each problem's runs are independent and seeded alike. A problem past the token loop
     runs its reference first, then its condition parts (``tolerance.condition_parts``: each rounding
     draw, the reruns) side by side. ``error_growth``'s prefixes (64 to 65536 tokens) cost twice
-    their longest this way; on an H100 machine (16 cores, 2026-11-26) they were half of a warm fla-
-    chunk check's oracle time, one by one; the longest (65536 tokens) alone took 9 s on the CPU
+    their longest this way; on an H100 machine (16 cores, 2026-11-26) they were half of a warm
+    fla-chunk check's oracle time, one by one; the longest (65536 tokens) alone took 9 s on the CPU
     before its parts ran side by side."""
     tokens = sum(int(p.q.shape[0] * p.q.shape[1]) for p in problems)
     split = {i for i, p in enumerate(problems) if _split(p)}
