@@ -8,15 +8,12 @@ run of the same implementation, with a factor).
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from gdn_verify.core import timing
+from gdn_verify.core import processes, timing
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.implementation import ContractError, Implementation, Result
 from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_with_norms, token_loop
@@ -168,7 +165,8 @@ def oracles_and_tolerances(
     problems: Sequence[Problem], state_dtype: Any = None, workers: int | None = None
 ) -> list[tuple[tuple, tol.Tolerance]]:
     """:func:`oracle_and_tolerance` (NumPy oracle) of each problem, in worker processes when they
-    are long (``workers``: default one per problem, at most the CPUs; 1: all here). The same
+    are long (``workers``: default one per problem, at most the CPUs; 1: all here), in the
+    check's shared pool (``core.processes``: started once, on first use). The same
     results as one by one: each problem's runs are independent and seeded alike. A problem past
     the token loop runs its reference first, then its condition parts (``tolerance.condition_parts``:
     each rounding, the reruns) side by side. ``error_growth``'s prefixes (64 to 65536 tokens) cost
@@ -176,14 +174,13 @@ def oracles_and_tolerances(
     fla-chunk check's oracle time, one by one; the longest (65536 tokens) alone took 9 s here on
     the CPU before its parts ran side by side."""
     tokens = sum(int(p.q.shape[0] * p.q.shape[1]) for p in problems)
-    n = min(len(problems), os.cpu_count() or 1) if workers is None else min(workers, len(problems))
+    n = min(len(problems), processes.cpus()) if workers is None else min(workers, len(problems))
     if n <= 1 or (workers is None and tokens < PARALLEL_ORACLE_TOKENS):
         return [oracle_and_tolerance(p, state_dtype=state_dtype) for p in problems]
     if workers is None:  # the split problems' parts want the cores too
-        n = os.cpu_count() or 1
+        n = processes.cpus()
     with timing.timed(timing.ORACLE):  # the children's time is this process's wait
-        context = multiprocessing.get_context("spawn")  # not fork: this process may hold a CUDA context
-        with concurrent.futures.ProcessPoolExecutor(n, mp_context=context) as pool:
+        with processes.Tasks(n) as pool:  # the check's shared pool (core.processes)
             # longest first: it bounds the wall-clock time
             order = sorted(range(len(problems)), key=lambda i: -problems[i].q.shape[1])
             split = {i for i in order if _split(problems[i])}
