@@ -25,6 +25,9 @@ down with it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -63,6 +66,22 @@ def _reference(problem: Problem, do: np.ndarray, dht: np.ndarray | None, dtypes:
     return gtol.grad_reference_and_tolerance(problem, do, dht, grad_dtypes=dtypes, seed=seed)
 
 
+def _until_raises(function: Callable[[Any], Any], cases: Sequence[Any]) -> tuple[list, Exception | None]:
+    """``function(case)`` of each case in order up to the first that raises: the results, and that
+    exception (None: none raised). The checks that compare several problems run every kernel call
+    first (here: they may need the GPU), then all the float64 references at once
+    (``grad_tolerance.grad_references_and_tolerances``: side by side in worker processes when
+    large), then compare in order; they raise a kernel's exception after the comparisons before
+    it, as when each problem was compared in turn."""
+    results = []
+    for case in cases:
+        try:
+            results.append(function(case))
+        except Exception as exc:  # raised again by the caller, after the comparisons before it
+            return results, exc
+    return results, None
+
+
 # 1. grad_matches_reference ---------------------------------------------------------------------
 def check_grad_matches_reference(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     do, dht, grads = gradients_of(impl, problem, params)
@@ -91,16 +110,19 @@ def _sequence_grads(grads: dict, problem: Problem, n: int) -> dict:
 
 def check_grad_varlen(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     do, dht, packed = gradients_of(impl, problem, params)
-    worst: Measurement | None = None
+    cases = []  # (n, problem, do, dht) of each sequence with tokens, run alone
     for n, length in enumerate(problem.lengths):
         if length == 0:
             continue
-        alone_problem = problem.sequence(n)
         start, end = problem.bounds[n], problem.bounds[n + 1]
-        alone_do = do[:, start:end]
-        alone_dht = None if dht is None else dht[n : n + 1]
-        alone = run_backward_checked(impl, alone_problem, alone_do, alone_dht)
-        _, tolerance = _reference(alone_problem, alone_do, alone_dht, packed.dtypes, params["cotangent_seed"])
+        cases.append((n, problem.sequence(n), do[:, start:end], None if dht is None else dht[n : n + 1]))
+    runs, failure = _until_raises(lambda case: run_backward_checked(impl, *case[1:]), cases)
+    bounds = gtol.grad_references_and_tolerances(
+        [(p, p_do, p_dht, packed.dtypes, None) for (_, p, p_do, p_dht), _ in zip(cases, runs)],
+        params["cotangent_seed"],
+    )
+    worst: Measurement | None = None
+    for (n, alone_problem, _, _), alone, (_, tolerance) in zip(cases, runs, bounds):
         against = {k: None if x is None else np.asarray(x, np.float64) for k, x in alone.grads.items()}
         try:
             m = compare_gradients(
@@ -114,6 +136,8 @@ def check_grad_varlen(impl: Implementation, problem: Problem, params: dict) -> M
         except Violation as exc:
             raise Violation(f"sequence {n} of {problem.num_sequences}: {exc}", exc.measurement) from None
         worst = m if worst is None or m.ratio > worst.ratio else worst
+    if failure is not None:
+        raise failure
     return worst or Measurement(0.0, 0.0, "no sequence to compare (every length is 0)")
 
 
@@ -191,16 +215,22 @@ def check_grad_error_growth(impl: Implementation, problem: Problem, params: dict
     """Each prefix ``[0, T)`` at ``params["lengths"]`` within tolerance; then the fitted exponent of
     the worst gradient's error (as ``native.check_error_growth``; the retention regime is judged
     at each length only, its drift being coherent by construction)."""
+    lengths = [n for n in params["lengths"] if n <= problem.shape["T"]]
+    prefixes = [problem.tokens(0, length) for length in lengths]
+    runs, failure = _until_raises(lambda prefix: gradients_of(impl, prefix, params), prefixes)
+    references = gtol.grad_references_and_tolerances(
+        [(prefix, do, dht, grads.dtypes, None) for prefix, (do, dht, grads) in zip(prefixes, runs)],
+        params["cotangent_seed"],
+    )
     points = []
-    for length in [n for n in params["lengths"] if n <= problem.shape["T"]]:
-        prefix = problem.tokens(0, length)
-        do, dht, grads = gradients_of(impl, prefix, params)
-        reference, tolerance = _reference(prefix, do, dht, grads.dtypes, params["cotangent_seed"])
+    for length, prefix, (_, _, grads), (reference, tolerance) in zip(lengths, prefixes, runs, references):
         try:
             m = compare_gradients(prefix, grads.grads, reference, tolerance)
         except Violation as exc:
             raise Violation(f"at T={length}: {exc}", exc.measurement) from None
         points.append((length, m))
+    if failure is not None:
+        raise failure
     worst = max((m for _, m in points), key=lambda m: m.ratio, default=Measurement(0.0, GROWTH_BOUND))
     if params.get("regime") == "retention":
         return worst

@@ -121,3 +121,51 @@ def test_grad_tolerance_of_a_padded_pack_is_that_of_the_full_engine_run(dtype, m
     assert tolerance.kappa == want.kappa
     for name, x in want.scales.items():
         np.testing.assert_array_equal(tolerance.scales[name], x)
+
+
+def _assert_same(got, want) -> None:
+    (reference, tolerance), (want_reference, want_tolerance) = got, want
+    for name, x in want_reference.items():
+        assert (x is None) == (reference[name] is None), name
+        if x is not None:
+            assert reference[name].tobytes() == x.tobytes(), name
+    for f in dataclasses.fields(want_tolerance):
+        a, b = getattr(tolerance, f.name), getattr(want_tolerance, f.name)
+        if f.name == "scales":
+            assert a.keys() == b.keys()
+            assert all(a[n].tobytes() == b[n].tobytes() for n in b)
+        else:
+            assert a == b, f.name
+
+
+def test_grad_tolerances_in_worker_processes_equal_them_one_by_one(monkeypatch):
+    """grad_varlen_equals_separate's sequences and grad_error_growth's prefixes run their references
+    and probe batches in the shared worker processes: the same gradients and bounds, bitwise, as
+    one task after another here; the pool is started once and kept for the next call."""
+    from gdn_verify.core import processes
+
+    monkeypatch.setattr(gtol, "COPY_BUDGET", 64 * 2 * 8 * 6 * 3)  # batches of 3 copies: several per problem
+    pack = _varlen([5, 70, 1], HV=2, K=8, V=6, seed=4, dtype=np.float16)
+    problems = [pack.sequence(n) for n in range(3)] + [pack]
+    jobs = []
+    for i, p in enumerate(problems):
+        do, dht = cotangents(p, 20 + i, i % 2 == 0)
+        jobs.append((p, do, dht, {"dv": "float32"}, None))
+    assert len(gtol._batches(pack, 16)) > 1
+    processes.shutdown()
+    try:
+        serial = gtol.grad_references_and_tolerances(jobs, seed=9, workers=1)
+        assert processes._pool is None  # one worker: all here, no pool
+        parallel = gtol.grad_references_and_tolerances(jobs, seed=9, workers=2)
+        pool = processes._pool
+        assert pool is not None
+        alone = gtol.grad_reference_and_tolerance(*jobs[3][:3], grad_dtypes={"dv": "float32"}, seed=9, workers=2)
+        assert processes._pool is pool  # reused, not started again
+    finally:
+        processes.shutdown()
+    assert processes._pool is None
+    for got, want in zip(parallel, serial):
+        _assert_same(got, want)
+    _assert_same(alone, serial[3])
+    # the default: small problems stay here
+    assert processes.workers_for([gtol.grad_work(p) for p in problems], gtol.PARALLEL_GRAD_WORK, None) == 1

@@ -99,14 +99,14 @@ one as in the forward. It enters through the metric itself (block RMS and worst 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from gdn_verify.core import timing
+from gdn_verify.core import processes, timing
 from gdn_verify.core.adjoint import STAGES, cotangent
 from gdn_verify.core.conventions import L2NORM_EPS, Packed, pack
 from gdn_verify.core.gating import SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
@@ -329,76 +329,83 @@ class _Copy:
     absolute: float = 0.0  # the size of one absolute perturbation (underflow), 0: relative
 
 
-def _run_copies(
-    problem: Problem, copies: list[_Copy], seed: int, H: int
-) -> tuple[list[dict], dict[str, np.ndarray], Any]:
-    """Every copy through the float64 engine (stacked along the sequence axis, in batches);
-    returns each copy's assembled gradients, the first copy's per-token magnitudes and its
-    packed (per value head) gradients."""
+def _batches(problem: Problem, count: int) -> list[range]:
+    """The batches of ``count`` copies that :func:`_run_batch` runs (each within ``COPY_BUDGET``):
+    a batch's results depend on its own copies and its first index alone, so batches may run
+    anywhere, in any order."""
+    s = problem.shape
+    per_copy = MAX_CHUNK * s["N"] * s["HV"] * s["K"] * s["V"]
+    batch = max(1, COPY_BUDGET // max(per_copy, 1))
+    return [range(first, min(first + batch, count)) for first in range(0, count, batch)]
+
+
+def _run_batch(
+    problem: Problem, copies: list[_Copy], first: int, seed: int, H: int
+) -> tuple[list[dict], dict[str, np.ndarray] | None, Any]:
+    """Copies ``first``, ``first + 1``, ... through the float64 engine, stacked along the sequence
+    axis; returns each copy's assembled gradients and, for the batch holding copy 0, its per-token
+    magnitudes and its packed (per value head) gradients (else None, None)."""
     from gdn_verify.core import adjoint as ng
 
     packed = [_packed(problem, c.inputs) for c in copies]
-    N, L, HV, V = packed[0][0].v.shape
-    K = packed[0][0].k.shape[-1]
-    per_copy = MAX_CHUNK * N * HV * K * V
-    batch = max(1, COPY_BUDGET // max(per_copy, 1))
+    N = packed[0][0].v.shape[0]
+    rng = np.random.default_rng([seed, 99, first])
+    ps = []
+    for copy, (p, _, _) in zip(copies, packed):
+        if "qk" in copy.stages:  # the l2-normalised q/k stored in the input dtype
+            p = dataclasses.replace(p, q=_perturb(p.q, copy, rng), k=_perturb(p.k, copy, rng))
+        ps.append(p)
+    stacked = dataclasses.replace(
+        ps[0],
+        q=np.concatenate([p.q for p in ps]),
+        k=np.concatenate([p.k for p in ps]),
+        v=np.concatenate([p.v for p in ps]),
+        g=np.concatenate([p.g for p in ps]),
+        beta=np.concatenate([p.beta for p in ps]),
+        initial_state=np.concatenate([p.initial_state for p in ps]),
+    )
+    do = np.concatenate([x[1] for x in packed])
+    dS = np.concatenate([x[2] for x in packed])
+    mags: dict[str, np.ndarray] | None = {} if first == 0 else None
+    # every copy is padding past the longest sequence: the engine stops there (the same results)
+    grads = ng.adjoint(
+        stacked,
+        do,
+        dS,
+        chunk_size=MAX_CHUNK,
+        hook=_probe_hook(copies, N, seed),
+        dg_form="both",
+        magnitudes=mags,
+        length=int(packed[0][0].lengths.max(initial=0)),
+        magnitude_rows=N,  # the first copy's (the unperturbed run's)
+    )
     results: list[dict] = []
-    magnitudes: dict[str, np.ndarray] = {}
     first_packed = None
-    for first in range(0, len(copies), batch):
-        part = list(range(first, min(first + batch, len(copies))))
-        rng = np.random.default_rng([seed, 99, first])
-        ps = []
-        for i in part:
-            p = packed[i][0]
-            if "qk" in copies[i].stages:  # the l2-normalised q/k stored in the input dtype
-                p = dataclasses.replace(p, q=_perturb(p.q, copies[i], rng), k=_perturb(p.k, copies[i], rng))
-            ps.append(p)
-        stacked = dataclasses.replace(
-            ps[0],
-            q=np.concatenate([p.q for p in ps]),
-            k=np.concatenate([p.k for p in ps]),
-            v=np.concatenate([p.v for p in ps]),
-            g=np.concatenate([p.g for p in ps]),
-            beta=np.concatenate([p.beta for p in ps]),
-            initial_state=np.concatenate([p.initial_state for p in ps]),
+    for j, copy in enumerate(copies):
+        rows = slice(j * N, (j + 1) * N)
+        own = ng.PackedGradients(
+            dq=grads.dq[rows],
+            dk_state=grads.dk_state[rows],
+            dk_pred=grads.dk_pred[rows],
+            dv=grads.dv[rows],
+            dg=grads.dg[rows],
+            dbeta=grads.dbeta[rows],
+            dh0=grads.dh0[rows],
+            dg_cumsum=_rows(grads.dg_cumsum, rows),
         )
-        do = np.concatenate([packed[i][1] for i in part])
-        dS = np.concatenate([packed[i][2] for i in part])
-        specs = [copies[i] for i in part]
-        mags: dict[str, np.ndarray] | None = {} if first == 0 else None
-        hook = _probe_hook(specs, N, seed)
-        # every copy is padding past the longest sequence: the engine stops there (the same results)
-        grads = ng.adjoint(
-            stacked,
-            do,
-            dS,
-            chunk_size=MAX_CHUNK,
-            hook=hook,
-            dg_form="both",
-            magnitudes=mags,
-            length=int(packed[0][0].lengths.max(initial=0)),
-            magnitude_rows=N,  # the first copy's (the unperturbed run's)
-        )
-        if mags is not None:
-            magnitudes = mags
-        for j, i in enumerate(part):
-            rows = slice(j * N, (j + 1) * N)
-            own = ng.PackedGradients(
-                dq=grads.dq[rows],
-                dk_state=grads.dk_state[rows],
-                dk_pred=grads.dk_pred[rows],
-                dv=grads.dv[rows],
-                dg=grads.dg[rows],
-                dbeta=grads.dbeta[rows],
-                dh0=grads.dh0[rows],
-                dg_cumsum=_rows(grads.dg_cumsum, rows),
-            )
-            x = copies[i].inputs
-            results.append(ng.assemble(packed[i][0], own, x.q, x.k, H, problem.use_qk_l2norm_in_kernel))
-            if i == 0:
-                first_packed = own
-    return results, magnitudes, first_packed
+        x = copy.inputs
+        results.append(ng.assemble(packed[j][0], own, x.q, x.k, H, problem.use_qk_l2norm_in_kernel))
+        if first + j == 0:
+            first_packed = own
+    return results, mags, first_packed
+
+
+def _collect(batches: list[tuple[list[dict], dict[str, np.ndarray] | None, Any]]) -> tuple[list[dict], dict, Any]:
+    """The batches' results together: each copy's assembled gradients, the first copy's per-token
+    magnitudes and its packed (per value head) gradients."""
+    results = [r for rs, _, _ in batches for r in rs]
+    _, magnitudes, first_packed = batches[0]
+    return results, magnitudes or {}, first_packed
 
 
 def _rows(x: np.ndarray | None, rows: slice) -> np.ndarray | None:
@@ -676,6 +683,16 @@ def grad_errors(
     return out
 
 
+def _checked(
+    problem: Problem, do, dht, grad_dtypes, options
+) -> tuple[Problem, np.ndarray, np.ndarray | None, dict, dict[str, np.dtype]]:
+    """The arguments of :func:`grad_reference_and_tolerance`, checked (``ValueError`` naming them)."""
+    if not isinstance(problem, Problem):
+        raise ValueError(f"problem: expected a Problem, got {type(problem).__name__}")
+    do_arr, dht_arr = _check_cotangents(problem, do, dht)
+    return problem, do_arr, dht_arr, _check_options(options), _output_dtypes(problem, grad_dtypes)
+
+
 def grad_reference_and_tolerance(
     problem: Problem,
     do,
@@ -684,6 +701,7 @@ def grad_reference_and_tolerance(
     grad_dtypes: Mapping[str, str | None] | None = None,
     options: Mapping[str, Any] | None = None,
     seed: int = 0,
+    workers: int | None = None,
 ) -> tuple[dict[str, np.ndarray | None], GradTolerance]:
     """The float64 gradients of ``problem`` for cotangents ``do`` (``[B, T, HV, V]``) and ``dht``
     (like the final state, or None), and the bound a correct backward meets on each.
@@ -693,40 +711,105 @@ def grad_reference_and_tolerance(
     ``options``: FLA's in-kernel gate keywords (``dg``/``dbeta`` are then those of the raw
     arguments); ``seed``: the probes' random signs. Tokens after ``cu_seqlens[-1]`` belong to no
     block and get zero reference gradients. Bad arguments raise ``ValueError`` naming them.
+    ``workers``: as :func:`grad_references_and_tolerances` (a large problem's reference and probe
+    batches run side by side in worker processes; the same results, bitwise).
     """
-    if not isinstance(problem, Problem):
-        raise ValueError(f"problem: expected a Problem, got {type(problem).__name__}")
-    do_arr, dht_arr = _check_cotangents(problem, do, dht)
-    opts = _check_options(options)
-    out_dtypes = _output_dtypes(problem, grad_dtypes)
-    with timing.timed(timing.ORACLE):
-        return _reference_and_tolerance(problem, do_arr, dht_arr, opts, out_dtypes, seed)
+    job = (problem, do, dht, grad_dtypes, options)
+    return grad_references_and_tolerances([job], seed, workers)[0]
 
 
-def _reference_and_tolerance(
-    problem: Problem, do_arr: np.ndarray, dht_arr: np.ndarray | None, opts: dict, out_dtypes: dict, seed: int
-) -> tuple[dict[str, np.ndarray | None], GradTolerance]:
+# Below this much work in all (padded tokens times state elements, summed over the problems) the
+# gradient oracles run here, one task after another; above it in the shared worker processes
+# (core.processes), a problem's reference and probe batches side by side.
+PARALLEL_GRAD_WORK = 1 << 22
+
+
+def grad_work(problem: Problem) -> int:
+    """Padded tokens times state elements: what one float64 adjoint of ``problem`` costs."""
+    s = problem.shape
+    L = -(-max(int(problem.lengths.max(initial=1)), 1) // MAX_CHUNK) * MAX_CHUNK
+    return s["N"] * s["HV"] * s["K"] * s["V"] * L
+
+
+def grad_references_and_tolerances(
+    jobs: Sequence[tuple[Problem, Any, Any, Mapping[str, str | None] | None, Mapping[str, Any] | None]],
+    seed: int,
+    workers: int | None = None,
+) -> list[tuple[dict[str, np.ndarray | None], GradTolerance]]:
+    """:func:`grad_reference_and_tolerance` of each ``(problem, do, dht, grad_dtypes, options)``
+    with the probes' ``seed``, in order.
+
+    Each problem's work is independent tasks: its float64 reference, and its probe copies in
+    batches (:func:`_batches`, each seeded by its own first index); what joins them (scales,
+    responses, bounds) runs here. Every task of every job is submitted first, the largest job's
+    first, so that the tasks of several problems (``grad_error_growth``'s prefixes, a pack's
+    sequences) and of one problem fill the cores together. ``workers``: processes
+    (``core.processes``; 1: all here); default the CPUs when the jobs' work
+    (:func:`grad_work`) adds up to ``PARALLEL_GRAD_WORK``, else all here. The results are the
+    same, bitwise, either way: every task is pure NumPy and seeded by what it computes.
+    """
+    checked = [_checked(p, do, dht, dtypes, options) for p, do, dht, dtypes, options in jobs]
+    n = processes.workers_for([grad_work(c[0]) for c in checked], PARALLEL_GRAD_WORK, workers)
+    with timing.timed(timing.ORACLE), processes.Tasks(n) as tasks:  # a pool's wait is this process's
+        order = sorted(range(len(checked)), key=lambda i: -grad_work(checked[i][0]))
+        started = {i: _start(*checked[i], seed, tasks) for i in order}
+        return [_finish(started[i]) for i in range(len(checked))]
+
+
+@dataclass
+class _Started:
+    """One problem's gradient oracle in flight: its tasks, and the bound waiting for their results."""
+
+    problem: Problem
+    end: int
+    reference: Any  # the task of the float64 gradients (a future)
+    batches: list  # the tasks of the probe batches
+    bound: Any  # the generator of :func:`_tolerance`, waiting for the copies' results
+
+
+def _start(
+    problem: Problem, do_arr: np.ndarray, dht_arr: np.ndarray | None, opts: dict, out_dtypes: dict, seed: int, tasks
+) -> _Started:
     T = problem.shape["T"]
     end = int(problem.bounds[-1]) if problem.cu_seqlens is not None else T
     trimmed = problem if end == T else problem.tokens(0, end).replace(cu_seqlens=problem.cu_seqlens)
-    oracle = problem_gradients(trimmed, do_arr[:, :end], dht_arr, opts)
+    reference = tasks.submit(problem_gradients, trimmed, do_arr[:, :end], dht_arr, opts)
+    bound = _tolerance(problem, do_arr[:, :end], dht_arr, opts, out_dtypes, seed, end)
+    copies = next(bound)
+    H = problem.shape["H"]
+    batches = [
+        tasks.submit(_run_batch, problem, [copies[i] for i in b], b.start, seed, H)
+        for b in _batches(problem, len(copies))
+    ]
+    return _Started(problem, end, reference, batches, bound)
+
+
+def _finish(job: _Started) -> tuple[dict[str, np.ndarray | None], GradTolerance]:
+    T = job.problem.shape["T"]
+    oracle = job.reference.result()
     reference: dict[str, np.ndarray | None] = {
         name: None if x is None else (_pad_tokens(x, T) if name in GRADIENTS[:5] else x) for name, x in oracle.items()
     }
-    tolerance = _tolerance(problem, reference, do_arr[:, :end], dht_arr, opts, out_dtypes, seed, end)
-    return reference, tolerance
+    try:
+        job.bound.send((reference, _collect([b.result() for b in job.batches])))
+    except StopIteration as done:
+        return reference, done.value
+    raise AssertionError("_tolerance yields once")
 
 
 def _tolerance(
     problem: Problem,
-    reference: dict,
     do: np.ndarray,
     dht: np.ndarray | None,
     options: dict,
     out_dtypes: dict[str, np.dtype],
     seed: int,
     end: int,
-) -> GradTolerance:
+) -> Generator[list[_Copy], tuple[dict, tuple[list[dict], dict, Any]], GradTolerance]:
+    """The bound, in two steps (a generator): it yields the probe copies to run, is sent the
+    reference gradients and the copies' results (:func:`_collect` of the batches), and returns
+    the :class:`GradTolerance`. The random draws of the copies and of the later local probes come
+    from one stream, in this order, whichever process ran the copies."""
     s = problem.shape
     H, T = s["H"], s["T"]
     rng = np.random.default_rng(seed)
@@ -784,7 +867,7 @@ def _tolerance(
             copies.append(_Copy("gate", base.replace(g=g + PERTURBATION * r * a)))
         copies.append(_Copy("decay", base.replace(g=g + PERTURBATION * (g != 0))))
 
-    results, mags, base_packed = _run_copies(problem, copies, seed, H)
+    reference, (results, mags, base_packed) = yield copies
     p0, _, dS0 = _packed(problem, base)
     dg_parts = _dg_parts(p0, base, mags)  # dg's scale and its scan term, from the same norm products
     natural = _natural(problem, p0, base, mags, fg, fb, end, dg_parts)

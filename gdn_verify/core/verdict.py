@@ -9,14 +9,12 @@ run of the same implementation, with a factor).
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from gdn_verify.core import timing
+from gdn_verify.core import processes, timing
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.implementation import ContractError, Implementation, Result
 from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_with_norms, token_loop
@@ -168,30 +166,34 @@ def oracles_and_tolerances(
     problems: Sequence[Problem], state_dtype: Any = None, workers: int | None = None
 ) -> list[tuple[tuple, tol.Tolerance]]:
     """:func:`oracle_and_tolerance` (NumPy oracle) of each problem, in worker processes when they
-    are long (``workers``: default one per task, at most the CPUs; 1: all here). The same results as
-    one by one: each problem's runs are independent and seeded alike. A problem past the token loop
-    runs its reference first, then its condition parts (``tolerance.condition_parts``: each rounding
-    draw, the reruns) side by side. ``error_growth``'s prefixes (64 to 65536 tokens) cost twice
-    their longest this way; on an H100 machine (16 cores, 2026-11-26) they were half of a warm
-    fla-chunk check's oracle time, one by one; the longest (65536 tokens) alone took 9 s on the CPU
-    before its parts ran side by side."""
+    are long (``workers``: default the CPUs, 1: all here), in the check's shared pool
+    (``core.processes``: started once, on first use). The same results as one by one: each
+    problem's runs are independent and seeded alike. A problem past the token loop runs its
+    reference first, then its condition parts (``tolerance.condition_parts``: each rounding draw,
+    the reruns) side by side. ``error_growth``'s prefixes (64 to 65536 tokens) cost twice their
+    longest this way; on an H100 machine (16 cores, 2026-11-26) they were half of a warm fla-chunk
+    check's oracle time, one by one; the longest (65536 tokens) alone took 9 s on the CPU before its
+    parts ran side by side."""
     tokens = sum(int(p.q.shape[0] * p.q.shape[1]) for p in problems)
     split = {i for i, p in enumerate(problems) if _split(p)}
     tasks = len(problems) - len(split) + sum(len(tol.condition_parts(problems[i], state_dtype)) for i in split)
-    n = min(tasks, os.cpu_count() or 1) if workers is None else min(workers, tasks)
-    if n <= 1 or (workers is None and tokens < PARALLEL_ORACLE_TOKENS):
+    n = processes.cpus() if workers is None else workers  # the pool's size: kept, whatever this call needs
+    if min(n, tasks) <= 1 or (workers is None and tokens < PARALLEL_ORACLE_TOKENS):
         return [oracle_and_tolerance(p, state_dtype=state_dtype) for p in problems]
+    submitted: list[concurrent.futures.Future] = []
+
+    def submit(function, *args, **kwargs) -> concurrent.futures.Future:
+        submitted.append(pool.submit(function, *args, **kwargs))
+        return submitted[-1]
+
     with timing.timed(timing.ORACLE):  # the children's time is this process's wait
-        context = multiprocessing.get_context("spawn")  # not fork: this process may hold a CUDA context
-        pool = concurrent.futures.ProcessPoolExecutor(n, mp_context=context)
+        pool = processes.pool(n)
         try:
             # longest first: it bounds the wall-clock time
             order = sorted(range(len(problems)), key=lambda i: -problems[i].q.shape[1])
-            references = {pool.submit(numpy_oracle_with_norms, problems[i]): i for i in order if i in split}
+            references = {submit(numpy_oracle_with_norms, problems[i]): i for i in order if i in split}
             whole = {
-                i: pool.submit(oracle_and_tolerance, problems[i], state_dtype=state_dtype)
-                for i in order
-                if i not in split
+                i: submit(oracle_and_tolerance, problems[i], state_dtype=state_dtype) for i in order if i not in split
             }
             parts = {}
             for future in concurrent.futures.as_completed(references):  # each one's parts once it is back
@@ -199,7 +201,7 @@ def oracles_and_tolerances(
                 reference, norms = future.result()
                 scales = tol.natural_scales(problems[i], norms)
                 names = tol.condition_parts(problems[i], state_dtype)
-                futures = [pool.submit(_part, problems[i], reference, x, scales, state_dtype) for x in names]
+                futures = [submit(_part, problems[i], reference, x, scales, state_dtype) for x in names]
                 parts[i] = (reference, scales, futures)
             results = []
             for i, p in enumerate(problems):
@@ -210,10 +212,12 @@ def oracles_and_tolerances(
                 kappa = tol.kappa_of([f.result() for f in futures], scales, state_dtype)
                 ref_state = reference[1] if p.output_final_state else None
                 results.append(((reference[0], ref_state), tol.tolerance(p, kappa)))
-        except BaseException:  # a worker's error or Ctrl-C: the queued tasks are not waited for
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException as exc:  # a worker's error or Ctrl-C: this call's queued tasks do not run
+            for future in submitted:
+                future.cancel()
+            if not isinstance(exc, Exception) or isinstance(exc, concurrent.futures.process.BrokenProcessPool):
+                processes.shutdown()  # interrupted or broken: the workers may be gone
             raise
-        pool.shutdown()
     # a worker's scales name its copy of the problem (Scales.of is an id()): name ours, or every
     # comparison would run the recurrence again for them (13 s of a 64k-token prefix, in this process)
     return [(reference, bound.for_problem(p)) for p, (reference, bound) in zip(problems, results)]

@@ -31,7 +31,7 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 
-from gdn_verify.core import timing
+from gdn_verify.core import processes, timing
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement, Property, Violation
@@ -461,6 +461,7 @@ def run_check(
                 break
     finally:
         guard.close()
+        processes.shutdown()  # the oracles' worker processes, started on first use (core.processes)
     return results
 
 
