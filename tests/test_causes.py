@@ -164,6 +164,22 @@ def test_initial_state_mistake_is_found_through_the_continuation_call():
     assert "the initial state ignored" in explain(plugin(no_initial_state), p, {"split": 20}, "state_continuation")
 
 
+def test_an_empty_continuation_call_is_a_probe_too():
+    # state_continuation clamps its split to T: a split at the end leaves the second call no
+    # tokens, and that empty call is what fails (found with a random seed of the planted-bug test,
+    # 2026-11-27: T = 1, split 16); the cause was left unnamed while the probes skipped it
+    rng = np.random.default_rng(9)
+    p = Problem(
+        q=rng.standard_normal((1, 1, 1, 2)),
+        k=np.array([[[[0.6, 0.8]]]]),
+        v=rng.standard_normal((1, 1, 1, 2)),
+        g=np.zeros((1, 1, 1)),
+        beta=np.full((1, 1, 1), 0.935),
+    ).astype(np.float32)
+    cause = explain(planted.implementation("empty_sequence_state_zeroed"), p, {"split": 16}, "state_continuation")
+    assert "a sequence of length 0 returning a zero final state" in cause, cause
+
+
 def test_in_kernel_option_mistakes_are_named():
     p = problem(state=False)
     rng = np.random.default_rng(4)

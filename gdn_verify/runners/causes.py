@@ -408,7 +408,8 @@ def probes(problem: Problem, params: dict, prop: str) -> list[Probe]:
     """The calls that can show a failure of ``prop`` on ``problem`` as a plain difference from the oracle.
 
     The problem itself; for a split (``state_continuation``) the second part started from the
-    oracle's state at the split; for ``state_layout`` the v-first layout.
+    oracle's state at the split (no tokens where the split is at the end: the property's empty
+    continuation call); for ``state_layout`` the v-first layout.
     """
     options = gating.options_from_params(params)
     native = problem
@@ -417,7 +418,7 @@ def probes(problem: Problem, params: dict, prop: str) -> list[Probe]:
         native = problem.replace(g=g, beta=beta)
     out = [Probe(problem, options, native)]
     T = problem.q.shape[1]
-    if "split" in params and 0 < min(params["split"], T) < T:
+    if "split" in params and 0 < min(params["split"], T):
         t = min(params["split"], T)
         state = np.asarray(numpy_oracle(problem.tokens(0, t))[1], np.float32)
         second = problem.tokens(t, T, state)
