@@ -63,24 +63,29 @@ class Tasks:
     """Tasks submitted to the shared pool (``workers`` > 1) or run here one by one when their
     results are asked for (``workers`` = 1: the serial path, in the same order of results).
 
-    ``submit`` returns a handle whose ``result()`` gives the task's value; the caller submits
-    everything it can first (longest first bounds the wall clock), then collects. Within
-    ``with Tasks(...)``, an exception or an interrupt while waiting shuts the pool down (a
-    broken or interrupted pool is not reused)."""
+    ``submit`` returns a handle whose ``result()`` gives the task's value (a future in the pool);
+    the caller submits everything it can first (longest first bounds the wall clock), then
+    collects. Within ``with Tasks(...)``, an exception or an interrupt cancels the tasks submitted
+    here that have not started (the shared pool's next user does not wait behind them), and a
+    broken or interrupted pool is shut down (not reused)."""
 
     def __init__(self, workers: int):
         self.executor = pool(workers) if workers > 1 else None
+        self.submitted: list[concurrent.futures.Future] = []
 
     def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.executor is None:
             return _Deferred(function, args, kwargs)
-        return self.executor.submit(function, *args, **kwargs)
+        self.submitted.append(self.executor.submit(function, *args, **kwargs))
+        return self.submitted[-1]
 
     def __enter__(self) -> Tasks:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is not None and self.executor is not None:
+            for future in self.submitted:
+                future.cancel()
             if isinstance(value, concurrent.futures.process.BrokenProcessPool) or not isinstance(value, Exception):
                 shutdown()  # broken, or interrupted (KeyboardInterrupt): the workers may be gone
 

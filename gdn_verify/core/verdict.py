@@ -175,49 +175,35 @@ def oracles_and_tolerances(
     check's oracle time, one by one; the longest (65536 tokens) alone took 9 s on the CPU before its
     parts ran side by side."""
     tokens = sum(int(p.q.shape[0] * p.q.shape[1]) for p in problems)
-    split = {i for i, p in enumerate(problems) if _split(p)}
-    tasks = len(problems) - len(split) + sum(len(tol.condition_parts(problems[i], state_dtype)) for i in split)
-    n = processes.cpus() if workers is None else workers  # the pool's size: kept, whatever this call needs
-    if min(n, tasks) <= 1 or (workers is None and tokens < PARALLEL_ORACLE_TOKENS):
+    names = {i: tol.condition_parts(p, state_dtype) for i, p in enumerate(problems) if _split(p)}
+    tasks = len(problems) - len(names) + sum(len(x) for x in names.values())
+    n = processes.workers_for([tokens], PARALLEL_ORACLE_TOKENS, workers)  # the pool's size, kept between calls
+    if min(n, tasks) <= 1:
         return [oracle_and_tolerance(p, state_dtype=state_dtype) for p in problems]
-    submitted: list[concurrent.futures.Future] = []
-
-    def submit(function, *args, **kwargs) -> concurrent.futures.Future:
-        submitted.append(pool.submit(function, *args, **kwargs))
-        return submitted[-1]
-
-    with timing.timed(timing.ORACLE):  # the children's time is this process's wait
-        pool = processes.pool(n)
-        try:
-            # longest first: it bounds the wall-clock time
-            order = sorted(range(len(problems)), key=lambda i: -problems[i].q.shape[1])
-            references = {submit(numpy_oracle_with_norms, problems[i]): i for i in order if i in split}
-            whole = {
-                i: submit(oracle_and_tolerance, problems[i], state_dtype=state_dtype) for i in order if i not in split
-            }
-            parts = {}
-            for future in concurrent.futures.as_completed(references):  # each one's parts once it is back
-                i = references[future]
-                reference, norms = future.result()
-                scales = tol.natural_scales(problems[i], norms)
-                names = tol.condition_parts(problems[i], state_dtype)
-                futures = [submit(_part, problems[i], reference, x, scales, state_dtype) for x in names]
-                parts[i] = (reference, scales, futures)
-            results = []
-            for i, p in enumerate(problems):
-                if i not in split:
-                    results.append(whole[i].result())
-                    continue
-                reference, scales, futures = parts[i]
-                kappa = tol.kappa_of([f.result() for f in futures], scales, state_dtype)
-                ref_state = reference[1] if p.output_final_state else None
-                results.append(((reference[0], ref_state), tol.tolerance(p, kappa)))
-        except BaseException as exc:  # a worker's error or Ctrl-C: this call's queued tasks do not run
-            for future in submitted:
-                future.cancel()
-            if not isinstance(exc, Exception) or isinstance(exc, concurrent.futures.process.BrokenProcessPool):
-                processes.shutdown()  # interrupted or broken: the workers may be gone
-            raise
+    # the children's time is this process's wait; an error or Ctrl-C cancels the queued tasks (Tasks)
+    with timing.timed(timing.ORACLE), processes.Tasks(n) as pool:
+        # longest first: it bounds the wall-clock time
+        order = sorted(range(len(problems)), key=lambda i: -problems[i].q.shape[1])
+        references = {pool.submit(numpy_oracle_with_norms, problems[i]): i for i in order if i in names}
+        whole = {
+            i: pool.submit(oracle_and_tolerance, problems[i], state_dtype=state_dtype) for i in order if i not in names
+        }
+        parts = {}
+        for future in concurrent.futures.as_completed(references):  # each one's parts once it is back
+            i = references[future]
+            reference, norms = future.result()
+            scales = tol.natural_scales(problems[i], norms)
+            futures = [pool.submit(_part, problems[i], reference, x, scales, state_dtype) for x in names[i]]
+            parts[i] = (reference, scales, futures)
+        results = []
+        for i, p in enumerate(problems):
+            if i not in names:
+                results.append(whole[i].result())
+                continue
+            reference, scales, futures = parts[i]
+            kappa = tol.kappa_of([f.result() for f in futures], scales, state_dtype)
+            ref_state = reference[1] if p.output_final_state else None
+            results.append(((reference[0], ref_state), tol.tolerance(p, kappa)))
     # a worker's scales name its copy of the problem (Scales.of is an id()): name ours, or every
     # comparison would run the recurrence again for them (13 s of a 64k-token prefix, in this process)
     return [(reference, bound.for_problem(p)) for p, (reference, bound) in zip(problems, results)]
