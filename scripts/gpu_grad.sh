@@ -62,7 +62,8 @@ fi
 [ "${REPRO:-1}" = late ] && repro
 # the rest side by side (their compile costs are not the measurement); GRAD_MORE picks them.
 # SERIAL=1: one after another instead, each cold pool with the machine to itself (two cold pools
-# of 15 workers each, plus the repro, drove the load to 57 on 16 cores on 2026-11-27)
+# of 15 workers each, plus the repro, drove the load to 57 on 16 cores on 2026-11-27).
+# A job `sleep:N` waits N seconds before starting the jobs after it (e.g. past the cold pools before).
 for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
   case $job in
     bf16) check fla-chunk-bf16 --impl fla-chunk --dtype bfloat16 --seed 1 $DIMS & ;;  # untimed (TIMED=0)
@@ -70,9 +71,10 @@ for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
     default) check fla-chunk-bf16-default --impl fla-chunk --dtype bfloat16 --seed 2 & ;;  # every head size
     qla-bf16) TRITON_CACHE_DIR=/tmp/triton-qla check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1 & ;;
     qla-fp16) TRITON_CACHE_DIR=/tmp/triton-qla16 check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 & ;;
+    sleep:*) sleep "${job#sleep:}" & ;;
     dispatch) FLA_FLASH_QLA=1 TRITON_CACHE_DIR=/tmp/triton-dispatch \
       check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 & ;;
   esac
-  [ "${SERIAL:-0}" = 1 ] && wait $!  # this job only: the repro runs on beside
+  [ "${SERIAL:-0}" = 1 ] || [ "${job%%:*}" = sleep ] && wait $!  # this job only: the repro runs on beside
 done
 wait
