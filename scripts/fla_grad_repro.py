@@ -9,7 +9,9 @@ memory access ends one case, not the run. Prints one line per case and writes JS
 Cases: FLA's own backward (FLA_FLASH_QLA=0) at head sizes K in 32-128 and V in 16-128 (the V < 64
 bug), with an empty batch (T = 0), an empty sequence in a pack and padding tokens after
 cu_seqlens[-1] (a negative length in CASES: their gradients must be zero); FLA with its FlashQLA
-dispatch on (16-bit and float32 g, an empty sequence); FlashQLA called directly. For the cases in
+dispatch on (16-bit and float32 g, an empty sequence); FlashQLA called directly. A padding case
+runs its backward twice over freed memory of two byte values (POISONS): a padding gradient that
+changes between them was never written. For the cases in
 AUTOTUNE_PRINTED the JSON keeps the autotuned configurations Triton printed.
 """
 
@@ -20,6 +22,9 @@ import os
 import subprocess
 import sys
 
+# the layout of check --grad --impl flash-qla's failing grad_padding_zero example (2026-11-27 07:44)
+CHECKED = {"H": 2, "HV": 4, "h0": False}
+CHECKED_L2 = {**CHECKED, "l2norm": True}
 CASES = [
     # name, env FLA_FLASH_QLA, entry ("fla" or "qla"), dtype, K, V, lengths, g dtype
     ("fla-bf16-K60-V32", "0", "fla", "bfloat16", 60, 32, [128], "same"),
@@ -48,23 +53,38 @@ CASES = [
     # tokens after cu_seqlens[-1] (3 here): their gradients must be zero, not left unwritten
     ("fla-bf16-varlen-tail", "0", "fla", "bfloat16", 128, 128, [1, 1, -3], "same"),
     # the same with do = 0 on the padding (zero gradients there under any reading of the padding,
-    # even as a continuation of the last sequence) and torch's CUDA cache left full of NaN blocks
-    # the size of each gradient before the backward: an unwritten gradient reads NaN
+    # even as a continuation of the last sequence); every padding case runs the POISONS test below
     ("fla-bf16-varlen-tail-do0", "0", "fla", "bfloat16", 128, 128, [1, 1, -3], "same"),
     # FlashQLA directly, the same (check --grad --impl flash-qla failed grad_padding_zero: NaN dq)
     ("qla-bf16-varlen-tail-do0", "1", "qla", "bfloat16", 128, 128, [1, 1, -3], "float32"),
+    # the check's failing example itself (H100, 2026-11-27 07:44): GVA H=2 HV=4, l2norm in the kernel,
+    # no initial state, 65 padding tokens after two one-token sequences (they reach a second chunk);
+    # with do random on the padding as the check draws it, and with do = 0 there
+    ("qla-bf16-pad65-l2", "1", "qla", "bfloat16", 128, 128, [1, 1, -65], "float32", CHECKED_L2),
+    ("qla-bf16-pad65-l2-do0", "1", "qla", "bfloat16", 128, 128, [1, 1, -65], "float32", CHECKED_L2),
+    ("qla-bf16-pad65-do0", "1", "qla", "bfloat16", 128, 128, [1, 1, -65], "float32", CHECKED),
+    # FLA's own backward on the same example (report 1 with the two-poison test)
+    ("fla-bf16-pad65-l2-do0", "0", "fla", "bfloat16", 128, 128, [1, 1, -65], "same", CHECKED_L2),
 ]
+# The padding cases' backward runs twice, after torch's CUDA cache is left full of freed memory
+# whose every byte is POISONS[0] (NaN in any float dtype), then POISONS[1] (12.06 in bfloat16,
+# 12.08 in float32): a padding gradient the kernels never write reads as each poison in turn,
+# and one they write reads the same both times.
+POISONS = (0xFF, 0x41)
 # Cases whose kernels' autotuning choices are printed (TRITON_PRINT_AUTOTUNING=1): the V < 64 bug
 # came and went between processes, so each run records which configurations its kernels picked.
 AUTOTUNE_PRINTED = ("fla-bf16-K60-V32", "fla-bf16-K64-V32", "fla-bf16-K64-V64")
 
 
-def reference(q, k, v, g, beta, h0, cu, scale, do):
-    """float64 autograd of the token loop: (o, gradients) for the loss sum(o * do)."""
+def reference(q, k, v, g, beta, h0, cu, scale, do, l2norm=False):
+    """float64 autograd of the token loop: (o, gradients) for the loss sum(o * do); with ``l2norm``
+    q and k are normalized first (FLA's ``use_qk_l2norm_in_kernel``), inside the graph."""
     import torch
 
     leaves = [x.detach().double().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
     q, k, v, g, beta, h0 = leaves
+    if l2norm:
+        q, k = (x / x.square().sum(-1, keepdim=True).sqrt() for x in (q, k))
     H, HV = q.shape[2], v.shape[2]
     outs = []
     for n in range(len(cu) - 1):
@@ -81,14 +101,32 @@ def reference(q, k, v, g, beta, h0, cu, scale, do):
     return dict(zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads))
 
 
-def run_case(name, entry, dtype, K, V, lengths, g_dtype):
+def poison_cache(byte):
+    """Leave torch's CUDA caching allocator holding freed blocks whose every byte is ``byte``: 256
+    blocks of 1 MiB (the small pool serves requests up to 1 MiB from them) and 32 of 8 MiB."""
     import torch
 
+    blocks = [torch.full((2**20,), byte, dtype=torch.uint8, device="cuda") for _ in range(256)]
+    blocks += [torch.full((2**23,), byte, dtype=torch.uint8, device="cuda") for _ in range(32)]
+    torch.cuda.synchronize()
+    del blocks
+
+
+def tail_stats(x, end):
+    """How many of a padding gradient's entries (tokens from ``end`` on) are nonzero and NaN."""
+    pad = x.double()[:, end:]
+    return {"nonzero": int((pad != 0).sum()), "nan": int(pad.isnan().sum()), "of": pad.numel()}
+
+
+def run_case(name, entry, dtype, K, V, lengths, g_dtype, opts=None):
+    import torch
+
+    opts = opts or {}
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
     tail = -sum(n for n in lengths if n < 0)  # a negative length: that many padding tokens at the end
     lengths = [n for n in lengths if n >= 0]
-    T, H, HV = sum(lengths) + tail, 1, 2
+    T, H, HV = sum(lengths) + tail, opts.get("H", 1), opts.get("HV", 2)
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
@@ -98,41 +136,57 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype):
     v = torch.randn(1, T, HV, V, device=dev).to(dt)
     g = (-0.05 * torch.rand(1, T, HV, device=dev)).to(dt if g_dtype == "same" else torch.float32)
     beta = torch.rand(1, T, HV, device=dev).to(dt)
-    h0 = torch.randn(len(lengths), HV, K, V, device=dev)
+    h0 = torch.randn(len(lengths), HV, K, V, device=dev) if opts.get("h0", True) else None
     do = torch.randn(1, T, HV, V, device=dev).to(dt)
     strict = name.endswith("-do0")
     if strict:
         do[:, cu[-1] :] = 0
+    l2norm = bool(opts.get("l2norm", False))
     scale = K**-0.5
     if entry == "fla":
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
     else:
         from flash_qla import chunk_gated_delta_rule as fn
-    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta) + ((h0,) if h0 is not None else ())]
     cu_t = torch.tensor(cu, device=dev, dtype=torch.long) if len(lengths) > 1 or tail else None
-    o, _ = fn(*leaves[:5], scale=scale, initial_state=leaves[5], output_final_state=False, cu_seqlens=cu_t)
-    if strict:  # NaN blocks of each gradient's size and dtype, freed into the cache the backward allocates from
-        blocks = [torch.full_like(x, float("nan")) for x in leaves for _ in range(3)]
-        del blocks
-    got = torch.autograd.grad((o.float() * do.float()).sum(), leaves, allow_unused=True, materialize_grads=True)
-    torch.cuda.synchronize()
+
+    def backward(poison=None):
+        o, _ = fn(
+            *leaves[:5],
+            scale=scale,
+            initial_state=leaves[5] if h0 is not None else None,
+            output_final_state=False,
+            use_qk_l2norm_in_kernel=l2norm,
+            cu_seqlens=cu_t,
+        )
+        if poison is not None:  # freed memory of one byte value, which the backward allocates from
+            poison_cache(poison)
+        grads = torch.autograd.grad((o.float() * do.float()).sum(), leaves, allow_unused=True, materialize_grads=True)
+        torch.cuda.synchronize()
+        return grads
+
+    got = backward(POISONS[0] if tail else None)
     want = reference(
-        q[:, : cu[-1]],
-        k[:, : cu[-1]],
-        v[:, : cu[-1]],
-        g[:, : cu[-1]],
-        beta[:, : cu[-1]],
-        h0,
+        *(x[:, : cu[-1]] for x in (q, k, v, g, beta)),
+        h0 if h0 is not None else torch.zeros(len(lengths), HV, K, V, device=dev),
         cu,
         scale,
         do[:, : cu[-1]],
+        l2norm,
     )
+    if h0 is None:
+        want.pop("dh0")
     row = {}
-    for (key, w), x in zip(want.items(), got):
+    if tail:  # the same backward again over the other poison: written entries read the same
+        again = backward(POISONS[1])
+        row["poisons"] = [f"0x{b:02X}" for b in POISONS]
+    for i, ((key, w), x) in enumerate(zip(want.items(), got)):
         x = x.double()
         if tail and key != "dh0":  # the padding tokens' gradients: exactly zero, or how many are not
-            pad = x[:, cu[-1] :]
-            row[key + "_tail"] = {"nonzero": int((pad != 0).sum()), "nan": int(pad.isnan().sum()), "of": pad.numel()}
+            row[key + "_tail"] = tail_stats(x, cu[-1])
+            row[key + "_tail_second_poison"] = tail_stats(again[i], cu[-1])
+            a, b = x[:, cu[-1] :], again[i].double()[:, cu[-1] :]
+            row[key + "_tail_changed"] = int((~((a == b) | (a.isnan() & b.isnan()))).sum())
             x = x[:, : cu[-1]]
         denom = float(w.square().mean().sqrt()) or 1.0
         row[key] = {
@@ -142,12 +196,24 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype):
     return row
 
 
+def cell(key, value):
+    """One gradient's entry of a case's printed line."""
+    if key.endswith("_changed"):
+        return f"changed {value}"
+    if key.endswith("_second_poison"):
+        return f"then {value['nonzero']} ({value['nan']} NaN)"
+    if "nonzero" in value:
+        return f"{key} {value['nonzero']}/{value['of']} nonzero ({value['nan']} NaN)"
+    return f"{key} {value['rel_rms']:.2e}{'' if value['finite'] else ' NONFINITE'}"
+
+
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--case":
         case = next(c for c in CASES if c[0] == sys.argv[2])
-        name, _, entry, dtype, K, V, lengths, g_dtype = case
+        name, _, entry, dtype, K, V, lengths, g_dtype, *opts = case
         try:
-            print("RESULT " + json.dumps({"ok": True, "grads": run_case(name, entry, dtype, K, V, lengths, g_dtype)}))
+            grads = run_case(name, entry, dtype, K, V, lengths, g_dtype, *opts)
+            print("RESULT " + json.dumps({"ok": True, "grads": grads}))
         except Exception as exc:  # the kernel's own error is the finding
             print("RESULT " + json.dumps({"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}))
         return
@@ -155,7 +221,7 @@ def main():
     by_name = {c[0]: c for c in CASES}
     chosen = [by_name[n] for n in sys.argv[2].split(",")] if len(sys.argv) > 2 else CASES
     results = []
-    for name, qla, entry, dtype, K, V, lengths, g_dtype in chosen:
+    for name, qla, entry, dtype, K, V, lengths, g_dtype, *opts in chosen:
         env = {**os.environ, "FLA_FLASH_QLA": qla}
         if name in AUTOTUNE_PRINTED:
             env["TRITON_PRINT_AUTOTUNING"] = "1"
@@ -171,15 +237,12 @@ def main():
         except subprocess.TimeoutExpired:
             out = {"ok": False, "error": "timeout after 600 s"}
         out.update(case=name, FLA_FLASH_QLA=qla, entry=entry, dtype=dtype, K=K, V=V, lengths=lengths, g_dtype=g_dtype)
+        if opts:
+            out["options"] = opts[0]
         results.append(out)
         if out["ok"]:
             grads = out["grads"].items()
-            cells = " ".join(
-                f"{k} {v['nonzero']}/{v['of']} nonzero ({v['nan']} NaN)"
-                if "nonzero" in v
-                else f"{k} {v['rel_rms']:.2e}{'' if v['finite'] else ' NONFINITE'}"
-                for k, v in grads
-            )
+            cells = " ".join(cell(k, v) for k, v in grads if k != "poisons")
         else:
             cells = "ERROR " + out["error"]
         print(f"{name:32s} {cells}", flush=True)
