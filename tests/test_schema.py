@@ -130,3 +130,17 @@ def test_selftest_json_is_written_as_bugs_are_checked(tmp_path):
 def test_non_finite_numbers_become_strings():
     assert api.jsonable({"a": [math.inf, -math.inf, math.nan, 1.5]}) == {"a": ["inf", "-inf", "nan", 1.5]}
     validate({"error": math.inf, "bound": 1e-5}, "measurement")
+
+
+def test_a_gradient_check_reports_each_gradients_worst_example():
+    result = api.check("numpy-grad", grad=True, properties=["grad_matches_reference"], max_examples=4, seed=1)
+    row = validate(result.as_dict())["results"][0]
+    parts, worst = row["worst_by_part"], row["worst"]
+    assert {"dq", "dk", "dv", "dg", "dbeta"} <= set(parts) <= {"dq", "dk", "dv", "dg", "dbeta", "dh0"}
+    assert all(0 <= p["ratio"] <= 1 and p["bound"] > 0 for p in parts.values())
+    # the worst example's worst part is the largest ratio over all parts and examples
+    assert max(p["ratio"] for p in parts.values()) == pytest.approx(worst["error"] / worst["bound"])
+    # and each part's entry is at least that part's ratio in the worst example
+    for name, text in (x.split(" ") for x in worst["detail"].split(", ")):
+        e, b = (float(v) for v in text.split("/"))
+        assert parts[name]["ratio"] >= e / b * (1 - 1e-2)

@@ -111,7 +111,8 @@ def compare_gradients(
     ratios = {n: e / (factor * tolerance.bounds[n]) if tolerance.bounds[n] > 0 else np.inf for n, e in errors.items()}
     worst = max(ratios, key=lambda n: ratios[n])
     detail = ", ".join(f"{n} {errors[n]:.3g}/{factor * tolerance.bounds[n]:.3g}" for n in errors)
-    m = Measurement(errors[worst], factor * tolerance.bounds[worst], detail)
+    parts = {n: (errors[n], factor * tolerance.bounds[n]) for n in errors}
+    m = Measurement(errors[worst], factor * tolerance.bounds[worst], detail, parts=parts)
     failing = [n for n in errors if ratios[n] > 1]
     if failing:
         blocks = gtol.grad_block_errors(problem, grads, against, tolerance)[worst]

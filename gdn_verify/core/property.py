@@ -6,7 +6,7 @@ a check returns (:class:`Measurement`: the worst error and the bound it was held
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gdn_verify.core.implementation import Implementation
@@ -17,24 +17,31 @@ from gdn_verify.core.problem import Problem
 class Measurement:
     """The worst error and the bound it was held to. ``uniform``: the uniform model's part of
     ``bound`` (``bound`` adds the algorithm-aware term); ``note``: one line when an error lies
-    between the two, naming the rounding that puts it there."""
+    between the two, naming the rounding that puts it there. ``parts``: each compared part's
+    ``(error, bound)`` where there are several (a backward's gradients), the worst being the whole's."""
 
     error: float
     bound: float
     detail: str = ""
     uniform: float | None = None
     note: str = ""
+    parts: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
-        return self.error / self.bound if self.bound > 0 else (0.0 if self.error == 0 else float("inf"))
+        return self.ratio_of(self.error, self.bound)
+
+    @staticmethod
+    def ratio_of(error: float, bound: float) -> float:
+        """``error / bound``: 0 for no error, infinite for an error over a zero bound."""
+        return error / bound if bound > 0 else (0.0 if error == 0 else float("inf"))
 
     @property
     def uniform_ratio(self) -> float:
         """Error over the uniform bound (``ratio`` where there is no algorithm-aware term)."""
         if self.uniform is None:
             return self.ratio
-        return self.error / self.uniform if self.uniform > 0 else (0.0 if self.error == 0 else float("inf"))
+        return self.ratio_of(self.error, self.uniform)
 
 
 class Violation(AssertionError):

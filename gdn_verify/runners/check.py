@@ -132,6 +132,9 @@ class PropertyResult:
     note: str = ""
     above_uniform: int = 0  # examples within the algorithm-aware bound but above the uniform one
     explained: Measurement | None = None  # the one of those furthest above the uniform bound
+    # per part of a measurement with parts (a backward's gradients): the (error, bound) of the
+    # example where that part came closest to its bound, which need not be the worst example
+    worst_parts: dict[str, tuple[float, float]] = field(default_factory=dict)
     example_counts: dict[str, int] = field(default_factory=dict)  # examples by status
     warnings: int = 0  # warnings raised while the property ran (the kernel's, mostly)
     warning: str = ""  # one line: the most frequent of them and where it was raised
@@ -162,6 +165,10 @@ class PropertyResult:
                 detail=self.worst.detail,
                 uniform_bound=self.worst.uniform,
             )
+        if self.worst_parts:
+            d["worst_by_part"] = {
+                n: dict(error=e, bound=b, ratio=Measurement.ratio_of(e, b)) for n, (e, b) in self.worst_parts.items()
+            }
         if self.explained is not None:
             d["above_uniform"] = dict(examples=self.above_uniform, note=self.explained.note)
         if self.failure is not None:
@@ -330,6 +337,10 @@ def run_property(
         counts["passed"] += 1
         if result.worst is None or m.ratio > result.worst.ratio:
             result.worst = m
+        for part, (e, b) in m.parts.items():
+            kept = result.worst_parts.get(part)
+            if kept is None or Measurement.ratio_of(e, b) > Measurement.ratio_of(*kept):
+                result.worst_parts[part] = (e, b)
         if m.note:
             result.above_uniform += 1
             if result.explained is None or m.uniform_ratio > result.explained.uniform_ratio:
