@@ -39,6 +39,7 @@ from gdn_verify.core import environment
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Property
+from gdn_verify.core.shapes import COMPILED_SCALES
 from gdn_verify.options import (
     CheckOptions,
     valid_choice,
@@ -903,6 +904,8 @@ def plan_limits(
 
     The probe's calls are guarded by ``timeout`` like the properties' (a hung kernel must not hang
     the planning); a call that times out keeps its class in the pool, for the properties to report.
+    An implementation declaring ``extra["compile_scales"]`` (a kernel compiled per scale value)
+    gets ``shapes.COMPILED_SCALES`` as the explicit scales drawn, which its warm variants cover.
     ``plans_dir`` (None: nothing stored or read): the pool is stored there per implementation,
     version, device, dtype, head sizes and gradient mode, and the next run with the same key
     reuses it (no probe, no new classes: a warm cache compiles nothing); an explicit
@@ -935,6 +938,8 @@ def plan_limits(
     finally:
         guard.close()
     plan.path = path
+    if impl.extra.get("compile_scales"):  # every scale drawn is a compile of every class and variant
+        limits, plan.scales = limits.replace(scales=COMPILED_SCALES), COMPILED_SCALES
     if plan.source == "planned":
         plan.note = "; ".join(n for n in (note, plan.note) if n)  # the planner's own: why no worker processes
         # No pool (a cheap implementation): nothing to store.
@@ -961,6 +966,7 @@ def _plan_dict(plan: ShapePlan | None, seconds: float) -> dict[str, Any]:
             plan_path=None if plan.path is None else str(plan.path),
             **({"plan_measured": plan.measured} if plan.measured else {}),
             **({"plan_note": plan.note} if plan.note else {}),
+            **({"scales": list(plan.scales)} if plan.scales is not None else {}),
             **(
                 {
                     "workers": plan.workers,

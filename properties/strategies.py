@@ -51,6 +51,7 @@ class Limits:
     head_dims: tuple[int, ...] = SMALL_DIMS + AWKWARD_DIMS
     max_tokens: int = 2048
     shape_classes: tuple[ShapeClass, ...] | None = None
+    scales: tuple[float, ...] = EXPLICIT_SCALES  # drawn besides None (the kernel's 1/sqrt(K))
 
     def replace(self, **changes: Any) -> Limits:
         return replace(self, **changes)
@@ -318,7 +319,7 @@ def problems(
         l2norm = c.l2norm
         rows = draw(st.sampled_from(ROW_KINDS)) if l2norm else "plain"
         state_kind = draw(st.sampled_from(("zero", "random", "large"))) if c.initial_state else "absent"
-        scale = draw(st.one_of(st.none(), st.sampled_from(EXPLICIT_SCALES)))
+        scale = draw(st.one_of(st.none(), st.sampled_from(limits.scales)))
     else:
         H, HV = draw(heads if heads is not None else head_counts(limits))
         K, V = draw(head_dims(limits, max_dim))
@@ -327,7 +328,7 @@ def problems(
         l2norm = draw(st.booleans())
         rows = draw(st.sampled_from(ROW_KINDS)) if l2norm else "plain"
         state_kind = draw(st.sampled_from(("absent", "zero", "random", "large")))
-        scale = draw(st.one_of(st.none(), st.sampled_from(EXPLICIT_SCALES)))
+        scale = draw(st.one_of(st.none(), st.sampled_from(limits.scales)))
         dtype_name = limits.dtype if limits.dtype is not None else draw(st.sampled_from(tuple(DTYPES)))
     v_first = state_layouts and draw(st.booleans())
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))

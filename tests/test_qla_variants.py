@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 from gdn_verify import api
-from gdn_verify.core.shapes import ShapeClass
+from gdn_verify.core.shapes import COMPILED_SCALES, ShapeClass
 from gdn_verify.implementations import flashqla
-from gdn_verify.properties.strategies import EXPLICIT_SCALES, Limits
+from gdn_verify.properties.strategies import EXPLICIT_SCALES, Limits, problems
 from gdn_verify.runners.check import RunSettings, run_check
 from gdn_verify.runners.compile import MIN_CLASSES, warm_calls
 from tests.jit_like import QlaLike
@@ -57,19 +57,52 @@ def test_without_the_declaration_the_properties_compile_new_variants(tmp_path):
 
 
 def test_flashqla_warms_every_scale_dht_and_layout_of_a_class():
-    """24 backward calls for a batched class (4 scales x dht or not x B > 1, B == 1 and a
-    context-parallel length), 8 for a varlen one; forward: 4 scales x the class's 3 variants x 2."""
+    """12 backward calls for a batched class (2 scales x dht or not x B > 1, B == 1 and a
+    context-parallel length), 4 for a varlen one; forward: 2 scales x the class's 3 variants x 2."""
     impl = QlaLike().impl
     batched = ShapeClass(2, 4, 128, 128, "bfloat16", initial_state=True).example()
     varlen = ShapeClass(2, 4, 128, 128, "bfloat16", varlen=True).example()
     calls = [(batched, True), *warm_calls(impl, batched, True)]
-    assert len(calls) == 24 and len({(p.scale, d, p.shape["B"], p.shape["T"]) for p, d in calls}) == 24
-    assert {p.scale for p, _ in calls} == {None, *EXPLICIT_SCALES}
+    assert len(calls) == 12 and len({(p.scale, d, p.shape["B"], p.shape["T"]) for p, d in calls}) == 12
+    assert {p.scale for p, _ in calls} == {None, *COMPILED_SCALES}
     assert {(p.shape["B"], p.shape["T"]) for p, _ in calls} == {(2, 35), (1, 35), (1, flashqla.CP_TOKENS)}
-    assert len(warm_calls(impl, varlen, True)) == 7 and len(warm_calls(impl, varlen, False)) == 11
-    assert len(warm_calls(impl, batched, False)) == 23
+    assert len(warm_calls(impl, varlen, True)) == 3 and len(warm_calls(impl, varlen, False)) == 5
+    assert len(warm_calls(impl, batched, False)) == 11
     assert flashqla.class_key(ShapeClass(2, 4, 128, 128, "bfloat16", l2norm=True)) == ShapeClass(
         2, 4, 128, 128, "bfloat16"
     )
     undeclared = QlaLike(declared=False).impl  # FLA's way: a backward is warmed by its one call
     assert warm_calls(undeclared, batched, True) == [] and len(warm_calls(undeclared, batched, False)) == 2
+
+
+def scales_drawn(limits: Limits) -> set:
+    """The scales 60 problems drawn within ``limits`` have."""
+    from hypothesis import HealthCheck, given, settings
+
+    seen = set()
+
+    @settings(max_examples=60, database=None, suppress_health_check=list(HealthCheck), deadline=None)
+    @given(problems(limits))
+    def draw(problem):
+        seen.add(problem.scale)
+
+    draw()
+    return seen
+
+
+def test_a_kernel_compiled_per_scale_draws_only_the_scales_its_pool_warms():
+    """FlashQLA declares ``compile_scales``: the planned limits draw None and ``COMPILED_SCALES``
+    only (each value drawn is a compile per class and variant), and the shapes line and JSON say
+    so; an implementation without the declaration keeps every explicit scale."""
+    assert all(s not in (0.0, 1.0) and all(abs(s - K**-0.5) > 1e-3 for K in range(1, 513)) for s in COMPILED_SCALES)
+    drawn = {}
+    for declared in (True, False):
+        fake = QlaLike(declared=declared)
+        limits, plan = api.plan_limits(fake.impl, LIMITS, 0.5, plans_dir=None)
+        assert limits.scales == (COMPILED_SCALES if declared else EXPLICIT_SCALES)
+        assert (plan.scales is not None) == declared
+        assert ("explicit scale 0.375 only" in plan.describe()) == declared
+        assert api._plan_dict(plan, 0.0)["compile"].get("scales") == ([0.375] if declared else None)
+        drawn[declared] = scales_drawn(limits)
+    assert drawn[True] == {None, *COMPILED_SCALES}
+    assert drawn[False] - {None} and drawn[False] - {None} <= set(EXPLICIT_SCALES)

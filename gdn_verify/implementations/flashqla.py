@@ -16,7 +16,7 @@ from typing import Any
 from gdn_verify.core import arrays
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.shapes import EXPLICIT_SCALES, ShapeClass, variants
+from gdn_verify.core.shapes import COMPILED_SCALES, ShapeClass, variants
 from gdn_verify.implementations.fla import cuda_library, jit_compiled, wrap
 
 
@@ -58,7 +58,8 @@ def first_row(problem: Problem) -> Problem:
 def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]]:
     """The calls beside ``(example, True)`` that compile TileLang kernels of their own in FlashQLA
     0.1.3 (``Implementation.extra["warm_variants"]``, ``runners.compile.warm_calls``): every scale
-    the strategies draw (None and ``shapes.EXPLICIT_SCALES``) crossed with, through the backward
+    the strategies draw (None and ``shapes.COMPILED_SCALES``: the adapter declares
+    ``compile_scales``, so ``api.plan_limits`` narrows the scales drawn) crossed with, through the backward
     form, ``dht`` given and not; through a forward form, the example's ``shapes.variants`` (state
     ``[V, K]``, no final state); each on the example, for a batched class also on its first row
     alone (``B == 1``), and through the backward form on one batched sequence of ``CP_TOKENS``.
@@ -70,7 +71,7 @@ def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]
 
     - ``scale`` (``None`` becomes ``K ** -0.5`` in ``__init__.py:441-442``): a jit argument of the
       forward ``hopper/fused_fwd.py:27`` (passed at ``:744``), the backward ``hopper/fused_bwd.py:24``
-      (``:1186``) and the context-parallel backward ``hopper/cp_bwd.py:22`` (``:675``). 4 values.
+      (``:1186``) and the context-parallel backward ``hopper/cp_bwd.py:22`` (``:675``). 2 values.
     - ``use_dht = dht is not None``, ``hopper/fused_bwd.py:33`` (``:1164``), and ``hopper/cp_bwd.py:31``
       (``:644``); with it ``store_final_state``, ``hopper/fused_fwd.py:39`` (``:755``): autograd's
       forward stores the final state exactly when ``dht`` is given (``with_dht`` of
@@ -99,16 +100,15 @@ def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]
       ``qkva_dtype``, ``h_dtype`` and ``o_dtype`` the input dtype; ``h0``/``ht``/``dht`` float32;
       ``use_initial_state`` and ``Hg``/``H`` are the class's. l2norm is torch code, no jit argument.
 
-    Warm calls per class: backward 4 scales x 2 x 3 shapes = 24 for a batched class, 4 x 2 = 8 for
-    a varlen one; forward 4 x 3 x 2 = 24 and 12. Each new (scale, dht, layout) compiles the
-    fused forward and backward (20-90 s each on an H100), so a cold ``--grad --dims 128`` pool of
-    15 classes (10 kernel sets: l2norm shares them, see the class key) holds about 160 forward,
-    72 backward and 24 context-parallel backward kernels: some 250 x ~45 s = 3 CPU-hours, and a
-    batched class alone about 24 x 2 x 45 s = 36 min in one process. The compile workers split a
+    Warm calls per class: backward 2 scales x 2 x 3 shapes = 12 for a batched class, 2 x 2 = 4 for
+    a varlen one; forward 2 x 3 x 2 = 12 and 6. Each new (scale, dht, layout) compiles the fused
+    forward and backward (20-90 s each on an H100). With the four scales of
+    ``shapes.EXPLICIT_SCALES`` a cold ``--grad --dims 128`` pool of ``MIN_CLASSES`` (4) classes
+    took 7 min 27 s over 15 compile workers (H100, 2026-11-27), and a batched class alone would
+    have taken some 36 min in one process; with two, about half. The compile workers split a
     class into units of these calls (``compile_workers.split_units``); the default budget (3 min)
-    keeps the pool at ``MIN_CLASSES`` (4: 80 calls, an estimated 9 min up front with 15 workers,
-    docs/jit-kernels.md), which is still what the properties would otherwise compile one example
-    at a time; a warm TileLang cache (a stored plan) pays none of it.
+    keeps the pool at ``MIN_CLASSES``, which is still what the properties would otherwise compile
+    one example at a time; a warm TileLang cache (a stored plan) pays none of it.
     """
     shapes = [example]
     if example.cu_seqlens is None:
@@ -120,7 +120,7 @@ def warm_variants(example: Problem, backward: bool) -> list[tuple[Problem, bool]
     else:
         calls = [(v, True) for p in shapes for v in (p, *variants(p))]
     default = example.shape["K"] ** -0.5  # what FlashQLA makes of scale=None
-    scales = [None] + [s for s in EXPLICIT_SCALES if s != default]
+    scales = [None] + [s for s in COMPILED_SCALES if s != default]
     return [(p.replace(scale=s), with_dht) for s in scales for p, with_dht in calls][1:]  # [0]: the class's own
 
 
@@ -133,7 +133,7 @@ def class_key(c: ShapeClass) -> ShapeClass:
 def declarations() -> dict[str, Any]:
     """FlashQLA's ``Implementation.extra``: JIT-compiled per :func:`class_key`, warmed with
     :func:`warm_variants` (also what ``tests/jit_like.QlaLike`` declares)."""
-    return jit_compiled(compile_classes=class_key, warm_variants=warm_variants)
+    return jit_compiled(compile_classes=class_key, warm_variants=warm_variants, compile_scales=True)
 
 
 def flash_qla() -> Implementation:

@@ -88,6 +88,7 @@ class ShapePlan:
     parallel_units: dict[ShapeClass, int] = field(default_factory=dict)  # per class split into several units
     parallel_wall: dict[ShapeClass, float] = field(default_factory=dict)  # and its first unit's start to its last's end
     worker_errors: list[str] = field(default_factory=list)  # a class's exception in its worker, or its death
+    scales: tuple[float, ...] | None = None  # the explicit scales drawn, where narrowed (compiled per value)
 
     @property
     def expensive(self) -> bool:
@@ -135,6 +136,8 @@ class ShapePlan:
             return f"{cost}: every shape drawn freely"
         why = "declared JIT-compiled; " if self.declared else ""
         text = f"{why}{cost}: shapes drawn from {len(self.classes)} classes compiled up front; {self.origin()}"
+        if self.scales is not None:
+            text += f"; explicit scale {', '.join(f'{s:g}' for s in self.scales)} only (a compile per value)"
         parallel = self.parallel()
         return f"{text}; {parallel}" if parallel else text
 

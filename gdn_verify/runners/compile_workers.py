@@ -6,7 +6,7 @@ the processes of a machine: a class compiled in a child is cheap in the parent a
 arguments it was resolved by (:class:`ImplSpec`), warms one *unit* under a :class:`Guard` and
 prints its :class:`Outcome` as one JSON line on stdout. A unit is a class and some of its warm
 calls (``runners.compile.class_calls``): a class whose implementation declares warm variants
-that compile apart (FlashQLA: 24 calls for a batched class) is cut into several units
+that compile apart (FlashQLA: 12 calls for a batched class) is cut into several units
 (:func:`split_units`), any other is one unit of all its calls. :class:`CompilePool` runs at most
 ``workers`` children at once, the units in the order of their classes, from a thread of its own
 (so that a unit that ends while the parent is busy is replaced at once), and kills them all when
@@ -62,7 +62,7 @@ def split_units(classes: Sequence[ShapeClass], calls: Mapping[ShapeClass, int], 
     classes, a class absent from ``calls`` counting one), so its own call (0) is in its first
     unit; a class absent from ``calls``, or with no more calls than that, is one unit of all its
     calls (``None``). 2 classes of 8 calls over 8 workers: 16 units of one call; FlashQLA's 10
-    ``--grad --dims 128`` classes (160 calls) over 15: units of 2 calls, 12 for a batched class."""
+    ``--grad --dims 128`` classes (80 calls) over 15: units of 1 call, 12 for a batched class."""
     total = sum(calls.get(c, 1) for c in classes)
     size = max(1, total // (UNIT_ROUNDS * max(1, workers)))
     units: list[Unit] = []
