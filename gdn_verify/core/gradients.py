@@ -23,11 +23,17 @@ a segment of tokens.
 States are not all stored: the forward pass keeps one state per segment of ``checkpoint_every``
 tokens and the reverse pass recomputes each segment's states from its checkpoint, so memory is
 ``O((T / C + C) * N * HV * K * V)`` instead of ``O(T * N * HV * K * V)``.
+
+The sequential loops and the batched products run on any NumPy-like array module
+(``array_module``: NumPy, or CuPy for a GPU's float64 units); packing, the head groups and the
+l2norm and gate options stay in NumPy.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +66,7 @@ def _segment_length(L: int, state_elements: int, checkpoint_every: int | None) -
 
 
 def _advance(
-    p: Packed,
+    p: Packed | _Device,
     decay: np.ndarray,
     S: np.ndarray,
     t0: int,
@@ -91,17 +97,37 @@ def _advance(
 
 def _tokens_first(x: np.ndarray, t0: int, t1: int) -> np.ndarray:
     """Tokens ``t0 .. t1-1`` of a packed ``[N, L, HV, ...]`` array as a ``[n, N, HV, ...]`` view."""
-    return np.moveaxis(x[:, t0:t1], 1, 0)
+    return x[:, t0:t1].swapaxes(0, 1)
+
+
+@dataclass(frozen=True)
+class _Device:
+    """The packed arrays the adjoint reads, in the array module ``xp`` (``Packed``'s names)."""
+
+    q: Any
+    k: Any
+    v: Any
+    g: Any
+    beta: Any
+    initial_state: Any
+    scale: float
+
+    @classmethod
+    def of(cls, p: Packed, xp: Any) -> _Device:
+        return cls(*(xp.asarray(x) for x in (p.q, p.k, p.v, p.g, p.beta, p.initial_state)), p.scale)
 
 
 def _packed_backward(
-    p: Packed, do: np.ndarray, dS: np.ndarray, segment: int
+    p: Packed, do: np.ndarray, dS: np.ndarray, segment: int, xp: Any = np
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Adjoint on a packed problem: ``(dq, dk [N, L, HV, K], dv [N, L, HV, V], dg, dbeta [N, L, HV],
-    dS0 [N, HV, K, V])`` for packed ``do`` ``[N, L, HV, V]`` and final-state cotangent ``dS``."""
+    dS0 [N, HV, K, V])`` for packed ``do`` ``[N, L, HV, V]`` and final-state cotangent ``dS``,
+    computed with the array module ``xp`` and returned as NumPy arrays."""
+    if xp is not np:
+        p, do, dS = _Device.of(p, xp), xp.asarray(do), xp.asarray(dS)
     N, L, HV, V = p.v.shape
     K = p.k.shape[-1]
-    decay = np.exp(p.g)
+    decay = xp.exp(p.g)
     starts = list(range(0, L, segment))
 
     # Forward: keep only the state entering each segment.
@@ -111,13 +137,13 @@ def _packed_backward(
         checkpoints.append(S)
         S = _advance(p, decay, S, t0, min(t0 + segment, L), None, None)
 
-    dq, dk = np.zeros((N, L, HV, K)), np.zeros((N, L, HV, K))
-    dv, dg, dbeta = np.zeros((N, L, HV, V)), np.zeros((N, L, HV)), np.zeros((N, L, HV))
+    dq, dk = xp.zeros((N, L, HV, K)), xp.zeros((N, L, HV, K))
+    dv, dg, dbeta = xp.zeros((N, L, HV, V)), xp.zeros((N, L, HV)), xp.zeros((N, L, HV))
     dS = dS.copy()
-    states = np.empty((segment + 1, N, HV, K, V))
-    resid = np.empty((segment, N, HV, V))
-    dS_at = np.empty((segment, N, HV, K, V))  # cotangent of S_t (after token t, output included)
-    du_at = np.empty((segment, N, HV, V))
+    states = xp.empty((segment + 1, N, HV, K, V))
+    resid = xp.empty((segment, N, HV, V))
+    dS_at = xp.empty((segment, N, HV, K, V))  # cotangent of S_t (after token t, output included)
+    du_at = xp.empty((segment, N, HV, V))
     for t0, S0 in zip(reversed(starts), reversed(checkpoints)):
         t1 = min(t0 + segment, L)
         n = t1 - t0
@@ -142,10 +168,12 @@ def _packed_backward(
         _tokens_first(dq, t0, t1)[...] = p.scale * (states[1 : n + 1] @ do_s[..., None])[..., 0]
         _tokens_first(dk, t0, t1)[...] = (dS_s @ u[..., None])[..., 0] + (D @ dp[..., None])[..., 0]
         _tokens_first(dv, t0, t1)[...] = beta[..., None] * du_s
-        _tokens_first(dbeta, t0, t1)[...] = np.einsum("jnhv,jnhv->jnh", du_s, r)
+        _tokens_first(dbeta, t0, t1)[...] = xp.einsum("jnhv,jnhv->jnh", du_s, r)
         # dg = <dD, D> (D = exp(g) S_prev, so dD/dg = D), dD = dS_t + k dp^T, <k dp^T, D> = (D^T k).dp
-        _tokens_first(dg, t0, t1)[...] = np.einsum("jnhkv,jnhkv->jnh", dS_s, D) + np.einsum("jnhv,jnhv->jnh", pred, dp)
-    return dq, dk, dv, dg, dbeta, dS
+        _tokens_first(dg, t0, t1)[...] = xp.einsum("jnhkv,jnhkv->jnh", dS_s, D) + xp.einsum("jnhv,jnhv->jnh", pred, dp)
+    if xp is np:
+        return dq, dk, dv, dg, dbeta, dS
+    return tuple(x.get() for x in (dq, dk, dv, dg, dbeta, dS))  # type: ignore[return-value]
 
 
 def recurrent_gated_delta_rule_backward(
@@ -168,6 +196,7 @@ def recurrent_gated_delta_rule_backward(
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
     checkpoint_every: int | None = None,
+    array_module: Any = None,
 ) -> dict[str, np.ndarray | None]:
     """Float64 gradients of ``sum(do * o) + sum(dht * final_state)`` for the native convention.
 
@@ -182,7 +211,9 @@ def recurrent_gated_delta_rule_backward(
     ``do``: ``[B, T, HV, V]``, the cotangent of the output; ``dht``: the cotangent of the final
     state in ``initial_state``'s layout, or None for 0. ``checkpoint_every``: tokens per
     recomputed segment (None: about ``sqrt(T)``, at least 16, capped by memory); it changes the
-    cost, not the result.
+    cost, not the result. ``array_module``: where the adjoint's loops and products run (None:
+    NumPy; ``cupy``: the GPU, in float64, results copied back); it changes the cost, and the
+    result only by the order of float64 sums.
 
     Returns float64 arrays, the cotangents of the arguments as passed (so ``dg`` and ``dbeta``
     are with respect to the raw gate and the beta logits when the in-kernel options are on):
@@ -224,7 +255,8 @@ def recurrent_gated_delta_rule_backward(
 
     L = p.v.shape[1]
     segment = _segment_length(L, N * HV * K * V, checkpoint_every)
-    dq_p, dk_p, dv_p, dg_p, dbeta_p, dS0 = _packed_backward(p, gather(p, do_arr, np.float64), dS, segment)
+    xp = np if array_module is None else array_module
+    dq_p, dk_p, dv_p, dg_p, dbeta_p, dS0 = _packed_backward(p, gather(p, do_arr, np.float64), dS, segment, xp)
 
     # Value heads h = j * G + i read query/key head j (G = HV // H): sum each group of G.
     def to_qk_heads(x: np.ndarray) -> np.ndarray:
