@@ -114,17 +114,19 @@ class _Device:
 
     @classmethod
     def of(cls, p: Packed, xp: Any) -> _Device:
-        return cls(*(xp.asarray(x) for x in (p.q, p.k, p.v, p.g, p.beta, p.initial_state)), p.scale)
+        a = xp.asarray
+        return cls(a(p.q), a(p.k), a(p.v), a(p.g), a(p.beta), a(p.initial_state), p.scale)
 
 
 def _packed_backward(
-    p: Packed, do: np.ndarray, dS: np.ndarray, segment: int, xp: Any = np
+    packed: Packed, do: np.ndarray, dS: np.ndarray, segment: int, xp: Any = np
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Adjoint on a packed problem: ``(dq, dk [N, L, HV, K], dv [N, L, HV, V], dg, dbeta [N, L, HV],
     dS0 [N, HV, K, V])`` for packed ``do`` ``[N, L, HV, V]`` and final-state cotangent ``dS``,
     computed with the array module ``xp`` and returned as NumPy arrays."""
+    p: Packed | _Device = packed
     if xp is not np:
-        p, do, dS = _Device.of(p, xp), xp.asarray(do), xp.asarray(dS)
+        p, do, dS = _Device.of(packed, xp), xp.asarray(do), xp.asarray(dS)
     N, L, HV, V = p.v.shape
     K = p.k.shape[-1]
     decay = xp.exp(p.g)
@@ -173,7 +175,7 @@ def _packed_backward(
         _tokens_first(dg, t0, t1)[...] = xp.einsum("jnhkv,jnhkv->jnh", dS_s, D) + xp.einsum("jnhv,jnhv->jnh", pred, dp)
     if xp is np:
         return dq, dk, dv, dg, dbeta, dS
-    return tuple(x.get() for x in (dq, dk, dv, dg, dbeta, dS))  # type: ignore[return-value]
+    return tuple(x.get() for x in (dq, dk, dv, dg, dbeta, dS))  # type: ignore[return-value,union-attr]
 
 
 def recurrent_gated_delta_rule_backward(
