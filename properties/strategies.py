@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.shapes import EXPLICIT_SCALES, ShapeClass
+from gdn_verify.core.shapes import EXPLICIT_SCALES, MAX_BATCH, ShapeClass
 
 CHUNK_SIZES = (16, 32, 64)
 AWKWARD_DIMS = (1, 3, 60, 100, 128)
@@ -45,7 +45,7 @@ class Limits:
     dtype: str | None = None
     max_len: int = 130
     max_sequences: int = 6
-    max_batch: int = 3
+    max_batch: int = MAX_BATCH
     max_heads: int = 4
     head_ratios: tuple[int, ...] = (1, 2, 4)
     head_dims: tuple[int, ...] = SMALL_DIMS + AWKWARD_DIMS
@@ -221,7 +221,7 @@ def varlen_lengths(
 @st.composite
 def layouts(
     draw,
-    max_batch: int = 3,
+    max_batch: int = MAX_BATCH,
     max_sequences: int = 6,
     max_len: int = 130,
     varlen: bool | None = None,

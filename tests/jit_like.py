@@ -177,23 +177,17 @@ jit_scaled.warm_variants = scaled_variants  # type: ignore[attr-defined]
 QLA_CP_CHUNKS = 9
 
 
-class QlaLike:
-    """A NumPy stand-in for FlashQLA's training call (``check --grad``): the forward and the
-    backward of ``numpy-grad``, recording the compile keys FlashQLA's ``@tilelang.jit`` forward and
-    backward would be built for (``implementations.flashqla.warm_variants`` lists them):
+class GradLike:
+    """A NumPy stand-in for a JIT-compiled library's training call (``check --grad``): the forward
+    and the backward of ``numpy-grad``, recording the compile keys ``keys_of(layout)`` says the
+    library's kernels would be built for. ``layout`` holds the call's ``H, HV, K, V, dtype, B,
+    lengths, varlen, state`` (initial state given), ``scale`` (resolved: None is ``K ** -0.5``)
+    and ``dht`` (given or not). ``first[key]`` is the ``phase`` (set by the test) in which the key
+    was first met, ``met[phase]`` every key met in it. An empty sequence is refused before any
+    kernel, as FlashQLA does (``refuse_empty``)."""
 
-    ``("fwd", H, HV, K, V, dtype, layout, initial state, scale, final state stored, context parallel)``
-    and ``("bwd", H, HV, K, V, dtype, layout, scale, dht given)``, where ``layout`` is ``"batched"``
-    (B > 1), ``"row"`` (B == 1: FlashQLA's synthesized int32 ``cu_seqlens``) or ``"varlen"`` and
-    ``scale`` is resolved (None: ``K ** -0.5``). ``first[key]`` is the ``phase`` (set by the test)
-    in which the key was first met, ``met[phase]`` every key met in it. An empty sequence is
-    refused before any kernel, as FlashQLA does.
-    ``declared``: with the adapter's declarations (``flashqla.declarations``), else those before
-    them (``jit_compiled()``: one warm call per class)."""
-
-    def __init__(self, declared: bool = True):
-        from gdn_verify.implementations import flashqla, numpy_grad
-        from gdn_verify.implementations.fla import jit_compiled
+    def __init__(self, keys_of: Callable[[dict], list[tuple]], extra: dict, name: str, refuse_empty: bool = True):
+        from gdn_verify.implementations import numpy_grad
 
         self.first: dict[tuple, str] = {}
         self.met: dict[str, set[tuple]] = {}  # every key met, by phase
@@ -218,30 +212,70 @@ class QlaLike:
             _, _, HV, V = np.shape(v)
             bounds = [0, T] if cu_seqlens is None else list(np.asarray(cu_seqlens))
             lengths = np.diff(bounds)
-            if T == 0 or (lengths == 0).any():
+            if refuse_empty and (T == 0 or (lengths == 0).any()):
                 raise NotImplementedError("FlashQLA refuses a call with an empty sequence")
-            layout = "varlen" if cu_seqlens is not None else ("row" if B == 1 else "batched")
-            s = K**-0.5 if scale is None else float(scale)
-            cp = B == 1 and int(max(-(-lengths // 64))) >= QLA_CP_CHUNKS
-            head = (H, HV, K, V, str(np.asarray(v).dtype), layout)
-            for key in (
-                ("fwd", *head, initial_state is not None, s, dht is not None, cp),
-                ("bwd", *head, s, dht is not None),
-            ):
+            layout = dict(
+                H=H,
+                HV=HV,
+                K=K,
+                V=V,
+                dtype=str(np.asarray(v).dtype),
+                B=B,
+                lengths=lengths,
+                varlen=cu_seqlens is not None,
+                state=initial_state is not None,
+                scale=K**-0.5 if scale is None else float(scale),
+                dht=dht is not None,
+            )
+            for key in keys_of(layout):
                 self.first.setdefault(key, self.phase)
                 self.met.setdefault(self.phase, set()).add(key)
             return backward(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens, do=do, dht=dht)
 
-        extra = flashqla.declarations() if declared else jit_compiled()
         self.impl = Implementation(
-            "qla-like",
-            {"chunk": numpy_impl.chunk_gated_delta_rule, "backward": call},
-            "numpy",
-            "FlashQLA-like",
-            "float32",
-            extra,
+            name, {"chunk": numpy_impl.chunk_gated_delta_rule, "backward": call}, "numpy", name, "float32", extra
         )
 
     def new_keys(self) -> list[tuple]:
         """The keys first met outside the warm-up."""
         return [key for key, phase in self.first.items() if phase != "warm"]
+
+
+def qla_keys(c: dict) -> list[tuple]:
+    """FlashQLA 0.1.3's ``@tilelang.jit`` forward and backward (``implementations.flashqla.warm_variants``):
+    ``("fwd", H, HV, K, V, dtype, layout, initial state, scale, final state stored, context parallel)``
+    and ``("bwd", H, HV, K, V, dtype, layout, scale, dht given)``, where ``layout`` is ``"batched"``
+    (B > 1), ``"row"`` (B == 1: FlashQLA's synthesized int32 ``cu_seqlens``) or ``"varlen"``."""
+    layout = "varlen" if c["varlen"] else ("row" if c["B"] == 1 else "batched")
+    cp = c["B"] == 1 and int(max(-(-c["lengths"] // 64))) >= QLA_CP_CHUNKS
+    head = (c["H"], c["HV"], c["K"], c["V"], c["dtype"], layout)
+    return [("fwd", *head, c["state"], c["scale"], c["dht"], cp), ("bwd", *head, c["scale"], c["dht"])]
+
+
+class QlaLike(GradLike):
+    """FlashQLA's training call (:func:`qla_keys`). ``declared``: with the adapter's declarations
+    (``flashqla.declarations``), else those before them (``jit_compiled()``: FLA's way)."""
+
+    def __init__(self, declared: bool = True):
+        from gdn_verify.implementations import flashqla
+        from gdn_verify.implementations.fla import jit_compiled
+
+        super().__init__(qla_keys, flashqla.declarations() if declared else jit_compiled(), "qla-like")
+
+
+def fla_keys(c: dict) -> list[tuple]:
+    """FLA 0.6's backward on Hopper under Triton 3.6: the Triton kernels per class and whether
+    the final state is stored and has a cotangent (``STORE_FINAL_STATE``,
+    ``USE_FINAL_STATE_GRADIENT``), and TileLang's ``chunk_bwd_dqkwg`` per batch size (``B`` is a
+    ``@tilelang.jit`` argument; a varlen call has B = 1 and its own ``IS_VARLEN`` kernel)."""
+    head = (c["H"], c["HV"], c["K"], c["V"], c["dtype"], c["varlen"])
+    return [("triton", *head, c["state"], c["dht"]), ("dqkwg", *head, c["B"])]
+
+
+class FlaLike(GradLike):
+    """FLA's training call (:func:`fla_keys`), declared as ``fla-chunk`` is (``jit_compiled()``)."""
+
+    def __init__(self):
+        from gdn_verify.implementations.fla import jit_compiled
+
+        super().__init__(fla_keys, jit_compiled(), "fla-like", refuse_empty=False)

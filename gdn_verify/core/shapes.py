@@ -31,6 +31,8 @@ EXPLICIT_SCALES = (1.0, 0.5, 0.125)
 # (2026-11-27). One value exposes an ignored, squared or inverted scale as well as three, if it is
 # neither 0, 1 nor 1/sqrt(K) for an integer K: 0.375 (3/8, exact in every dtype; K would be 7.1).
 COMPILED_SCALES = (0.375,)
+# The batch sizes the strategies draw for a batched problem (``properties.strategies.Limits``).
+MAX_BATCH = 3
 
 
 @dataclass(frozen=True, order=True)
@@ -83,14 +85,15 @@ class ShapeClass:
         ]
         return f"H={self.H} HV={self.HV} K={self.K} V={self.V} {self.dtype} {' '.join(flags)}"
 
-    def example(self, seed: int = 0, tokens: int = 70) -> Problem:
-        """A tiny well-posed problem of this class (``tokens`` spans a 64-token chunk boundary)."""
+    def example(self, seed: int = 0, tokens: int = 70, batch: int = 2) -> Problem:
+        """A tiny well-posed problem of this class (``tokens`` spans a 64-token chunk boundary;
+        ``batch`` rows of ``tokens // 2`` for a batched class, two sequences for a varlen one)."""
         rng = np.random.default_rng(seed)
         if self.varlen:
             cu = np.array([0, tokens // 2, tokens], np.int64)
             B, T, N = 1, tokens, 2
         else:
-            cu, B, T, N = None, 2, tokens // 2, 2
+            cu, B, T, N = None, batch, tokens // 2, batch
         k = rng.standard_normal((B, T, self.H, self.K))
         problem = Problem(
             q=rng.standard_normal((B, T, self.H, self.K)),
@@ -120,3 +123,22 @@ def variants(problem: Problem) -> list[Problem]:
         else np.ascontiguousarray(problem.initial_state.swapaxes(-1, -2)),
     )
     return [v_first, problem.replace(output_final_state=False)]
+
+
+def backward_variants(problem: Problem) -> list[tuple[Problem, bool]]:
+    """The backward calls of ``problem``'s class, beside ``(problem, True)`` (with a final-state
+    cotangent), that the gradient properties also make and that a kernel may compile apart, as
+    ``(problem, dht given)``: the same without a final-state cotangent (FLA's Triton constexprs
+    ``USE_FINAL_STATE_GRADIENT`` and ``STORE_FINAL_STATE``), and, for a batched class, each other
+    batch size the strategies draw, with and without one. FLA 0.6 runs ``chunk_bwd_dqkwg`` in
+    TileLang on Hopper under Triton < 3.7.1, and that kernel takes ``B`` as a compile-time
+    argument (``fla/ops/common/backends/tilelang/chunk_bwd.py:21-37``). On an H100 (2026-11-27)
+    a cold ``check --grad --impl fla-chunk`` compiled it 7 times inside its properties."""
+    calls = [(problem, False)]
+    if problem.cu_seqlens is None:
+        c = ShapeClass.of(problem)
+        for batch in range(1, MAX_BATCH + 1):
+            if batch != problem.shape["B"]:
+                other = c.example(batch=batch)
+                calls += [(other, True), (other, False)]
+    return calls

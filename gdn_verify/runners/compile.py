@@ -45,7 +45,7 @@ from gdn_verify.core.gating import options_from_params
 from gdn_verify.core.gradients import cotangents
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.problem import Problem
-from gdn_verify.core.shapes import OPTION_CLASSES, ShapeClass, variants
+from gdn_verify.core.shapes import OPTION_CLASSES, ShapeClass, backward_variants, variants
 from gdn_verify.runners.compile_workers import CompilePool, ImplSpec, Outcome, default_workers, error_text
 from gdn_verify.runners.guard import KernelTimeout
 
@@ -184,14 +184,17 @@ def warm_calls(impl: Implementation, problem: Problem, backward: bool) -> list[W
     An implementation whose kernels take more compile-time arguments than a :class:`ShapeClass`
     holds declares them as ``extra["warm_variants"]`` (a :data:`WarmVariants`; FlashQLA's TileLang
     kernels compile per scale value and per ``dht`` given or not, ``implementations.flashqla``);
-    those are its calls. Otherwise: for a forward form of an implementation declared JIT-compiled
-    (``extra["compile_classes"]``) its :func:`variants`, and nothing for a backward form (FLA's:
-    Triton takes the scale at run time) or an undeclared implementation."""
+    those are its calls. Otherwise, for an implementation declared JIT-compiled
+    (``extra["compile_classes"]``): for a forward form its :func:`variants`, for a backward form
+    its :func:`backward_variants` (no ``dht``; the other batch sizes), all run in the class's one
+    unit; nothing for an undeclared implementation."""
     declared = impl.extra.get("warm_variants")
     if callable(declared):
         return list(declared(problem, backward))
-    if backward or not impl.extra.get("compile_classes"):
+    if not impl.extra.get("compile_classes"):
         return []
+    if backward:
+        return backward_variants(problem)
     return [(v, True) for v in variants(problem)]
 
 

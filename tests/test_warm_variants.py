@@ -1,10 +1,13 @@
-"""FlashQLA's TileLang kernels compile per scale, per ``dht`` given or not and per layout, not only
-per shape class: the pool warms each class with the adapter's declared variants
-(``implementations.flashqla.warm_variants``), so the gradient properties compile nothing.
+"""Backward kernels compile per more than the shape class, and the pool warms each class with those
+variants, so that the gradient properties compile nothing.
 
-On an H100 (2026-11-27) ``check --grad --impl flash-qla --dims 128`` compiled the fused forward
-and backward again in nearly every example of ``grad_matches_reference`` and ran out of time.
-``tests/jit_like.QlaLike`` records the compile keys FlashQLA would build, in NumPy.
+FlashQLA's TileLang kernels compile per scale, per ``dht`` given or not and per layout: the
+adapter declares them (``implementations.flashqla.warm_variants``). On an H100 (2026-11-27)
+``check --grad --impl flash-qla --dims 128`` had compiled the fused forward and backward again in
+nearly every example of ``grad_matches_reference`` and ran out of time. FLA's backward compiles
+per ``dht`` given or not (Triton) and, in TileLang on Hopper, per batch size: the default
+``shapes.backward_variants`` (7 compiles inside a cold check's properties there, 2026-11-27).
+``tests/jit_like.QlaLike`` and ``FlaLike`` record the compile keys those libraries would build, in NumPy.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ from gdn_verify.implementations import flashqla
 from gdn_verify.properties.strategies import EXPLICIT_SCALES, Limits, problems
 from gdn_verify.runners.check import RunSettings, run_check
 from gdn_verify.runners.compile import MIN_CLASSES, warm_calls
-from tests.jit_like import QlaLike
+from tests.jit_like import FlaLike, GradLike, QlaLike
 
 LIMITS = Limits(dtype="float32", head_dims=(16,), max_tokens=1024)  # growth reaches the context-parallel path
 PROPERTIES = ("grad_matches_reference", "grad_varlen_equals_separate", "grad_determinism", "grad_error_growth")
 
 
-def run_gradient_properties(fake: QlaLike, tmp_path, examples: int = 4) -> list:
+def run_gradient_properties(fake: GradLike, tmp_path, examples: int = 4) -> list:
     """Plan a pool for ``fake`` (at least MIN_CLASSES classes), then run the gradient properties on it."""
     limits, plan = api.plan_limits(fake.impl, LIMITS, 0.5, plans_dir=None)
     assert plan.classes is not None and len(plan.classes) >= MIN_CLASSES
@@ -71,8 +74,8 @@ def test_flashqla_warms_every_scale_dht_and_layout_of_a_class():
     assert flashqla.class_key(ShapeClass(2, 4, 128, 128, "bfloat16", l2norm=True)) == ShapeClass(
         2, 4, 128, 128, "bfloat16"
     )
-    undeclared = QlaLike(declared=False).impl  # FLA's way: a backward is warmed by its one call
-    assert warm_calls(undeclared, batched, True) == [] and len(warm_calls(undeclared, batched, False)) == 2
+    undeclared = QlaLike(declared=False).impl  # FLA's way: no dht, and the other batch sizes
+    assert len(warm_calls(undeclared, batched, True)) == 5 and len(warm_calls(undeclared, batched, False)) == 2
 
 
 def scales_drawn(limits: Limits) -> set:
@@ -106,3 +109,30 @@ def test_a_kernel_compiled_per_scale_draws_only_the_scales_its_pool_warms():
         drawn[declared] = scales_drawn(limits)
     assert drawn[True] == {None, *COMPILED_SCALES}
     assert drawn[False] - {None} and drawn[False] - {None} <= set(EXPLICIT_SCALES)
+
+
+def test_flas_backward_is_warmed_without_dht_and_at_every_batch_size(tmp_path, monkeypatch):
+    """``shapes.backward_variants``: after the pool, FLA's gradient properties meet no Triton variant
+    (dht given or not) and no TileLang ``chunk_bwd_dqkwg`` batch size the pool did not build; without
+    those variants (the warm-up before, one call per class) the same run meets new ones."""
+    from gdn_verify.core import shapes
+
+    batched = ShapeClass(2, 4, 64, 64, "float32", initial_state=True).example()
+    calls = [(batched, True), *warm_calls(FlaLike().impl, batched, True)]
+    batches = range(1, shapes.MAX_BATCH + 1)
+    assert {(p.shape["B"], d) for p, d in calls} == {(b, d) for b in batches for d in (True, False)}
+    varlen = ShapeClass(2, 4, 64, 64, "float32", varlen=True).example()
+    assert warm_calls(FlaLike().impl, varlen, True) == [(varlen, False)]
+
+    fake = FlaLike()
+    results = run_gradient_properties(fake, tmp_path)
+    assert all(r.status == "passed" and r.examples for r in results), [(r.name, r.status, r.note) for r in results]
+    met = fake.met["properties"]
+    assert {key[-1] for key in met if key[0] == "dqkwg"} >= {1, 2}  # batch sizes met
+    assert {key[-1] for key in met if key[0] == "triton"} == {True, False}  # dht given and not
+    assert fake.new_keys() == []
+
+    monkeypatch.setattr("gdn_verify.runners.compile.backward_variants", lambda problem: [])
+    before = FlaLike()
+    run_gradient_properties(before, tmp_path)
+    assert {key[0] for key in before.new_keys()} == {"triton", "dqkwg"}
