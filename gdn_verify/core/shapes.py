@@ -21,12 +21,12 @@ from gdn_verify.core.problem import DTYPES, Problem, dtype_name
 # them meet only its first classes (batched with a state; varlen with l2norm), and the planner warms
 # those classes with the options too.
 OPTION_CLASSES = 2
-# The scales the strategies draw besides None (the kernel's default, 1/sqrt(K)). A kernel that
-# compiles per scale value (FlashQLA's TileLang kernels take it as a compile-time argument) warms
-# each of them up front (``implementations.flashqla.warm_variants``).
+# The scales the strategies draw besides None (the kernel's default, 1/sqrt(K)).
 EXPLICIT_SCALES = (1.0, 0.5, 0.125)
-# What a kernel that compiles per scale value draws besides None (``Implementation.extra
-# ["compile_scales"]``): each value is one more compile of its kernels per class and variant, and
+# What a kernel that compiles per scale value draws besides None instead (``Implementation.extra
+# ["compile_scales"]``; FlashQLA's TileLang kernels take the scale as a compile-time argument, and
+# ``implementations.flashqla.warm_variants`` warms each value drawn up front): each value is one
+# more compile of its kernels per class and variant, and
 # FlashQLA's cold pool of 4 classes with all of EXPLICIT_SCALES took 7 min 27 s on an H100
 # (2026-11-27). One value exposes an ignored, squared or inverted scale as well as three, if it is
 # neither 0, 1 nor 1/sqrt(K) for an integer K: 0.375 (3/8, exact in every dtype; K would be 7.1).
