@@ -12,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from gdn_verify.core.property import Measurement
+
 if TYPE_CHECKING:
     from gdn_verify.core.implementation import Implementation
-    from gdn_verify.core.verdict import Measurement
     from gdn_verify.runners.check import PropertyResult
 
 
@@ -104,11 +105,17 @@ def format_counts(counts: dict[str, int]) -> str:
 
 def format_result(r: PropertyResult) -> str:
     """One line per property: status, examples, worst error against its bound, seconds, note, and
-    the warnings raised meanwhile as one count (never one line each)."""
+    the warnings raised meanwhile as one count (never one line each). A passed property with parts
+    (a backward's gradients) shows how close each part came to its bound on any example, not the
+    worst example's parts."""
     worst = ""
     if r.worst is not None and r.status in ("passed", "failed"):
         if r.worst.bound:
-            worst = f"worst {r.worst.error:.2e} (bound {r.worst.bound:.2e}, {r.worst.detail.split(';')[0]})"
+            detail = r.worst.detail.split(";")[0]
+            if r.worst_parts and r.status == "passed":
+                ratios = (f"{n} {Measurement.ratio_of(e, b):.2f}" for n, (e, b) in r.worst_parts.items())
+                detail = "of their bounds at most: " + ", ".join(ratios)
+            worst = f"worst {r.worst.error:.2e} (bound {r.worst.bound:.2e}, {detail})"
         elif r.status == "failed":
             worst = f"max difference {r.worst.error:.2e} (exact contract)"
         else:

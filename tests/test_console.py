@@ -67,3 +67,17 @@ def test_a_captured_check_has_no_progress_lines(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "matches_reference        passed" in done.stdout
     assert " examples" not in done.stderr, done.stderr
+
+
+def test_a_passed_gradient_property_shows_each_gradients_closest_approach():
+    """The worst example had dg at 0; the line shows dg's own worst (0.40), not the worst example's."""
+    from gdn_verify.console import format_result
+    from gdn_verify.core.property import Measurement
+    from gdn_verify.runners.check import PropertyResult
+
+    worst = Measurement(0.5, 1.0, "dq 0.5/1, dg 0/2", parts={"dq": (0.5, 1.0), "dg": (0.0, 2.0)})
+    closest = {"dq": (0.5, 1.0), "dg": (0.8, 2.0)}
+    r = PropertyResult("grad_matches_reference", "passed", 3, worst=worst, worst_parts=closest)
+    assert "of their bounds at most: dq 0.50, dg 0.40" in format_result(r)
+    r.status = "failed"  # a failure shows its own example's gradients
+    assert "dq 0.5/1, dg 0/2" in format_result(r)
