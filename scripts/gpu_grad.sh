@@ -68,6 +68,7 @@ for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
   case $job in
     bf16) check fla-chunk-bf16 --impl fla-chunk --dtype bfloat16 --seed 1 $DIMS & ;;  # untimed (TIMED=0)
     fp16) check fla-chunk-fp16 --impl fla-chunk --dtype float16 --seed 1 $DIMS & ;;
+    fp32) check fla-chunk-fp32 --impl fla-chunk --dtype float32 --seed 1 $DIMS & ;;
     default) check fla-chunk-bf16-default --impl fla-chunk --dtype bfloat16 --seed 2 & ;;  # every head size
     qla-bf16) TRITON_CACHE_DIR=/tmp/triton-qla check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1 & ;;
     qla-fp16) TRITON_CACHE_DIR=/tmp/triton-qla16 check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 & ;;
