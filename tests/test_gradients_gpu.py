@@ -14,11 +14,10 @@ from gdn_verify.core.gradients import recurrent_gated_delta_rule_backward
 pytestmark = pytest.mark.gpu
 
 
-def test_the_adjoint_on_a_gpu_equals_numpys():
+def test_the_adjoint_on_a_gpu_equals_numpys(cp):
     """``array_module=cupy`` runs the adjoint's loops and products in float64 on the GPU: the same
     gradients as NumPy's up to the order of float64 sums, on a GVA varlen pack with l2norm, an
     initial state, a final-state cotangent and two recomputed segments per sequence."""
-    cupy = pytest.importorskip("cupy")
     rng = np.random.default_rng(3)
     T, H, HV, K, V = 70, 2, 4, 16, 12
     cu = np.array([0, 33, 70])
@@ -35,7 +34,7 @@ def test_the_adjoint_on_a_gpu_equals_numpys():
     )
     kw = dict(do=rng.normal(size=(1, T, HV, V)), dht=rng.normal(size=(2, HV, K, V)), checkpoint_every=16)
     want = recurrent_gated_delta_rule_backward(*args, **kw)
-    got = recurrent_gated_delta_rule_backward(*args, **kw, array_module=cupy)
+    got = recurrent_gated_delta_rule_backward(*args, **kw, array_module=cp)
     for name, w in want.items():
         if w is None:
             assert got[name] is None
