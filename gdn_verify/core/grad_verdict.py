@@ -110,9 +110,9 @@ def compare_gradients(
         return Measurement(0.0, 0.0, "no gradient to compare")
     ratios = {n: e / (factor * tolerance.bounds[n]) if tolerance.bounds[n] > 0 else np.inf for n, e in errors.items()}
     worst = max(ratios, key=lambda n: ratios[n])
-    detail = ", ".join(f"{n} {errors[n]:.3g}/{factor * tolerance.bounds[n]:.3g}" for n in errors)
     parts = {n: (errors[n], factor * tolerance.bounds[n]) for n in errors}
-    m = Measurement(errors[worst], factor * tolerance.bounds[worst], detail, parts=parts)
+    detail = ", ".join(f"{n} {e:.3g}/{b:.3g}" for n, (e, b) in parts.items())
+    m = Measurement(*parts[worst], detail, parts=parts)
     failing = [n for n in errors if ratios[n] > 1]
     if failing:
         blocks = gtol.grad_block_errors(problem, grads, against, tolerance)[worst]

@@ -31,8 +31,8 @@ l2norm and gate options stay in NumPy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,7 +66,7 @@ def _segment_length(L: int, state_elements: int, checkpoint_every: int | None) -
 
 
 def _advance(
-    p: Packed | _Device,
+    p: Packed,
     decay: np.ndarray,
     S: np.ndarray,
     t0: int,
@@ -100,33 +100,15 @@ def _tokens_first(x: np.ndarray, t0: int, t1: int) -> np.ndarray:
     return x[:, t0:t1].swapaxes(0, 1)
 
 
-@dataclass(frozen=True)
-class _Device:
-    """The packed arrays the adjoint reads, in the array module ``xp`` (``Packed``'s names)."""
-
-    q: Any
-    k: Any
-    v: Any
-    g: Any
-    beta: Any
-    initial_state: Any
-    scale: float
-
-    @classmethod
-    def of(cls, p: Packed, xp: Any) -> _Device:
-        a = xp.asarray
-        return cls(a(p.q), a(p.k), a(p.v), a(p.g), a(p.beta), a(p.initial_state), p.scale)
-
-
 def _packed_backward(
-    packed: Packed, do: np.ndarray, dS: np.ndarray, segment: int, xp: Any = np
+    p: Packed, do: np.ndarray, dS: np.ndarray, segment: int, xp: Any = np
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Adjoint on a packed problem: ``(dq, dk [N, L, HV, K], dv [N, L, HV, V], dg, dbeta [N, L, HV],
     dS0 [N, HV, K, V])`` for packed ``do`` ``[N, L, HV, V]`` and final-state cotangent ``dS``,
     computed with the array module ``xp`` and returned as NumPy arrays."""
-    p: Packed | _Device = packed
-    if xp is not np:
-        p, do, dS = _Device.of(packed, xp), xp.asarray(do), xp.asarray(dS)
+    if xp is not np:  # the arrays the adjoint reads, in the array module
+        moved = {name: xp.asarray(getattr(p, name)) for name in ("q", "k", "v", "g", "beta", "initial_state")}
+        p, do, dS = dataclasses.replace(p, **moved), xp.asarray(do), xp.asarray(dS)
     N, L, HV, V = p.v.shape
     K = p.k.shape[-1]
     decay = xp.exp(p.g)
