@@ -10,8 +10,8 @@ Cases: FLA's own backward (FLA_FLASH_QLA=0) at head sizes K in 32-128 and V in 1
 bug), with an empty batch (T = 0), an empty sequence in a pack and padding tokens after
 cu_seqlens[-1] (a negative length in CASES: their gradients must be zero); FLA with its FlashQLA
 dispatch on (16-bit and float32 g, an empty sequence); FlashQLA called directly. A padding case
-runs its backward twice over freed memory of two byte values (POISONS): a padding gradient that
-changes between them was never written. For the cases in
+runs its backward POISON_RUNS times over freed memory of two byte values in turn (POISONS): a
+padding gradient that changes between runs was never written. For the cases in
 AUTOTUNE_PRINTED the JSON keeps the autotuned configurations Triton printed.
 """
 

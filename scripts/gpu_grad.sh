@@ -72,10 +72,10 @@ for job in ${GRAD_MORE-fp16 qla-bf16 qla-fp16 dispatch}; do
     default) check fla-chunk-bf16-default --impl fla-chunk --dtype bfloat16 --seed 2 & ;;  # every head size
     qla-bf16) TRITON_CACHE_DIR=/tmp/triton-qla check flash-qla-bf16 --impl flash-qla --dtype bfloat16 --dims 128 --seed 1 & ;;
     qla-fp16) TRITON_CACHE_DIR=/tmp/triton-qla16 check flash-qla-fp16 --impl flash-qla --dtype float16 --dims 128 --seed 1 & ;;
-    sleep:*) sleep "${job#sleep:}" & ;;
+    sleep:*) sleep "${job#sleep:}"; continue ;;
     dispatch) FLA_FLASH_QLA=1 TRITON_CACHE_DIR=/tmp/triton-dispatch \
       check fla-chunk-dispatch-bf16 --impl fla-chunk --dtype bfloat16 --dims 128 --seed 1 & ;;
   esac
-  [ "${SERIAL:-0}" = 1 ] || [ "${job%%:*}" = sleep ] && wait $!  # this job only: the repro runs on beside
+  [ "${SERIAL:-0}" = 1 ] && wait $!  # this job only: the repro runs on beside
 done
 wait
