@@ -128,7 +128,7 @@ def test_flas_backward_is_warmed_without_dht_and_at_every_batch_size(tmp_path, m
     results = run_gradient_properties(fake, tmp_path)
     assert all(r.status == "passed" and r.examples for r in results), [(r.name, r.status, r.note) for r in results]
     met = fake.met["properties"]
-    assert {key[-1] for key in met if key[0] == "dqkwg"} >= {1, 2}  # batch sizes met
+    assert len({key[-1] for key in met if key[0] == "dqkwg"}) >= 2  # several batch sizes met
     assert {key[-1] for key in met if key[0] == "triton"} == {True, False}  # dht given and not
     assert fake.new_keys() == []
 
