@@ -17,19 +17,23 @@ import time
 from gdn_verify import api
 from gdn_verify.core.shapes import COMPILED_SCALES, ShapeClass
 from gdn_verify.implementations import flashqla
-from gdn_verify.properties.strategies import EXPLICIT_SCALES, Limits, problems
+from gdn_verify.properties.strategies import EXPLICIT_SCALES, Limits, pool_candidates, problems
 from gdn_verify.runners.check import RunSettings, run_check
 from gdn_verify.runners.compile import MIN_CLASSES, warm_calls
 from tests.jit_like import FlaLike, GradLike, QlaLike
 
 LIMITS = Limits(dtype="float32", head_dims=(16,), max_tokens=1024)  # growth reaches the context-parallel path
+# The pool is every candidate class whatever the machine's speed: a budget the stand-ins (no
+# compile sleep, well under a second here) cannot spend. A budget they can spend made the pool,
+# and so the draws, depend on the machine (a 2-core CI runner planned 4 classes, not 18).
+BUDGET = 600.0
 PROPERTIES = ("grad_matches_reference", "grad_varlen_equals_separate", "grad_determinism", "grad_error_growth")
 
 
 def run_gradient_properties(fake: GradLike, tmp_path, examples: int = 4) -> list:
-    """Plan a pool for ``fake`` (at least MIN_CLASSES classes), then run the gradient properties on it."""
-    limits, plan = api.plan_limits(fake.impl, LIMITS, 0.5, plans_dir=None)
-    assert plan.classes is not None and len(plan.classes) >= MIN_CLASSES
+    """Plan a pool for ``fake`` (every candidate class), then run the gradient properties on it."""
+    limits, plan = api.plan_limits(fake.impl, LIMITS, BUDGET, plans_dir=None)
+    assert plan.classes is not None and len(plan.classes) == len(pool_candidates(LIMITS)) >= MIN_CLASSES
     fake.phase = "properties"
     catalogue = api.grad_catalogue(limits)
     settings = RunSettings(max_examples=examples, seed=7, cases_dir=tmp_path / "cases", timeout=None)
@@ -101,7 +105,7 @@ def test_a_kernel_compiled_per_scale_draws_only_the_scales_its_pool_warms():
     drawn = {}
     for declared in (True, False):
         fake = QlaLike(declared=declared)
-        limits, plan = api.plan_limits(fake.impl, LIMITS, 0.5, plans_dir=None)
+        limits, plan = api.plan_limits(fake.impl, LIMITS, BUDGET, plans_dir=None)
         assert limits.scales == (COMPILED_SCALES if declared else EXPLICIT_SCALES)
         assert (plan.scales is not None) == declared
         assert ("explicit scale 0.375 only" in plan.describe()) == declared
