@@ -24,6 +24,13 @@ fp32 inputs the plain FP32 path (no TF32); ``use_tensor_cores`` overrides the ch
 three launches (the fused path two) on the caller's stream (torch's current stream for torch inputs,
 CuPy's for CuPy arrays): intra-chunk (W, U), state passing, output.
 
+Context parallelism (fused paths, ``context_parallel``): where the state kernel's CTAs (sequences x
+column tiles x value heads) would leave most SMs idle over a long sequence, each sequence is split
+into J runs of whole chunks that the state kernel walks in parallel, in three passes (each
+segment's affine term from a zero state, its K x K transition from the identity with zero values,
+then the output from the true start states), the start states chained by a float64 scan between
+them (``context_parallel.py``); ``chunk_plan.context_parallel_segments`` picks J from a cost model.
+
 A call goes through three steps: validation (``ValueError`` naming the argument), the pure
 :func:`chunk_plan.select_plan` (which path, which kernels, their CTA and shared-memory sizes; cached,
 testable on the CPU) and the launch, which compiles only the kernels of that plan. Outputs and
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 import warnings
 from typing import Any, NamedTuple
@@ -45,7 +53,15 @@ import numpy as np
 
 from cupy_kernels import layout, sources
 from cupy_kernels import tensors as ts
-from cupy_kernels.chunk_plan import CHUNK_SIZES, WGMMA_SOURCE, ChunkPlan, select_plan
+from cupy_kernels.chunk_plan import (
+    CHUNK_SIZES,
+    WGMMA_SOURCE,
+    ChunkPlan,
+    context_parallel_segments,
+    resident_ctas,
+    select_plan,
+)
+from cupy_kernels.context_parallel import scan_segment_states, segment_bounds
 
 MAX_HEAD_DIM = 256  # bounded by shared memory: the output kernel needs about 164 KiB at K = V = 256
 # gate_flags bits (chunk_common.cuh kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
@@ -263,6 +279,7 @@ def chunk_gated_delta_rule(
     fused: bool | None = None,
     k_split: int | None = None,
     wgmma: bool | None = None,
+    context_parallel: bool | int | None = None,
     checked: bool | None = None,
 ) -> tuple[Any, Any | None]:
     """Chunked GDN forward on the GPU. Returns ``(o [B, T, HV, V] in q's dtype, final_state | None)``.
@@ -284,9 +301,14 @@ def chunk_gated_delta_rule(
     ``wgmma``: the fused path's state kernel on sm_90a wgmma (:func:`chunk_plan.wgmma_applies`: H100 /
     H200, ``K`` 64 or 128, ``V % 64 == 0``; no ``k_split``). ``None`` (default) takes it wherever it
     applies and builds, ``False`` never, ``True`` always (``ValueError`` where it does not apply).
+    ``context_parallel`` (fused paths only): split each sequence into J runs of whole chunks whose
+    state passes run in parallel, chained by a float64 scan (``context_parallel.py``), for calls
+    whose state kernel would leave most SMs idle (few sequences and value heads).
+    ``None`` (default) picks J from a cost model (:func:`chunk_plan.context_parallel_segments`; 1:
+    the plain call), ``False`` never, ``True`` at least 2, an int >= 2 exactly J.
     """
     del checked  # always checked: the chunk tables are built on the host from validated offsets
-    _check_options(chunk_size, use_tensor_cores, fused, k_split, wgmma)
+    _check_options(chunk_size, use_tensor_cores, fused, k_split, wgmma, context_parallel)
     if use_gate_in_kernel and A_log is None:
         raise ValueError("A_log: required when use_gate_in_kernel=True")
     if not use_gate_in_kernel and A_log is not None:
@@ -301,10 +323,16 @@ def chunk_gated_delta_rule(
     gate_flags = x.gate_flags | (_GATE_IN_KERNEL if use_gate_in_kernel else 0)
     gate_flags |= (_BETA_SIGMOID if use_beta_sigmoid_in_kernel else 0) | (_NEG_EIGVAL if allow_neg_eigval else 0)
     plan = _plan(x, chunk_size, use_tensor_cores, fused, k_split, wgmma, device)
+    segments, plan_m = _segments(x, plan, context_parallel, chunk_size, use_tensor_cores, k_split, wgmma, device)
+    if segments > 1:  # the same chunks, N * segments "sequences" for the state kernel
+        sequences = (x.bounds.size - 1) * segments
+        plan = _plan(x, chunk_size, use_tensor_cores, True, k_split, wgmma, device, sequences=sequences)
+        plan_m = _plan(x, chunk_size, use_tensor_cores, True, k_split, wgmma, device, x.heads[2], sequences)
 
     like = q if ts.is_torch(q) else None  # outputs and scratch in the kind of q (torch in, torch out)
     stream = ts.launch_stream(like is not None, device)
-    tables = _device_tables(np.ascontiguousarray(x.bounds, np.int64), chunk_size, stream, device)
+    bounds = x.bounds if segments == 1 else segment_bounds(x.bounds, chunk_size, segments)
+    tables = _device_tables(np.ascontiguousarray(bounds, np.int64), chunk_size, stream, device)
     B, T, N = x.q.shape[0], x.q.shape[1], x.bounds.size - 1
     _, HV, K, V = x.heads
     o = _empty(like, (B, T, HV, V), x.q.code)
@@ -327,7 +355,7 @@ def chunk_gated_delta_rule(
         gate_flags=gate_flags,
         l2norm=int(use_qk_l2norm_in_kernel),
         state_v_first=int(state_v_first),
-        N=N,
+        N=bounds.size - 1,
         NC=tables.NC,
         C=chunk_size,
         like=like,
@@ -338,13 +366,19 @@ def chunk_gated_delta_rule(
     last_kernels = plan.label
     if plan.path == "three-kernel":
         _run(call, plan)
-    else:
+    elif segments == 1:
         _run_fused(call, plan)
+    else:
+        assert plan_m is not None
+        last_kernels += f", context-parallel x {segments}"
+        _run_context_parallel(call, plan, plan_m, segments, initial_state, final_state)
     tables.release(stream)
     return o, final_state
 
 
-def _check_options(chunk_size: Any, use_tensor_cores: Any, fused: Any, k_split: Any, wgmma: Any) -> None:
+def _check_options(
+    chunk_size: Any, use_tensor_cores: Any, fused: Any, k_split: Any, wgmma: Any, context_parallel: Any
+) -> None:
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size: must be one of {CHUNK_SIZES}, got {chunk_size!r}")
     if use_tensor_cores not in (None, True, False):
@@ -355,6 +389,12 @@ def _check_options(chunk_size: Any, use_tensor_cores: Any, fused: Any, k_split: 
         raise ValueError(f"k_split: must be None, 1 or 2, got {k_split!r}")
     if wgmma not in (None, True, False):
         raise ValueError(f"wgmma: must be None, True or False, got {wgmma!r}")
+    if context_parallel not in (None, True, False) and not (
+        isinstance(context_parallel, (int, np.integer)) and 2 <= context_parallel <= 2**16
+    ):
+        raise ValueError(
+            f"context_parallel: must be None, True, False or an int from 2 to 65536, got {context_parallel!r}"
+        )
 
 
 class _Inputs(NamedTuple):
@@ -372,6 +412,11 @@ class _Inputs(NamedTuple):
     initial_state: int
     scale: float
     gate_flags: int  # how g and beta are stored (the in-kernel option bits are the caller's)
+
+    def longest(self, chunk_size: int) -> int:
+        """Chunks of the longest sequence."""
+        lengths = np.diff(self.bounds)
+        return int(-(-lengths.max() // chunk_size)) if lengths.size else 0
 
 
 def _validate(
@@ -446,17 +491,56 @@ def _plan(
     k_split: int | None,
     wgmma: bool | None,
     device: int,
+    V: int | None = None,
+    sequences: int | None = None,
 ) -> ChunkPlan:
-    """:func:`chunk_plan.select_plan` for these inputs on ``device``. The sm_90a build is tried only
+    """:func:`chunk_plan.select_plan` for these inputs on ``device``; ``V`` and ``sequences``
+    override the value columns and the sequence count the state kernel sees (the context-parallel
+    passes: K columns in the transition pass, N x J segments). The sm_90a build is tried only
     where the default would take the wgmma kernel; where it fails the plan falls back to mma.sync."""
-    H, HV, K, V = x.heads
+    _, HV, K, V = (*x.heads[:3], x.heads[3] if V is None else V)
+    N = x.bounds.size - 1 if sequences is None else sequences
     aligned = not any(a.ptr % 16 for a in (x.q, x.k, x.v))
-    key = (x.q.dtype, chunk_size, K, V, x.bounds.size - 1, HV, aligned, use_tensor_cores, fused, k_split, wgmma)
+    key = (x.q.dtype, chunk_size, K, V, N, HV, aligned, use_tensor_cores, fused, k_split, wgmma)
     facts = (ts.num_sms(device), ts.compute_capability(device))
     plan = select_plan(*key, *facts)
     if plan.path == "wgmma" and wgmma is None and not _sm90a_builds():
         plan = select_plan(*key, *facts, sm90a_builds=False)
     return plan
+
+
+def _segments(
+    x: _Inputs,
+    plan: ChunkPlan,
+    requested: bool | int | None,
+    chunk_size: int,
+    use_tensor_cores: bool | None,
+    k_split: int | None,
+    wgmma: bool | None,
+    device: int,
+) -> tuple[int, ChunkPlan | None]:
+    """Segments per sequence (1: the plain call) and the transition pass's plan, for a call on
+    the fused paths (``ValueError`` where ``context_parallel`` asks for it elsewhere)."""
+    if requested is False or (requested is None and plan.path == "three-kernel"):
+        return 1, None
+    if plan.path == "three-kernel":
+        raise ValueError(
+            "context_parallel: needs the fused path (bf16 inputs, chunk_size=64, K % 16 == 0, K <= 128, V % 16 == 0)"
+        )
+    H, HV, K, V = x.heads
+    N = x.bounds.size - 1
+    plan_m = _plan(x, chunk_size, use_tensor_cores, True, k_split, wgmma, device, K)
+    sms, capability = ts.num_sms(device), ts.compute_capability(device)
+    state, state_m = plan.kernels[-1], plan_m.kernels[-1]
+    segments = context_parallel_segments(
+        x.longest(chunk_size),
+        N * HV * -(-V // state.columns),
+        resident_ctas(state, sms, capability),
+        N * HV * -(-K // state_m.columns),
+        resident_ctas(state_m, sms, capability),
+        requested,
+    )
+    return segments, plan_m
 
 
 def _empty(like: Any, shape: tuple, code: int):
@@ -534,24 +618,77 @@ def _run_fused(c: _Call, plan: ChunkPlan) -> None:
     """The fused bf16 path: prep (parallel over chunks) then state + output (sequential per sequence),
     the state kernel on mma.sync (``plan.warps`` slabs of 16 columns, ``plan.k_split`` warps each)
     or on wgmma (one warpgroup per 64 columns and two producer warps)."""
+    prep = _prep(c, plan)
+    _state(c, plan, prep)
+    del prep  # returned to the allocator in stream order
+
+
+def _prep(c: _Call, plan: ChunkPlan) -> tuple[Any, Any]:
+    """prep's bf16 T'hi, T'lo, P'hi, P'lo ``[NC, HV, 4, C, C]`` and fp32 a, c, d, G ``[NC, HV, 4, C]``
+    (they depend on the chunks alone, not on the sequences they belong to)."""
     H, HV, K, V = c.heads
     C, NC, dev = c.C, c.NC, c.device
-    prep, state = _functions(plan)
-    kp, ks = plan.kernels
-    mats = _empty(c.like, (NC, HV, 4, C, C), ts.BF16)  # T'hi, T'lo, P'hi, P'lo
-    vecs = _empty(c.like, (NC, HV, 4, C), ts.F32)  # a, c, d, G
-    pmats, pvecs = ts.pointer(mats), ts.pointer(vecs)
-    start, length, off = c.tables
+    kp = plan.kernels[0]
+    mats = _empty(c.like, (NC, HV, 4, C, C), ts.BF16)
+    vecs = _empty(c.like, (NC, HV, 4, C), ts.F32)
+    start, length, _ = c.tables
     if NC > 0:
         _SIG_PREP.launch(
-            _handle(prep, kp.smem, dev), (NC, HV), kp.threads, kp.smem, c.stream,
+            _handle(_functions(plan)[0], kp.smem, dev), (NC, HV), kp.threads, kp.smem, c.stream,
             c.q, c.k, c.g, c.beta, c.gate_flags, c.a_log, c.dt_bias, start, length, H, HV, K, c.l2norm, c.scale,
-            pmats, pvecs,
+            ts.pointer(mats), ts.pointer(vecs),
         )  # fmt: skip
-    if NC > 0 or c.final_state:
+    return mats, vecs
+
+
+def _state(c: _Call, plan: ChunkPlan, prep: tuple[Any, Any]) -> None:
+    """The fused state kernel of ``plan`` over ``c``'s sequences: ``c.v``, ``c.heads``' V columns,
+    ``c.initial_state`` (0: zero), output ``c.o``, final state ``c.final_state`` (0: none)."""
+    H, HV, K, V = c.heads
+    ks = plan.kernels[1]
+    start, length, off = c.tables
+    if c.NC > 0 or c.final_state:
         _SIG_FUSED_STATE.launch(
-            _handle(state, ks.smem, dev), (c.N * -(-V // ks.columns), HV), ks.threads, ks.smem, c.stream,
-            c.q, c.k, c.v, pmats, pvecs, start, length, off, c.initial_state, int(c.initial_state != 0),
-            c.state_v_first, H, HV, K, V, c.o, c.final_state, int(c.final_state != 0),
+            _handle(_functions(plan)[1], ks.smem, c.device), (c.N * -(-V // ks.columns), HV), ks.threads, ks.smem,
+            c.stream, c.q, c.k, c.v, ts.pointer(prep[0]), ts.pointer(prep[1]), start, length, off, c.initial_state,
+            int(c.initial_state != 0), c.state_v_first, H, HV, K, V, c.o, c.final_state, int(c.final_state != 0),
         )  # fmt: skip
-    del mats, vecs  # returned to the allocator in stream order
+
+
+def _run_context_parallel(
+    c: _Call, plan: ChunkPlan, plan_m: ChunkPlan, segments: int, initial_state: Any, final_state: Any
+) -> None:
+    """The fused path over ``c.N = N x segments`` segments (``context_parallel.py``): one prep, the
+    value pass from zero (each segment's B, the output overwritten later), the transition pass (zero
+    values and the identity over K columns: each segment's M), the float64 scan of the start states
+    on the same stream, then the value pass from them, which writes the output. torch inputs only
+    (bf16: the fused paths' inputs)."""
+    torch = sys.modules["torch"]
+    H, HV, K, V = c.heads
+    N = c.N // segments
+    device = c.like.device
+    prep = _prep(c, plan)
+    b = _empty(c.like, (c.N, HV, K, V), ts.F32)
+    _state(c._replace(initial_state=0, final_state=ts.pointer(b), state_v_first=0), plan, prep)
+    m = _empty(c.like, (c.N, HV, K, K), ts.F32)
+    zeros = torch.zeros(c.like.shape[:2] + (HV, K), dtype=c.like.dtype, device=device)
+    eye = torch.eye(K, dtype=torch.float32, device=device).expand(c.N, HV, K, K).contiguous()
+    # the transition pass's output is never read: the value pass overwrites o after it
+    scratch = None if K == V else _empty(c.like, c.like.shape[:2] + (HV, K), ts.BF16)
+    transition = c._replace(v=ts.pointer(zeros), heads=(H, HV, K, K), initial_state=ts.pointer(eye))
+    o = c.o if scratch is None else ts.pointer(scratch)
+    _state(transition._replace(o=o, final_state=ts.pointer(m), state_v_first=0), plan_m, prep)
+
+    if initial_state is None:
+        start = torch.zeros((N, HV, K, V), dtype=torch.float64, device=device)
+    else:
+        given = initial_state if ts.is_torch(initial_state) else torch.from_dlpack(initial_state)
+        start = (given.transpose(-1, -2) if c.state_v_first else given).double()
+    starts = torch.empty((N, segments, HV, K, V), dtype=torch.float64, device=device)
+    shape = (N, segments, HV, K)
+    final = scan_segment_states(m.view(*shape, K).double(), b.view(*shape, V).double(), start, starts)
+    starts32 = starts.view(c.N, HV, K, V).float()
+    _state(c._replace(initial_state=ts.pointer(starts32), final_state=0, state_v_first=0), plan, prep)
+    if final_state is not None:
+        final_state.copy_(final.transpose(-1, -2) if c.state_v_first else final)
+    del prep, b, m, zeros, eye, scratch, starts, starts32  # returned to the allocator in stream order

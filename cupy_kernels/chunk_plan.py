@@ -163,3 +163,69 @@ def select_plan(
     state = Kernel(FUSED_SOURCE, f"gdn_fused_state<{warps}, {ks}>", False, 32 * warps * ks,
                    layout.fused_state_smem(K, warps, ks), 16 * warps)  # fmt: skip
     return ChunkPlan("fused", tensor_cores, warps, ks, (prep, state))
+
+
+# --------------------------------------------------------------------------- context parallelism
+#
+# At few (sequence, value head) pairs the state kernel's CTAs leave most SMs idle while each walks
+# its sequence's chunks in series (1 x 65536 tokens at 8 value heads: 16 wgmma CTAs on 132 SMs).
+# The context-parallel form (``context_parallel.py``) splits each sequence into J runs of whole
+# chunks and runs three state passes over the N * J segments: the value pass from a zero state
+# (the segment's affine term B), the transition pass (zero values, the identity as initial state,
+# K columns: the segment's transition M), then, after a scan S_{j+1} = M_j S_j + B_j, the value pass
+# again from the true start states, which writes the output. Three passes of 1 / J the chunks each.
+#
+# The choice below is a cost model in units of one chunk step of a state CTA (about 2.4 us on an
+# H100 for the wgmma kernel, 2026-11-23): a pass costs its waves times its chunks per segment. The
+# overheads are estimates, not yet measured on a GPU: the two extra launches, the zero values and
+# identity states, the scan (one batched float64 product per segment step).
+SHARED_PER_SM = {(9, 0): 228 * 1024, (8, 0): 164 * 1024, (8, 7): 164 * 1024}  # else 100 KiB (sm_86, sm_89)
+CP_MIN_SEGMENT_CHUNKS = 8  # a segment shorter than this spends more on the passes' fixed costs than it saves
+CP_FIXED_STEPS = 20  # the two extra launches and the zero-fill, in chunk steps
+CP_SCAN_STEPS = 4  # one segment step of the scan (a few small kernels), in chunk steps
+CP_GAIN = 1.25  # the modelled speed-up below which the auto choice keeps one pass
+CP_MAX_SEGMENTS = 256  # the most the choice considers (the scan is one step per segment)
+
+
+def resident_ctas(kernel: Kernel, sms: int, capability: tuple[int, int]) -> int:
+    """CTAs of ``kernel`` resident on the device at once, by shared memory and threads (1 KiB of
+    shared memory per CTA is reserved by the driver)."""
+    shared = SHARED_PER_SM.get(capability, 100 * 1024)
+    per_sm = max(1, min(shared // (kernel.smem + 1024), 2048 // kernel.threads))
+    return sms * per_sm
+
+
+def context_parallel_cost(chunks: int, segments: int, passes: tuple[tuple[int, int], ...]) -> int:
+    """Modelled time, in chunk steps, of state passes over ``segments`` runs of a sequence of
+    ``chunks`` chunks; ``passes``: ``(CTAs per segment, resident CTAs)`` of each pass. One segment
+    with one pass is the plain call."""
+    per_segment = -(-chunks // segments)
+    waves = sum(-(-(segments * ctas) // slots) for ctas, slots in passes)
+    overhead = 0 if segments == 1 else CP_FIXED_STEPS + CP_SCAN_STEPS * segments
+    return waves * per_segment + overhead
+
+
+@functools.lru_cache(maxsize=4096)
+def context_parallel_segments(
+    chunks: int, ctas: int, slots: int, ctas_m: int, slots_m: int, requested: bool | int | None = None
+) -> int:
+    """Segments per sequence J for a call whose longest sequence has ``chunks`` chunks; the value
+    pass has ``ctas`` CTAs per segment (sequences x column tiles x value heads) of which ``slots``
+    fit on the device at once, the transition pass ``ctas_m`` and ``slots_m``. ``requested``: None
+    (auto: the J of least modelled time, if it beats one pass by ``CP_GAIN``, else 1), True (that J
+    even where it does not pay, at least 2, segments down to one chunk) or an int >= 2 (exactly
+    that J; segments past a sequence's chunks are empty). Pure and cached."""
+    if requested is False:
+        return 1
+    if requested is not None and requested is not True:
+        return int(requested)
+    if not requested and chunks < 2 * CP_MIN_SEGMENT_CHUNKS:
+        return 1
+    plain = context_parallel_cost(chunks, 1, ((ctas, slots),))
+    shortest = 1 if requested else CP_MIN_SEGMENT_CHUNKS
+    candidates = range(2, max(2, min(chunks // shortest, CP_MAX_SEGMENTS)) + 1)
+    passes = ((ctas, slots), (ctas_m, slots_m), (ctas, slots))
+    best = min(candidates, key=lambda j: (context_parallel_cost(chunks, j, passes), j))
+    if requested or context_parallel_cost(chunks, best, passes) * CP_GAIN <= plain:
+        return best
+    return 1

@@ -430,6 +430,48 @@ def test_wgmma_refused_where_it_does_not_apply(chunk, cp):
         chunk.chunk_gated_delta_rule(**dev, wgmma="yes")
 
 
+# The context-parallel form (context_parallel.py): the fused cases on both state kernels, split
+# into 3 segments per sequence (more than some sequences have chunks: empty segments) and into
+# as many as ``True`` picks (segments of one chunk and up).
+CP_CASES = [(n, w) for n in sorted(FUSED_CASES) for w in (False, None)] + [(n, None) for n in sorted(WGMMA_CASES)]
+
+
+@pytest.mark.parametrize("name, wgmma", CP_CASES)
+@pytest.mark.parametrize("segments", [3, True])
+def test_context_parallel_matches_oracle_and_the_plain_call(chunk, cp, name, wgmma, segments):
+    spec = {**FUSED_CASES, **WGMMA_CASES}[name]
+    if wgmma is None and not (spec["K"] in (64, 128) and spec["V"] % 64 == 0):
+        wgmma = False
+    dev, host, l2norm, kw = bf16_case(name, spec)
+    o, s = assert_fused_matches_oracle(
+        chunk.chunk_gated_delta_rule(**dev, wgmma=wgmma, context_parallel=segments, **kw), host, l2norm
+    )
+    assert "context-parallel x " in chunk.last_kernels
+    if segments == 3:
+        assert chunk.last_kernels.endswith("x 3")
+    o1, s1 = chunk.chunk_gated_delta_rule(**dev, wgmma=wgmma, context_parallel=False, **kw)
+    assert "context-parallel" not in chunk.last_kernels
+    assert rel_rms(s, s1.cpu().numpy()) < 2 * TC_FP32_TOL
+    assert rel_rms(o, o1.float().cpu().numpy()) < BF16_TOL
+
+
+def test_context_parallel_by_default_at_few_heads(chunk, cp):
+    """One long sequence on two value heads (four state CTAs on the whole device): the default
+    splits it, and stays as accurate as the plain call against the float64 oracle."""
+    case = make_case(41, T=8192, H=1, HV=2, K=128, V=128, with_state=True)
+    torch, dev, host = torch_bf16(case)
+    state = torch.from_numpy(case["initial_state"]).cuda()
+    got = chunk.chunk_gated_delta_rule(**dev, initial_state=state, output_final_state=True)
+    assert "context-parallel" in chunk.last_kernels, chunk.last_kernels
+    o, s = assert_fused_matches_oracle(got, host, False)
+    o_ref, s_ref = run_oracle(host)
+    plain = chunk.chunk_gated_delta_rule(**dev, initial_state=state, output_final_state=True, context_parallel=False)
+    o1, s1 = plain[0].float().cpu().numpy(), plain[1].cpu().numpy()
+    # the scan adds a few float64 products and one fp32 rounding of each start state
+    assert rel_rms(s, s_ref) < 2 * rel_rms(s1, s_ref) + 1e-6
+    assert rel_rms(o, o_ref) < 1.1 * rel_rms(o1, o_ref)
+
+
 def test_fused_bf16_gate_options(chunk):
     from gdn_verify.core.gating import in_kernel_gates
 
@@ -498,6 +540,10 @@ def test_fused_refused_where_it_does_not_apply(chunk, K, V):
         (dict(fused=True), "fused"),  # fp32 inputs: the fused path is bf16 only
         (dict(k_split=3), "k_split"),
         (dict(k_split=1), "k_split"),  # fp32 inputs: no fused path to split
+        (dict(context_parallel=1), "context_parallel"),
+        (dict(context_parallel="yes"), "context_parallel"),
+        (dict(context_parallel=True), "context_parallel"),  # fp32 inputs: no fused path
+        (dict(context_parallel=4), "context_parallel"),
     ],
 )
 def test_bad_arguments(chunk, cp, change, name):

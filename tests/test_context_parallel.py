@@ -1,0 +1,262 @@
+"""The context-parallel chunked forward on the CPU: its segmentation, its scan and its choice of
+segment count (``cupy_kernels/context_parallel.py``, ``chunk_plan.context_parallel_segments``).
+
+The launcher's three state passes are emulated with the float64 oracle standing in for the state
+kernel, through the same ``segment_bounds`` and ``scan_segment_states`` the launcher calls; the
+result must equal the oracle on the whole sequences. The GPU launcher itself is tested in
+``test_cupy_chunk.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cupy_kernels.chunk import chunk_tables
+from cupy_kernels.chunk_plan import (
+    CP_GAIN,
+    CP_MAX_SEGMENTS,
+    CP_MIN_SEGMENT_CHUNKS,
+    context_parallel_cost,
+    context_parallel_segments,
+    resident_ctas,
+    select_plan,
+)
+from cupy_kernels.context_parallel import scan_segment_states, segment_bounds
+from gdn_verify.core.reference import chunk_gated_delta_rule as oracle
+
+C = 64
+
+
+@pytest.mark.parametrize(
+    "lengths, segments",
+    [([4096], 8), ([65, 0, 1, 640, 129], 3), ([100], 5), ([0], 2), ([64 * 7], 7), ([64 * 7 + 1], 7)],
+)
+def test_segments_are_runs_of_whole_chunks_over_the_same_chunks(lengths, segments):
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    seg = segment_bounds(bounds, C, segments)
+    N = len(lengths)
+    assert seg.shape == (N * segments + 1,) and np.all(np.diff(seg) >= 0)
+    assert np.array_equal(seg[::segments], bounds), "segment 0 of each sequence starts it, the last ends it"
+    for n in range(N):
+        cuts = seg[n * segments : (n + 1) * segments + 1]
+        runs = np.diff(cuts)
+        per = math.ceil(math.ceil(lengths[n] / C) / segments)
+        # every run that is not empty starts on a chunk boundary of its sequence, and none is longer than its share
+        assert np.all((cuts[:-1][runs > 0] - bounds[n]) % C == 0) and max(runs) <= per * C
+        assert runs.sum() == lengths[n]
+    # the chunk tables list the same chunks: prep's output serves the segments unchanged
+    start, length, _ = chunk_tables(bounds, C)
+    seg_start, seg_length, seg_off = chunk_tables(seg, C)
+    assert np.array_equal(start, seg_start) and np.array_equal(length, seg_length)
+    assert seg_off.size == N * segments + 1 and seg_off[-1] == start.size
+
+
+def emulated(case: dict, segments: int) -> tuple[np.ndarray, np.ndarray]:
+    """The launcher's context-parallel passes with the float64 oracle as the state kernel: value
+    pass from zero (B), transition pass (zero values, identity start, K columns: M), scan, value
+    pass from the scanned starts. Returns ``(o, final_state)`` in the caller's layouts."""
+    q, k, v, g, beta = (case[n] for n in ("q", "k", "v", "g", "beta"))
+    Bt, T, HV, V = v.shape
+    K = k.shape[-1]
+    flat = [x.reshape(1, Bt * T, *x.shape[2:]) for x in (q, k, v, g, beta)]  # B > 1: flat tokens
+    q, k, v, g, beta = flat
+    bounds = np.asarray(case["cu_seqlens"] if case["cu_seqlens"] is not None else np.arange(Bt + 1) * T)
+    N, NS = bounds.size - 1, (bounds.size - 1) * segments
+    seg = segment_bounds(bounds, C, segments)
+    l2 = case["l2norm"]
+    _, b = oracle(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=l2, cu_seqlens=seg)
+    eye = np.broadcast_to(np.eye(K), (NS, HV, K, K))
+    zeros = np.zeros((1, Bt * T, HV, K))
+    _, m = oracle(q, k, zeros, g, beta, None, eye, True, l2, cu_seqlens=seg)
+    h0 = case["initial_state"]
+    if h0 is None:
+        h0 = np.zeros((N, HV, K, V))
+    elif case["state_v_first"]:
+        h0 = np.swapaxes(h0, -1, -2)
+    starts = np.empty((N, segments, HV, K, V))
+    final = scan_segment_states(m.reshape(N, segments, HV, K, K), b.reshape(N, segments, HV, K, V), h0, starts)
+    o, _ = oracle(q, k, v, g, beta, None, starts.reshape(NS, HV, K, V), False, l2, cu_seqlens=seg)
+    if case["state_v_first"]:
+        final = np.swapaxes(final, -1, -2)
+    return o.reshape(Bt, T, HV, V), final
+
+
+def make_case(seed, B=1, T=300, H=1, HV=2, K=16, V=8, cu_seqlens=None, state=True, v_first=False, l2norm=False):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((B, T, H, K))
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    return dict(
+        q=rng.standard_normal((B, T, H, K)),
+        k=k if l2norm else k / np.linalg.norm(k, axis=-1, keepdims=True),
+        v=rng.standard_normal((B, T, HV, V)),
+        g=np.log(rng.uniform(0.9, 1.0, (B, T, HV))),  # slow decay: the start state matters far along
+        beta=rng.uniform(0.0, 1.0, (B, T, HV)),
+        initial_state=rng.standard_normal((N, HV, V, K) if v_first else (N, HV, K, V)) if state else None,
+        cu_seqlens=cu_seqlens,
+        state_v_first=v_first,
+        l2norm=l2norm,
+    )
+
+
+CASES = {
+    "one_sequence": (dict(T=1000), 4),
+    "more_segments_than_chunks": (dict(T=200), 9),
+    "varlen_ragged_empty": (dict(T=900, cu_seqlens=[0, 1, 64, 64, 600, 900], HV=4, H=2), 3),
+    "batched_no_state": (dict(B=2, T=333, state=False), 2),
+    "gva_v_first_l2norm": (dict(T=513, H=1, HV=3, K=12, V=20, v_first=True, l2norm=True), 5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_context_parallel_passes_equal_the_whole_sequence(name):
+    spec, segments = CASES[name]
+    case = make_case(sum(map(ord, name)), **spec)
+    o, s = emulated(case, segments)
+    o_ref, s_ref = oracle(
+        *(case[n] for n in ("q", "k", "v", "g", "beta")),
+        initial_state=case["initial_state"],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=case["l2norm"],
+        state_v_first=case["state_v_first"],
+        cu_seqlens=case["cu_seqlens"],
+    )
+    # float64 throughout: equal to rounding; a start state off by one segment is off by O(1)
+    np.testing.assert_allclose(o, o_ref, rtol=0, atol=1e-9 * np.abs(o_ref).max())
+    np.testing.assert_allclose(s, s_ref, rtol=0, atol=1e-9 * np.abs(s_ref).max())
+
+
+def test_the_scan_starts_each_sequence_from_its_own_state():
+    """Two sequences, two segments, scalar "states": starts and finals by hand."""
+    M = np.array([2.0, 3.0, 5.0, 7.0]).reshape(2, 2, 1, 1, 1)
+    B = np.array([1.0, 1.0, 10.0, 20.0]).reshape(2, 2, 1, 1, 1)
+    initial = np.array([1.0, -1.0]).reshape(2, 1, 1, 1)
+    starts = np.full((2, 2, 1, 1, 1), np.nan)
+    final = scan_segment_states(M, B, initial, starts)
+    assert starts.ravel().tolist() == [1.0, 3.0, -1.0, 5.0]  # 2 * 1 + 1 = 3; 5 * -1 + 10 = 5
+    assert final.ravel().tolist() == [10.0, 55.0]  # 3 * 3 + 1; 7 * 5 + 20
+
+
+H100 = dict(sms=132, capability=(9, 0))
+
+
+def choose(tokens, sequences, HV, K=128, V=128, requested=None, device=H100):
+    """The launcher's choice for an H100 call of ``sequences`` equal sequences of ``tokens``."""
+    plan = select_plan(
+        "bfloat16", C, K, V, sequences, HV, True, None, None, None, None, device["sms"], device["capability"]
+    )
+    plan_m = select_plan(
+        "bfloat16", C, K, K, sequences, HV, True, None, True, None, None, device["sms"], device["capability"]
+    )
+    state, state_m = plan.kernels[-1], plan_m.kernels[-1]
+    args = (
+        -(-tokens // C),
+        sequences * HV * -(-V // state.columns),
+        resident_ctas(state, device["sms"], device["capability"]),
+        sequences * HV * -(-K // state_m.columns),
+        resident_ctas(state_m, device["sms"], device["capability"]),
+    )
+    return context_parallel_segments(*args, requested), args
+
+
+def test_the_choice_splits_long_sequences_at_few_heads_only():
+    """Qwen3.5 tensor-parallel layouts on an H100 (wgmma: 64 columns and one CTA per SM): 8 value
+    heads leave 16 CTAs on 132 SMs, so a 64k-token sequence is split; 32 value heads (64 CTAs) or
+    many sequences fill the device enough that three passes cost more than they save."""
+    assert (
+        resident_ctas(
+            select_plan("bfloat16", C, 128, 128, 1, 8, True, None, None, None, None, 132, (9, 0)).kernels[-1],
+            132,
+            (9, 0),
+        )
+        == 132
+    )
+    j, args = choose(65536, 1, 8)
+    assert j > 1 and j * args[1] <= args[2], "one wave per pass"
+    assert choose(262144, 1, 8)[0] > 1
+    assert choose(65536, 1, 32)[0] == 1
+    assert choose(4096, 1, 8)[0] == 1  # 64 chunks: the fixed costs eat the gain
+    assert choose(2048, 8, 8)[0] == 1 and choose(512, 64, 32)[0] == 1
+
+
+@pytest.mark.parametrize("tokens, sequences, HV", [(65536, 1, 8), (65536, 1, 16), (16384, 1, 4), (262144, 1, 8)])
+def test_an_auto_split_is_the_cheapest_and_beats_one_pass_by_the_margin(tokens, sequences, HV):
+    j, (chunks, ctas, slots, ctas_m, slots_m) = choose(tokens, sequences, HV)
+    passes = ((ctas, slots), (ctas_m, slots_m), (ctas, slots))
+    plain = context_parallel_cost(chunks, 1, ((ctas, slots),))
+    if j == 1:
+        assert all(
+            context_parallel_cost(chunks, s, passes) * CP_GAIN > plain
+            for s in range(2, min(chunks // 8, CP_MAX_SEGMENTS) + 1)
+        )
+        return
+    cost = context_parallel_cost(chunks, j, passes)
+    assert cost * CP_GAIN <= plain
+    assert all(
+        cost <= context_parallel_cost(chunks, s, passes)
+        for s in range(2, min(chunks // CP_MIN_SEGMENT_CHUNKS, CP_MAX_SEGMENTS) + 1)
+    )
+
+
+def test_a_requested_split_is_honoured():
+    assert choose(65536, 1, 32, requested=6)[0] == 6
+    assert choose(100, 1, 32, requested=True)[0] >= 2  # two chunks: one each, where auto keeps one pass
+    assert choose(100, 1, 32)[0] == 1
+    assert context_parallel_segments(1024, 16, 132, 16, 132, False) == 1
+
+
+def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch):
+    """``chunk._run_context_parallel`` on CPU torch tensors, each state launch replaced by the
+    float64 oracle over the segments its tables name: the passes' arguments (zero values and the
+    identity over K columns, zero and scanned start states, the v-first layouts), the scan and the
+    final state's copy give the oracle's result on the whole sequences."""
+    torch = pytest.importorskip("torch", reason="the launcher's context-parallel passes work on torch tensors")
+    from cupy_kernels import chunk
+    from cupy_kernels import tensors as ts
+
+    case = make_case(7, T=700, H=1, HV=2, K=16, V=24, cu_seqlens=[0, 1, 300, 300, 700], v_first=True)
+    segments, N = 4, 4
+    seg = segment_bounds(np.asarray(case["cu_seqlens"]), C, segments)
+    launches = []
+
+    def state(c, plan, prep):
+        V, given, kept = c.heads[3], isinstance(c.initial_state, torch.Tensor), isinstance(c.final_state, torch.Tensor)
+        launches.append((plan, V, c.state_v_first, given, kept))
+        h0 = c.initial_state.double().numpy() if given else None
+        o, s = oracle(
+            *(t.double().numpy() for t in (c.q, c.k, c.v, c.g, c.beta)),
+            initial_state=h0,
+            output_final_state=True,
+            state_v_first=bool(c.state_v_first),
+            cu_seqlens=c.tables[2],
+        )
+        c.o.copy_(torch.from_numpy(o))
+        if kept:
+            c.final_state.copy_(torch.from_numpy(s))
+
+    monkeypatch.setattr(chunk, "_state", state)
+    monkeypatch.setattr(chunk, "_prep", lambda c, plan: ("mats", "vecs"))
+    monkeypatch.setattr(ts, "pointer", lambda x: x)  # the stand-in reads tensors, not addresses
+    x = {n: torch.from_numpy(case[n]).to(torch.float32) for n in ("q", "k", "v", "g", "beta")}
+    o = torch.full_like(x["v"], float("nan"))
+    final = torch.full((N, 2, 24, 16), float("nan"))
+    call = chunk._Call(
+        **x, a_log=0, dt_bias=0, initial_state=1, o=o, final_state=final, tables=(None, None, seg),
+        heads=(1, 2, 16, 24), scale=16**-0.5, gate_flags=0, l2norm=0, state_v_first=1, N=N * segments,
+        NC=-1, C=C, like=x["q"], stream=0, device=0,
+    )  # fmt: skip
+    initial = torch.from_numpy(case["initial_state"]).to(torch.float32)
+    chunk._run_context_parallel(call, "plan", "plan_m", segments, initial, final)
+
+    o_ref, s_ref = oracle(
+        *(case[n] for n in ("q", "k", "v", "g", "beta")),
+        initial_state=initial.double().numpy(),
+        output_final_state=True,
+        state_v_first=True,
+        cu_seqlens=case["cu_seqlens"],
+    )
+    assert launches == [("plan", 24, 0, False, True), ("plan_m", 16, 0, True, True), ("plan", 24, 0, True, False)]
+    np.testing.assert_allclose(o.double().numpy(), o_ref, rtol=0, atol=1e-5 * np.abs(o_ref).max())
+    np.testing.assert_allclose(final.double().numpy(), s_ref, rtol=0, atol=1e-5 * np.abs(s_ref).max())
