@@ -6,7 +6,7 @@ gdn_verify.core               itself
 gdn_verify.properties         core
 gdn_verify.implementations    core (and cupy_kernels, the kernels under test)
 gdn_verify.runners            core, implementations (properties arrive as objects)
-gdn_verify.bench              core, cupy_kernels
+gdn_verify.bench              core, implementations (the peer bench loads the adapters' libraries), cupy_kernels
 gdn_verify.api, options, console, pytest_plugin: the library below them; report: the same, on the API
 cli.py                        anything; nothing in gdn_verify imports it but __main__
 """
@@ -27,7 +27,7 @@ ALLOWED = {
     "properties": {"core", "properties"},
     "implementations": {"core", "implementations", "cupy_kernels"},
     "runners": {"core", "implementations", "runners"},
-    "bench": {"core", "bench", "cupy_kernels"},
+    "bench": {"core", "implementations", "bench", "cupy_kernels"},
     "report": {"core", "implementations", "runners", "properties", "report", "top"},  # built on the API
     "top": {"core", "implementations", "runners", "properties", "report", "bench", "api", "console", "top"},
 }

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,36 +59,79 @@ def _time_ms(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, reps:
     return statistics.median(times)
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``"Type: first line of the message"``, at most ``limit`` characters: an error as a table cell."""
+    text = str(exc).strip().splitlines()
+    line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def interleave(
+    timers: Mapping[str, Callable[[int], float]],
+    rounds: int = ROUNDS,
+    reference: str | None = None,
+    catch: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """Time every timer in turn in each of ``rounds`` rounds (in ``timers``' order: a, b, c, a, b,
+    c, ...), each taking the round's index and returning that round's time in ms. Pure: no GPU.
+
+    Returns per name ``ms`` (the median over rounds), ``rounds`` (the per-round times, in order),
+    and against ``reference`` (a name in ``timers``): ``ratio`` (the median over rounds of the
+    per-round ratio name / reference: both ran in the same round, so drift of the host over the
+    run cancels), ``ratio_rounds`` and ``ratio_spread`` (``[min, max]`` of them); the ratio keys
+    are None without a reference (or for one that failed). ``catch``: a timer that raises is
+    timed no more, and its entry is ``{"error": one line}``; otherwise the exception propagates.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    errors: dict[str, str] = {}
+    for i in range(rounds):
+        for name, timer in timers.items():
+            if name in errors:
+                continue
+            try:
+                times[name].append(timer(i))
+            except Exception as exc:  # noqa: BLE001 - with catch, one peer's failure ends its rounds only
+                if not catch:
+                    raise
+                errors[name] = one_line(exc)
+    ref = times.get(reference) if reference is not None and reference not in errors else None
+    result: dict[str, dict[str, Any]] = {}
+    for name, ts in times.items():
+        if name in errors:
+            result[name] = {"error": errors[name]}
+            continue
+        cell: dict[str, Any] = dict(ms=statistics.median(ts), rounds=ts)
+        cell.update(ratio=None, ratio_rounds=None, ratio_spread=None)
+        if ref is not None:
+            ratios = [t / r for t, r in zip(ts, ref)]
+            cell.update(ratio=statistics.median(ratios), ratio_rounds=ratios, ratio_spread=[min(ratios), max(ratios)])
+        result[name] = cell
+    return result
+
+
 def interleaved_rounds(
     time_ours: Callable[[int], float], time_fla: Callable[[int], float] | None, rounds: int = ROUNDS
 ) -> dict[str, Any]:
     """Time ours and FLA alternately in ``rounds`` rounds (ours, FLA, ours, FLA, ...), each callable
     taking the round's index and returning that round's time in ms; without FLA (``time_fla`` None),
-    ours alone in rounds.
+    ours alone in rounds (:func:`interleave` of the two).
 
     Returns ``ours_ms`` and ``fla_ms`` (the median over rounds), ``ratio`` (the median over rounds of
     the per-round ratio ours / FLA), ``ratio_rounds`` (the per-round ratios, in order) and
     ``ratio_spread`` (``[min, max]`` of them); FLA's keys are None without FLA. Pure: no GPU.
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
-    ours, fla = [], []
-    for i in range(rounds):
-        ours.append(time_ours(i))
-        if time_fla is not None:
-            fla.append(time_fla(i))
-    result: dict[str, Any] = dict(
-        ours_ms=statistics.median(ours), fla_ms=None, ratio=None, ratio_rounds=None, ratio_spread=None
+    timers = {"ours": time_ours} if time_fla is None else {"ours": time_ours, "fla": time_fla}
+    cells = interleave(timers, rounds, reference=None if time_fla is None else "fla")
+    ours = cells["ours"]
+    return dict(
+        ours_ms=ours["ms"],
+        fla_ms=cells["fla"]["ms"] if time_fla is not None else None,
+        ratio=ours["ratio"],
+        ratio_rounds=ours["ratio_rounds"],
+        ratio_spread=ours["ratio_spread"],
     )
-    if time_fla is not None:
-        ratios = [o / f for o, f in zip(ours, fla)]
-        result.update(
-            fla_ms=statistics.median(fla),
-            ratio=statistics.median(ratios),
-            ratio_rounds=ratios,
-            ratio_spread=[min(ratios), max(ratios)],
-        )
-    return result
 
 
 def _round_timer(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, reps: int) -> Callable[[int], float]:
@@ -146,29 +189,45 @@ def _rel_rms(x: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
 
 
-def _oracle_errors(x: dict, heads: Sequence[int], H: int, HV: int, outs: dict) -> dict:
-    """Relative RMS of each implementation's (o, final_state) on ``heads`` against the float64 oracle."""
+def _oracle_reference(x: dict, heads: Sequence[int], H: int, HV: int) -> dict[int, tuple[np.ndarray, Any]]:
+    """The float64 oracle's ``(o [B, T, 1, V], final_state [N, 1, K, V])`` of each value head in
+    ``heads``: heads do not interact, so a head's oracle needs only its own slice of the inputs."""
     cu = x["cu"].cpu().numpy()
     group = HV // H
-    errors: dict[str, list] = {name: [[], [], [], []] for name in outs}  # o diff, o ref, s diff, s ref
-    host = {n: x[n].float().cpu().numpy() for n in ("q", "k")}
+
+    def host(name: str, head: int) -> np.ndarray:
+        return x[name][:, :, head : head + 1].float().cpu().numpy().astype(np.float64)
+
+    refs = {}
     for hv in heads:
         hk = hv // group
-        q, k = (host[n][:, :, hk : hk + 1].astype(np.float64) for n in ("q", "k"))
-        v = x["v"][:, :, hv : hv + 1].float().cpu().numpy().astype(np.float64)
-        g = x["g"][:, :, hv : hv + 1].float().cpu().numpy().astype(np.float64)
-        beta = x["beta"][:, :, hv : hv + 1].float().cpu().numpy().astype(np.float64)
-        o_ref, s_ref = oracle(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu if cu.size > 2 else None)
-        for name, (o, s) in outs.items():
-            o_h = o[:, :, hv].float().cpu().numpy()[:, :, None]
-            s_h = s[:, hv].float().cpu().numpy()[:, None]
-            for slot, (got, ref) in enumerate(((o_h, o_ref), (s_h, s_ref))):
-                errors[name][2 * slot].append(np.sum((got - ref) ** 2))
-                errors[name][2 * slot + 1].append(np.sum(ref**2))
-    return {
-        name: (float(np.sqrt(sum(e[0]) / sum(e[1]))), float(np.sqrt(sum(e[2]) / sum(e[3]))))
-        for name, e in errors.items()
-    }
+        refs[hv] = oracle(
+            host("q", hk),
+            host("k", hk),
+            host("v", hv),
+            host("g", hv),
+            host("beta", hv),
+            output_final_state=True,
+            cu_seqlens=cu if cu.size > 2 else None,
+        )
+    return refs
+
+
+def _errors_against(refs: Mapping[int, tuple[np.ndarray, Any]], o, s) -> tuple[float, float]:
+    """Relative RMS of ``o`` ``[B, T, HV, V]`` and the final state ``s`` ``[N, HV, K, V]`` (torch, our
+    layout) against :func:`_oracle_reference`'s heads, pooled over them: ``(output, state)``."""
+    sums = np.zeros(4)  # o diff, o ref, s diff, s ref
+    for hv, (o_ref, s_ref) in refs.items():
+        o_h = o[:, :, hv].float().cpu().numpy()[:, :, None]
+        s_h = s[:, hv].float().cpu().numpy()[:, None]
+        sums += [np.sum((o_h - o_ref) ** 2), np.sum(o_ref**2), np.sum((s_h - s_ref) ** 2), np.sum(s_ref**2)]
+    return float(np.sqrt(sums[0] / sums[1])), float(np.sqrt(sums[2] / sums[3]))
+
+
+def _oracle_errors(x: dict, heads: Sequence[int], H: int, HV: int, outs: dict) -> dict:
+    """Relative RMS of each implementation's (o, final_state) on ``heads`` against the float64 oracle."""
+    refs = _oracle_reference(x, heads, H, HV)
+    return {name: _errors_against(refs, o, s) for name, (o, s) in outs.items()}
 
 
 def _libraries():
