@@ -6,8 +6,9 @@
 # GPU job, kept off the timed runs). Run from a copy outside the synced checkout (/tmp), as
 #   bash scripts/gpu_grad.sh --background        start the driver
 #   bash scripts/gpu_grad.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
-# Needs .whl/fqla (FlashQLA 0.1.3, TileLang 0.1.15 and their deps; .whl/fqla/README.txt) and the FLA
-# wheels .whl/*.whl, both installed into /tmp/fqsite: FLA 0.6.0 refuses its backward on Hopper
+# Needs .whl/fqla (FlashQLA 0.1.3, TileLang 0.1.15 and their deps) and the FLA wheels .whl/*.whl,
+# both built here by `bash scripts/pack_carried.sh fla fqla` (scripts/README.md, "FLA and FlashQLA")
+# and installed into /tmp/fqsite: FLA 0.6.0 refuses its backward on Hopper
 # with Triton < 3.7.1 unless TileLang is importable (it then runs chunk_bwd_dqkwg in TileLang),
 # and TileLang's tvm-ffi cannot share a process with FlashInfer's site.
 set -u -o pipefail
