@@ -8,6 +8,11 @@ Writes ``OUT/decode_bench.json`` (the rows of ``gdn_verify.bench.decode_bench``,
 least 90% of the copy ceiling; at B = 1 at most 10 us from the Python call to the result).
 Usage (GPU): ``python3 scripts/bench_decode.py OUT``; ``bash scripts/gpu_session.sh decode_bench``.
 Results: ``reports/2026-11-23-decode-validation/``.
+
+``python3 scripts/bench_decode.py OUT --peers [--layouts 2/8,16/64] [--batches 1,64,1024]`` runs
+``decode_peers_bench`` instead (ours, FLA, FlashInfer's float32- and bfloat16-state decode and the
+copy ceiling per Qwen3.5 head layout and batch size; FlashInfer's site on ``PYTHONPATH``, as
+``scripts/common.sh`` sets it) and writes ``OUT/decode_peers.json`` and ``OUT/decode_peers.md``.
 """
 
 from __future__ import annotations
@@ -123,5 +128,31 @@ def main(out: str) -> int:
     return 0
 
 
+def peers_main(out: str, layouts: str | None, batches: str | None) -> int:
+    from gdn_verify.bench import decode as bench
+
+    pairs = bench.LAYOUTS if not layouts else tuple(tuple(int(n) for n in p.split("/")) for p in layouts.split(","))
+    sizes = bench.PEER_BATCHES if not batches else tuple(int(b) for b in batches.split(","))
+    rows = bench.decode_peers_bench(layouts=pairs, batches=sizes)
+    Path(out, "decode_peers.json").write_text(json.dumps(rows, indent=1, default=str))
+    text = bench.format_peers_table(rows)
+    Path(out, "decode_peers.md").write_text(text)
+    print(text)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", nargs="?", default=".")
+    parser.add_argument("--peers", action="store_true", help="the decode peer bench instead of the goals bench")
+    parser.add_argument("--layouts", help="q-k/value head pairs, e.g. 2/8,16/64 (default: Qwen3.5's five)")
+    parser.add_argument("--batches", help="batch sizes, e.g. 1,64,1024 (default: 1, 8, 64, 256, 1024)")
+    args = parser.parse_args()
+    try:
+        [tuple(int(n) for n in p.split("/")) for p in (args.layouts or "1/1").split(",")]
+        [int(b) for b in (args.batches or "1").split(",")]
+    except ValueError:
+        parser.error("--layouts takes H/HV pairs (2/8,16/64), --batches integers (1,64)")
+    sys.exit(peers_main(args.out, args.layouts, args.batches) if args.peers else main(args.out))

@@ -34,6 +34,7 @@ import datetime
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def _optional_torch():
@@ -405,4 +406,232 @@ def format_table(rows: list[dict]) -> str:
                 )
             elif "graph_error" in r:
                 lines.append(f"DecodeGraph failed: {r['graph_error']}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- decode against its peers
+
+# Qwen3.5's tensor-parallel head layouts (q-k heads, value heads), as the prefill peer bench.
+LAYOUTS = ((2, 8), (4, 8), (8, 16), (16, 32), (16, 64))
+PEER_BATCHES = (1, 8, 64, 256, 1024)
+DECODE_PEERS = ("ours", "ours-step", "fla", "flashinfer", "flashinfer-bf16-state")
+
+
+def _flashinfer_decoders() -> tuple[dict[str, Callable | None], str | None]:
+    """FlashInfer's pretranspose decode with a float32 and a bfloat16 state (None where absent),
+    and why they are not there."""
+    try:
+        from gdn_verify.implementations.flashinfer import _flashinfer_kernels
+
+        kernels = _flashinfer_kernels()
+    except Exception as exc:  # noqa: BLE001 - a peer that does not load is a row note, not a failure
+        return {}, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    found = {"flashinfer": kernels["decode"], "flashinfer-bf16-state": kernels["decode_bf16"]}
+    return found, None if found["flashinfer-bf16-state"] else "no bfloat16-state kernels in this FlashInfer"
+
+
+def _flashinfer_step(torch, kernel: Callable, d: dict, state_dtype) -> Callable[[], Any]:
+    """One FlashInfer decode step on ``d``'s tensors, its state k-last ``[B, HV, V, K]`` in
+    ``state_dtype``, updated in place, and the gates as its raw ``a, b`` with ``A_log = dt_bias = 0``
+    (``-softplus(a) = g``, ``sigmoid(b) = beta``: the adapter's encoding)."""
+    from gdn_verify.implementations.flashinfer import TorchOps, raw_gates
+
+    a, b = (x.to(d["q"].dtype) for x in raw_gates(TorchOps(), d["g"], d["beta"]))
+    state = d["initial_state"].transpose(-1, -2).to(state_dtype).contiguous()
+    zeros = torch.zeros(d["g"].shape[-1], dtype=torch.float32, device=d["q"].device)
+    args = dict(q=d["q"], k=d["k"], v=d["v"], state=state, A_log=zeros, a=a, dt_bias=zeros, b=b)
+    return lambda: kernel(**args, scale=None, use_qk_l2norm=True)
+
+
+def peer_fractions(times_us: dict[str, float | None], state_bytes: int, copy_us: float) -> dict[str, float | None]:
+    """Each peer's share of the copy ceiling: its state traffic (read and written once: twice
+    ``state_bytes``, half that for the bfloat16-state kernel) over its time, against the copy of
+    ``state_bytes`` (read and written) in ``copy_us``. Pure."""
+    out: dict[str, float | None] = {}
+    for name, us in times_us.items():
+        traffic = state_bytes // 2 if name.endswith("bf16-state") else state_bytes
+        out[name] = None if us is None else (traffic / us) / (state_bytes / copy_us)
+    return out
+
+
+def decode_peers_bench(
+    layouts=LAYOUTS,
+    batches=PEER_BATCHES,
+    K: int = 128,
+    V: int = 128,
+    progress: Callable[[str], object] | None = print,
+) -> list[dict]:
+    """Decode (T = 1, l2norm in kernel, bf16 q/k/v) per head layout and batch size, side by side in
+    one process: ours (the general function, and ``DecodeStep``'s default variant, state in place),
+    FLA's ``fused_recurrent_gated_delta_rule``, FlashInfer's pretranspose decode with a float32 and
+    with a bfloat16 state, and the copy ceiling of the float32 state bytes (the faster of the
+    framework copy and the SM copy kernel). Times from CUDA graphs over rotating input sets, as
+    :func:`decode_bench`; a peer a graph cannot capture is timed eagerly (``eager`` lists it).
+
+    One dict per (layout, batch): ``H``, ``HV``, ``batch``, ``state_bytes``, ``times_us`` and
+    ``fractions`` (of the copy ceiling, :func:`peer_fractions`) by peer (None: not run),
+    ``copy_us``, ``errors`` (peer: one line), ``eager``, ``unavailable`` (peer: why), ``device``, ``date``.
+    """
+    import cupy
+
+    from cupy_kernels.decode import DecodeStep
+    from cupy_kernels.recurrent import recurrent_gated_delta_rule as ours
+    from cupy_kernels.tensors import external_stream
+
+    torch = _optional_torch()
+    if torch is None:
+        raise RuntimeError("the decode peer bench needs torch with CUDA (its peers take torch tensors)")
+    say = progress or (lambda _msg: None)
+    fla = _optional_fla()
+    decoders, fi_reason = _flashinfer_decoders()
+    unavailable = {"fla": "FLA is not importable"} if fla is None else {}
+    for name in ("flashinfer", "flashinfer-bf16-state"):
+        if decoders.get(name) is None:
+            unavailable[name] = fi_reason or "not loaded"
+    l2_bytes = cupy.cuda.Device().attributes["L2CacheSize"]
+    sm_copy = _sm_copy(cupy)
+    device, today = torch.cuda.get_device_name(), datetime.date.today().isoformat()
+
+    def on_torch_stream(call):
+        with external_stream(torch.cuda.current_stream().cuda_stream):
+            return call()
+
+    rows = []
+    for H, HV in layouts:
+        for B in batches:
+            state_bytes = B * HV * K * V * 4
+            sets = max(1, min(64, -(-3 * l2_bytes // (2 * state_bytes))))
+            data = [_inputs(cupy, torch, B, H, HV, K, V, seed) for seed in range(sets)]
+            calls: dict[str, list[Callable]] = {
+                "ours": [
+                    lambda d=d: on_torch_stream(
+                        lambda: ours(**d, output_final_state=True, use_qk_l2norm_in_kernel=True)
+                    )
+                    for d in data
+                ],
+            }
+            steps = []
+            for d in data:
+                args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
+                step = DecodeStep(**args, state=d["initial_state"], use_qk_l2norm_in_kernel=True)
+                steps.append(lambda s=step, a=args, d=d: on_torch_stream(lambda: s(**a, state=d["initial_state"])))
+            calls["ours-step"] = steps
+            if fla is not None:
+                calls["fla"] = [
+                    lambda d=d: fla(**d, output_final_state=True, use_qk_l2norm_in_kernel=True) for d in data
+                ]
+            for name, dtype in (("flashinfer", torch.float32), ("flashinfer-bf16-state", torch.bfloat16)):
+                if decoders.get(name) is not None:
+                    calls[name] = [_flashinfer_step(torch, decoders[name], d, dtype) for d in data]
+            dst = [torch.empty_like(d["initial_state"]) for d in data]
+            copy_fw = _time_torch_graph(
+                torch, [lambda d=d, o=o: o.copy_(d["initial_state"]) for d, o in zip(data, dst)]
+            )
+            copy_sm = _time_torch_graph(
+                torch,
+                [
+                    lambda d=d, o=o, n=state_bytes: on_torch_stream(
+                        lambda: sm_copy(_ptr(d["initial_state"]), _ptr(o), n)
+                    )
+                    for d, o in zip(data, dst)
+                ],
+            )
+            copy_us = min(copy_fw, copy_sm)
+            times: dict[str, float | None] = dict.fromkeys(DECODE_PEERS)
+            errors, eager = {}, []
+            for name, fns in calls.items():
+                try:
+                    times[name] = _time_torch_graph(torch, fns)
+                except Exception as graph_exc:  # noqa: BLE001 - not capturable: time it eagerly
+                    torch.cuda.synchronize()
+                    try:
+                        times[name] = _time_eager(torch, fns)
+                        eager.append(name)
+                    except Exception as exc:  # noqa: BLE001 - report and go on with the other peers
+                        errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        errors[name] += f" (in a graph: {type(graph_exc).__name__})"
+            row = dict(
+                H=H,
+                HV=HV,
+                batch=B,
+                K=K,
+                V=V,
+                state_bytes=state_bytes,
+                sets=sets,
+                times_us=times,
+                fractions=peer_fractions(times, state_bytes, copy_us),
+                copy_us=copy_us,
+                copy_fw_us=copy_fw,
+                copy_sm_us=copy_sm,
+                errors=errors,
+                eager=eager,
+                unavailable=unavailable,
+                device=device,
+                date=today,
+            )
+            rows.append(row)
+            say(format_peers_row(row))
+            del data, dst, calls, steps
+    return rows
+
+
+def _time_eager(torch, calls: list[Callable], min_ms: float = 20.0, samples: int = 15) -> float:
+    """Microseconds per call of ``calls`` run back to back without a graph (launch costs included)."""
+    for call in calls * 2:
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for call in calls:
+        call()
+    end.record()
+    end.synchronize()
+    rounds = max(1, int(min_ms / max(start.elapsed_time(end), 1e-3)))
+    times = []
+    for _ in range(samples):
+        start.record()
+        for _ in range(rounds):
+            for call in calls:
+                call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (rounds * len(calls)))
+    return statistics.median(times)
+
+
+def format_peers_row(row: dict) -> str:
+    """One progress line of a :func:`decode_peers_bench` row."""
+    cells = [f"{n} {t:.1f} us ({row['fractions'][n]:.0%})" for n, t in row["times_us"].items() if t is not None] + [
+        f"{n}: {e}" for n, e in row["errors"].items()
+    ]
+    return f"{row['H']}/{row['HV']} B={row['batch']}: copy {row['copy_us']:.1f} us; " + ", ".join(cells)
+
+
+def format_peers_table(rows: list[dict]) -> str:
+    """Markdown of :func:`decode_peers_bench` rows: per layout and batch, each peer's time and share
+    of the copy ceiling; the device, date and the peers that did not load."""
+    if not rows:
+        return "(no rows)\n"
+    r0 = rows[0]
+    lines = [
+        f"Decode (T = 1, bf16 q/k/v, l2norm in kernel, K = V = {r0['K']}) on {r0['device']}, {r0['date']}; "
+        "time in us and share of the copy ceiling (the float32 state read and written once, against a "
+        "same-size device copy; the bfloat16-state kernel moves half the bytes).",
+        "",
+        "| q-k / value heads | batch | copy (us) | " + " | ".join(DECODE_PEERS) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in DECODE_PEERS) + " |",
+    ]
+    for r in rows:
+        cells = []
+        for n in DECODE_PEERS:
+            t = r["times_us"].get(n)
+            if t is not None:
+                cells.append(f"{t:.1f} ({r['fractions'][n]:.0%})" + (" eager" if n in r["eager"] else ""))
+            else:
+                cells.append("error" if n in r["errors"] else "n/a")
+        lines.append(f"| {r['H']}/{r['HV']} | {r['batch']} | {r['copy_us']:.1f} | " + " | ".join(cells) + " |")
+    notes = {n: why for r in rows for n, why in r["unavailable"].items()}
+    notes.update({f"{n} at {r['H']}/{r['HV']} B={r['batch']}": e for r in rows for n, e in r["errors"].items()})
+    if notes:
+        lines += ["", *(f"- {n}: {why}" for n, why in notes.items())]
     return "\n".join(lines) + "\n"
