@@ -6,7 +6,7 @@
 #   (skipped when $SITE/fla exists, so that phases running side by side do not install twice);
 # - GDN_VERIFY_VLLM_OPS names .whl/vllm_fla (vLLM's kernel files) when it was carried;
 # - describe_machine prints the date, the GPU and the library versions (for a report's header).
-# scripts/README.md says how the .whl/ bundles are built (FLA's wheels: scripts/pack_carried.sh fla).
+# scripts/README.md says how the .whl/ bundles are built (scripts/pack_carried.sh fla, fqla, flashinfer, vllm).
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SITE=${SITE:-/tmp/site}
 install_wheels() {

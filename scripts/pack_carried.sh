@@ -2,28 +2,41 @@
 # Builds the git-ignored bundles under .whl/ that GPU runs carry (the GPU machine has no network),
 # from pinned wheels whose sha256 is checked after every download, so that each session carries the
 # same bytes. Here, from the repository root, with PyPI reachable (any python3 with pip; xz and GNU
-# tar for fqla):
-#   bash scripts/pack_carried.sh fla      FLA 0.6.0's two wheels into .whl/ (1.4 MiB), installed on the
-#                                         GPU machine by scripts/common.sh (/tmp/site) or scripts/gpu_grad.sh
-#                                         (/tmp/fqsite)
-#   bash scripts/pack_carried.sh fqla     .whl/fqla/ (39 MiB): FlashQLA 0.1.3, TileLang 0.1.15, apache-tvm-ffi
-#                                         0.1.12 and what they need that the GPU image lacks, laid out as
-#                                         `pip install --target` lays them out for CPython 3.12 and xz-compressed
-#                                         as one fqla-site.tar.xz; install.sh (scripts/carried/fqla_install.sh),
-#                                         SHA256SUMS, site.sha256 (every file of the site) and README.txt
-#   bash scripts/pack_carried.sh verify   what is in .whl/ already, against the pins (no network)
-# Subcommands run in the order given (`fla fqla`). About 5 minutes for fqla on 2 cores (xz -9e); two
-# packs of the same pins give the same fqla-site.tar.xz. Downloads stay in $PACK_CACHE (~/.cache/gdn-verify/wheels).
+# tar for fqla and flashinfer):
+#   bash scripts/pack_carried.sh fla        FLA 0.6.0's two wheels into .whl/ (1.4 MiB), installed on the
+#                                           GPU machine by scripts/common.sh (/tmp/site) or scripts/gpu_grad.sh
+#                                           (/tmp/fqsite)
+#   bash scripts/pack_carried.sh fqla       .whl/fqla/ (39 MiB): FlashQLA 0.1.3, TileLang 0.1.15, apache-tvm-ffi
+#                                           0.1.12 and what they need that the GPU image lacks, laid out as
+#                                           `pip install --target` lays them out for CPython 3.12 and xz-compressed
+#                                           as one fqla-site.tar.xz; install.sh (scripts/carried/fqla_install.sh),
+#                                           SHA256SUMS, site.sha256 (every file of the site) and README.txt
+#   bash scripts/pack_carried.sh flashinfer .whl/gpu1/ and .whl/gpu2/: FlashInfer 0.7.2.post1, apache-tvm-ffi
+#                                           0.1.15.post2 and CuTe DSL 4.8.1 as one site (FlashInfer's data/ left
+#                                           out) in two parts, one device call each: gpu1 holds CuTe DSL's 193 MB
+#                                           _cutlass_ir.cu13 library alone, xz-compressed (45 MiB), gpu2 the rest
+#                                           (site-rest.tar.xz, libcute_dsl_runtime.so.xz); install1.sh and
+#                                           install.sh (scripts/carried/flashinfer_install.sh), SHA256SUMS,
+#                                           site.sha256, README.txt in each
+#   bash scripts/pack_carried.sh vllm       .whl/vllm_fla/: the 13 kernel files of vllm 0.33.0's
+#                                           third_party/flash_linear_attention/ops/ (each checked against the
+#                                           wheel's RECORD) and MANIFEST.txt; the 336 MB wheel stays in the cache
+#   bash scripts/pack_carried.sh verify     what is in .whl/ already, against the pins (no network)
+# Subcommands run in the order given (`fla fqla flashinfer vllm`). About 5 minutes each for fqla and
+# flashinfer on 2 cores (xz -9e); two packs of the same pins give the same archives. A site
+# bundle is installed into a scratch folder with its own install scripts before it replaces the
+# one in .whl/. Downloads stay in $PACK_CACHE (~/.cache/gdn-verify/wheels).
 # The wheels' requirements are checked by scripts/carried/requires.py against the GPU image's
 # distributions (scripts/carried/gpu_image_packages.txt): the pack fails on a requirement met by
-# neither, and on a carried wheel nothing needs. scripts/README.md ("Carried wheels") says what
-# travels in which device call.
+# neither that is not listed with its reason (FI_MISSING_OK), and on a carried wheel nothing needs.
+# scripts/README.md ("Carried wheels") says what travels in which device call.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 WHL=.whl
 LIMIT_MIB=56  # a device call carries 64 MiB, the working tree (~5 MiB) included
 CACHE=${PACK_CACHE:-$HOME/.cache/gdn-verify/wheels}  # downloaded wheels that are not carried as they are
+XZ=(xz -T1 --x86 "--lzma2=preset=9e,dict=192MiB")  # one thread: the same bytes on every machine
 die() { echo "pack_carried: $*" >&2; exit 1; }
 SCRATCH=$(mktemp -d)
 trap 'rm -rf "$SCRATCH"' EXIT
@@ -48,6 +61,39 @@ FQLA_PINS=(
   # tilelang requires torch-c-dlpack-ext (Python < 3.14); tvm_ffi skips it where torch has the exchange API
   "torch-c-dlpack-ext 0.1.5 torch_c_dlpack_ext-0.1.5-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl e6f9da4bb9af70e27facc777458be62e10dbbbddda7672d16138db0553c5a524"
 )
+# FlashInfer with CuTe DSL's CUDA 13 libraries (its cu13 extra asks nvidia-cutlass-dsl[cu13]); the
+# GPU image has cuda-bindings 13.3.1 (CuTe DSL needs >= 12.8), torch, numpy and the rest.
+FI_ROOTS=("flashinfer-python[cu13]")
+FI_PINS=(
+  "flashinfer-python 0.7.2.post1 flashinfer_python-0.7.2.post1-py3-none-any.whl bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49"
+  "apache-tvm-ffi 0.1.15.post2 apache_tvm_ffi-0.1.15.post2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl 059eed9bfc94bcd41650fb8eefde74040a1bc7e7b1a6f0a8ff897b02b118875b"
+  "nvidia-cutlass-dsl 4.8.1 nvidia_cutlass_dsl-4.8.1-py3-none-any.whl 43ed46b21d151aa643c6765457c7310827b938c1cf45d5109a0152de4ef06227"
+  "nvidia-cutlass-dsl-libs-base 4.8.1 nvidia_cutlass_dsl_libs_base-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl ac2fd8c7fa3d6ded00917fa7cba8686061005da8c4703c6a29e03c1504543909"
+  "nvidia-cutlass-dsl-libs-core 4.8.1 nvidia_cutlass_dsl_libs_core-4.8.1-py3-none-any.whl bacc6760e3286db447d45720d32ae58ac2e6cecade1152345ef784b2d5e44431"
+  "nvidia-cutlass-dsl-libs-cu13 4.8.1 nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl 50191a381d8cc1393373ae0bc879b0aefa9a256c23c22d4fa1c2fe3dfe57bc90"
+)
+# Requirements met neither by these wheels nor by the GPU image, each with why the GDN paths run
+# without it (the same six wheels ran every FlashInfer adapter on an H100, 2026-11-23); requires.py
+# reports each and fails on any other, and on a name here that nothing misses any more.
+FI_MISSING_OK=(
+  "cuda-python: a meta-distribution over cuda-bindings, which the image has (13.3.1); flashinfer imports cuda.bindings"
+  "cuda-tile: imported only by FlashInfer's cuTile kernels (attention/kernels/cutile, comm), not by its GDN modules"
+  "nccl-extensions: imported only by flashinfer.comm and flashinfer.moe_ep (multi-GPU communication)"
+  "nccl4py: imported only by flashinfer.comm and flashinfer.moe_ep (multi-GPU communication)"
+  "nvidia-cudnn-frontend: imported inside FlashInfer's cuDNN attention functions only, on their first call"
+  "nvidia-cutlass-dsl-libs-cu12: CuTe DSL's CUDA 12 libraries; the image is CUDA 13, whose libraries (libs-cu13) travel"
+)
+FI_LEAVE_OUT=flashinfer/data  # 332 MiB of CUDA sources and headers for FlashInfer's JIT; the GDN paths build CuTe DSL in-process
+# Site files compressed alone (NAME.xz=PATH): part 1 is the first, the 193 MB library by itself.
+FI_LONE1=_cutlass_ir.cu13.so.xz=nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
+FI_LONE2=libcute_dsl_runtime.so.xz=nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so
+# vLLM's GDN kernel files, taken out of its wheel (never carried); gdn_verify/implementations/vllm.py loads them.
+VLLM_PINS=(
+  "vllm 0.33.0 vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl 4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+)
+VLLM_SRC=vllm/third_party/flash_linear_attention
+VLLM_FILES=(chunk chunk_delta_h chunk_o chunk_scaled_dot_kkt cumsum fused_recurrent fused_sigmoid_gating index l2norm op
+  solve_tril utils wy_fast)
 
 ignored_check() {  # a .whl/ that git does not ignore would travel whole with every device call
   git rev-parse --is-inside-work-tree > /dev/null 2>&1 || return 0
@@ -84,10 +130,8 @@ files() {  # DIR PIN...: the pinned wheel paths
   for pin in "$@"; do read -r name version file sum <<< "$pin"; echo "$dir/$file"; done
 }
 
-requires() {  # ROOTS(space-separated) WHEEL...: exactly what the roots need beside the GPU image
-  local roots=$1; shift
-  # shellcheck disable=SC2086
-  "$PYTHON" scripts/carried/requires.py --image scripts/carried/gpu_image_packages.txt --roots $roots -- "$@" \
+requires() {  # --roots NAME[EXTRA]... [--missing-ok NAME...] -- WHEEL...: exactly what the roots need beside the GPU image
+  "$PYTHON" scripts/carried/requires.py --image scripts/carried/gpu_image_packages.txt "$@" \
     || die "the wheels' requirements are not met by the carried wheels and the GPU image (above)"
 }
 
@@ -96,7 +140,7 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 pack_fla() {
   fetch "$WHL" "${FLA_PINS[@]}"
   mapfile -t wheels < <(files "$WHL" "${FLA_PINS[@]}")
-  requires "fla-core flash-linear-attention" "${wheels[@]}" > /dev/null
+  requires --roots fla-core flash-linear-attention -- "${wheels[@]}" > /dev/null
   local f extra=()
   for f in "$WHL"/*.whl; do
     printf '%s\n' "${wheels[@]}" | grep -qxF "$f" || extra+=("$f")
@@ -106,44 +150,136 @@ pack_fla() {
   ls -l "${wheels[@]}"
 }
 
-pack_fqla() {
+tools() {  # xz and GNU tar, which the site bundles need here (not on the GPU machine)
   command -v xz > /dev/null || die "xz not found (apt-get install xz-utils)"
   tar --version 2>/dev/null | grep -q "GNU tar" || die "GNU tar needed (--sort=name)"
-  local cache=$CACHE/fqla new=$WHL/fqla.new site
-  fetch "$cache" "${FQLA_PINS[@]}"
-  mapfile -t wheels < <(files "$cache" "${FQLA_PINS[@]}")
-  local table
-  table=$(requires "${FQLA_ROOTS[*]}" "${wheels[@]}")
-  rm -rf "$new" && mkdir -p "$new"
-  site=$SCRATCH/fqla-site
+}
+
+site_install() {  # CACHE SITE PIN...: the pinned wheels in SITE as `pip install --target` lays them out for TARGET
+  local cache=$1 site=$2 specs=() name version file sum got want; shift 2
+  for pin in "$@"; do read -r name version file sum <<< "$pin"; specs+=("$name==$version"); done
   rm -rf "$site"
   # By name from the cache (--isolated: no configured find-links or index), so that pip writes no
   # direct_url.json naming this machine's paths; bin/ scripts keep this machine's python3 shebang.
-  local specs=() name version file sum
-  for pin in "${FQLA_PINS[@]}"; do read -r name version file sum <<< "$pin"; specs+=("$name==$version"); done
   "$PYTHON" -m pip --isolated install -q --disable-pip-version-check --no-index --no-deps --no-compile \
-    --find-links "$cache" --target "$site" "${TARGET[@]}" "${specs[@]}" 2>&1 | { grep -v "as the 'root' user" || true; }
-  local got want
+    --find-links "$cache" --target "$site" "${TARGET[@]}" "${specs[@]}" 2>&1 | { grep -v "as the 'root' user" || true; } \
+    || die "pip install --target $site failed (above)"
   got=$(find "$site" -maxdepth 1 -name '*.dist-info' -printf '%f\n' | sort)
-  want=$(for pin in "${FQLA_PINS[@]}"; do read -r name version file sum <<< "$pin"; echo "${file%%-"$version"-*}-$version.dist-info"; done | sort)
+  want=$(for pin in "$@"; do read -r name version file sum <<< "$pin"; echo "${file%%-"$version"-*}-$version.dist-info"; done | sort)
   [ "$got" = "$want" ] || die "the site holds $(tr '\n' ' ' <<< "$got")but the pins are $(tr '\n' ' ' <<< "$want")"
-  (cd "$site" && find . -type f -printf '%P\0' | LC_ALL=C sort -z | xargs -0 sha256sum) > "$new/site.sha256"
-  echo "fqla: $(wc -l < "$new/site.sha256") files, $(du -sh "$site" | cut -f1) installed; xz -9e (about 4 min on 2 cores)"
-  tar --sort=name --mtime=@1767225600 --owner=0 --group=0 --numeric-owner --format=gnu -cf - -C "$site" . \
-    | xz -T1 --x86 --lzma2=preset=9e,dict=192MiB > "$new/fqla-site.tar.xz"
-  cp scripts/carried/fqla_install.sh "$new/install.sh"
-  (cd "$new" && sha256sum fqla-site.tar.xz site.sha256 install.sh > SHA256SUMS)
-  local total
-  total=$(du -cb "$new"/* | tail -n 1 | cut -f1)
-  [ "$total" -le $((LIMIT_MIB * 1048576)) ] || die "$new is $(mib "$total") MiB, over $LIMIT_MIB MiB: split it as gpu_max.sh pack does"
-  readme "$new" "$site" "$table" "$total" > "$new/README.txt"
-  rm -rf "$WHL/fqla" && mv "$new" "$WHL/fqla"
-  echo "fqla: $(mib "$total") MiB in $WHL/fqla/"
-  ls -l "$WHL/fqla"
 }
 
-readme() {  # BUNDLE SITE TABLE BYTES: README.txt of .whl/fqla
-  local new=$1 site=$2 table=$3 total=$4 name version file sum
+manifest() {  # SITE: "sha256  path" of every file of SITE, sorted by path
+  (cd "$1" && find . -type f -printf '%P\0' | LC_ALL=C sort -z | xargs -0 sha256sum)
+}
+
+tar_xz() {  # SITE OUT: SITE as a GNU tar sorted by name, every mtime 2026-01-01 00:00 UTC, compressed by XZ
+  tar --sort=name --mtime=@1767225600 --owner=0 --group=0 --numeric-owner --format=gnu -cf - -C "$1" . | "${XZ[@]}" > "$2"
+}
+
+take() {  # SITE NAME.xz=PATH: SITE/PATH moved out of the site to $SCRATCH/NAME (compressed alone, not in the tar)
+  local site=$1 name=${2%%=*} path=${2#*=}
+  [ -f "$site/$path" ] || die "$path is not in the site: did a pin change? (FI_LONE1, FI_LONE2)"
+  mv "$site/$path" "$SCRATCH/${name%.xz}"
+}
+
+compress() {  # DIR NAME.xz=PATH: the file that take moved out, compressed by XZ into DIR/NAME.xz
+  local name=${2%%=*}
+  "${XZ[@]}" -c "$SCRATCH/${name%.xz}" > "$1/$name"
+}
+
+render() {  # TEMPLATE [KEY=VALUE...]: the template with each @KEY@ replaced by VALUE
+  local template=$1 kv args=(-e '')
+  shift
+  for kv in "$@"; do
+    case ${kv#*=} in *'|'* | *'&'* | *\\*) die "render: $kv holds | & or a backslash" ;; esac
+    args+=(-e "s|@${kv%%=*}@|${kv#*=}|g")
+  done
+  sed "${args[@]}" "$template"
+}
+
+seal() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: DIR/INSTALLER from TEMPLATE, then SHA256SUMS of DIR's files
+  local dir=$1 template=$2 installer=$3
+  shift 3
+  render "$template" "$@" > "$dir/$installer"
+  ! grep -nE '@[A-Z0-9_]+@' "$dir/$installer" || die "$template: a placeholder left unset (above)"
+  local sums
+  sums=$(cd "$dir" && find . -maxdepth 1 -type f ! -name SHA256SUMS ! -name README.txt -printf '%P\n' | LC_ALL=C sort \
+    | xargs sha256sum)
+  echo "$sums" > "$dir/SHA256SUMS"
+}
+
+bytes() { du -cb "$@" | tail -n 1 | cut -f1; }
+
+fits() {  # DIR: within what one device call carries beside the working tree
+  local total
+  total=$(bytes "$1"/*)
+  [ "$total" -le $((LIMIT_MIB * 1048576)) ] || die "$1 is $(mib "$total") MiB, over $LIMIT_MIB MiB: split it further"
+}
+
+place() {  # NEW DEST: NEW replaces DEST
+  rm -rf "$2" && mv "$1" "$2"
+  echo "$(basename "$2"): $(mib "$(bytes "$2"/*)") MiB in $2/"
+  ls -l "$2"
+}
+
+readme() {  # DIR CACHE TABLE INTRO ARCHIVE NOTES PIN...: README.txt of a site bundle DIR, on stdout
+  local dir=$1 cache=$2 table=$3 intro=$4 archive=$5 notes=$6 name version file sum f
+  shift 6
+  cat <<EOF
+$intro
+
+Files ($(mib "$(bytes "$dir"/*)") MiB in all):
+$(cd "$dir" && for f in *; do [ "$f" = README.txt ] || printf '  %-26s %10d bytes\n' "$f" "$(stat -c %s "$f")"; done)
+  README.txt                 this file
+
+SHA256SUMS:
+$(sed 's/^/  /' "$dir/SHA256SUMS")
+
+$archive
+
+Wheels (pip download --no-deps --require-hashes for CPython 3.12, manylinux_2_28 x86_64):
+$(for pin in "$@"; do
+    read -r name version file sum <<< "$pin"
+    printf '  %s %s\n    %s (%s bytes)\n    sha256 %s\n' "$name" "$version" "$file" "$(stat -c %s "$cache/$file")" "$sum"
+  done)
+
+Why each travels, and where each requirement is met (Requires-Dist for CPython 3.12 on Linux x86_64,
+with the extras asked for; "GPU image": a distribution of the GPU machine, scripts/carried/gpu_image_packages.txt):
+  ${table//$'\n'/$'\n'  }
+
+$notes
+EOF
+}
+
+try_install() {  # SITE COMMAND...: run the bundle's install script(s) into a scratch SITE, as on the GPU machine
+  local site=$1
+  shift
+  rm -rf "$site"
+  SITE=$site PYTHON=$PYTHON "$@" > "$SCRATCH/try.log" 2>&1 || { cat "$SCRATCH/try.log" >&2; die "the new bundle does not install (above)"; }
+  grep -h "installed, each\|files unpacked\|complete" "$SCRATCH/try.log" | sed 's/^/  tried: /'
+  rm -rf "$site"
+}
+
+pack_fqla() {
+  tools
+  local cache=$CACHE/fqla new=$WHL/fqla.new site=$SCRATCH/fqla-site table
+  fetch "$cache" "${FQLA_PINS[@]}"
+  mapfile -t wheels < <(files "$cache" "${FQLA_PINS[@]}")
+  table=$(requires --roots "${FQLA_ROOTS[@]}" -- "${wheels[@]}")
+  rm -rf "$new" && mkdir -p "$new"
+  site_install "$cache" "$site" "${FQLA_PINS[@]}"
+  manifest "$site" > "$new/site.sha256"
+  echo "fqla: $(wc -l < "$new/site.sha256") files, $(du -sh "$site" | cut -f1) installed; xz -9e (about 4 min on 2 cores)"
+  tar_xz "$site" "$new/fqla-site.tar.xz"
+  seal "$new" scripts/carried/fqla_install.sh install.sh
+  readme "$new" "$cache" "$table" "$(fqla_intro)" "$(fqla_archive "$new" "$site")" "$(fqla_notes)" "${FQLA_PINS[@]}" > "$new/README.txt"
+  fits "$new"
+  try_install "$SCRATCH/try-fqsite" bash "$new/install.sh"
+  place "$new" "$WHL/fqla"
+}
+
+fqla_intro() {
   cat <<EOF
 .whl/fqla/: the FlashQLA site for scripts/gpu_grad.sh, carried to the GPU machine (no network there).
 Built $(date -u +%Y-%m-%d) by \`bash scripts/pack_carried.sh fqla\` (the repository's scripts/pack_carried.sh,
@@ -154,36 +290,31 @@ Install (GPU machine, from the checkout's root; needs python3 with tarfile/lzma 
 Then PYTHONPATH=\$PWD:/tmp/fqsite. Never into /tmp/site: FlashInfer's site there has another tvm_ffi
 (install.sh refuses it). install.sh checks SHA256SUMS, unpacks with Python's tarfile, checks every
 file against site.sha256, and only then touches \$SITE/.fqla-site-complete.
+EOF
+}
 
-Files ($(mib "$total") MiB in all):
-$(cd "$new" && for f in fqla-site.tar.xz site.sha256 install.sh SHA256SUMS; do printf '  %-18s %10d bytes\n' "$f" "$(stat -c %s "$f")"; done)
-  README.txt         this file
-
-SHA256SUMS:
-$(sed 's/^/  /' "$new/SHA256SUMS")
-
-fqla-site.tar.xz: the wheels below installed as
+archive_text() {  # SITE NAME FILES: how NAME was made from SITE
+  cat <<EOF
+$2: the wheels below installed as
   pip install --no-index --no-deps --no-compile --target SITE --only-binary=:all: --python-version 3.12 \\
     --implementation cp --platform manylinux_2_28_x86_64 ... NAME==VERSION ...
-($(wc -l < "$new/site.sha256") files, $(du -sb "$site" | cut -f1) bytes), as a GNU tar sorted by name, every mtime 2026-01-01 00:00 UTC,
+($3 files, $(du -sb "$1" | cut -f1) bytes), as a GNU tar sorted by name, every mtime 2026-01-01 00:00 UTC,
 compressed by xz --x86 --lzma2=preset=9e,dict=192MiB (Python's lzma reads it; 192 MiB of memory to unpack).
-The console scripts bin/tvm-ffi-config and bin/tvm-ffi-stubgen keep the packing machine's python
-shebang (bin/z3 is z3-solver's executable); nothing here runs them.
+EOF
+}
 
-Wheels (pip download --no-deps --require-hashes for CPython 3.12, manylinux_2_28 x86_64):
-$(for pin in "${FQLA_PINS[@]}"; do
-    read -r name version file sum <<< "$pin"
-    printf '  %s %s\n    %s (%s bytes)\n    sha256 %s\n' "$name" "$version" "$file" "$(stat -c %s "$CACHE/fqla/$file")" "$sum"
-  done)
+fqla_archive() {  # DIR SITE
+  archive_text "$2" fqla-site.tar.xz "$(wc -l < "$1/site.sha256")"
+  echo "The console scripts bin/tvm-ffi-config and bin/tvm-ffi-stubgen keep the packing machine's python"
+  echo "shebang (bin/z3 is z3-solver's executable); nothing here runs them."
+}
 
-Why each travels, and where each requirement is met (Requires-Dist for CPython 3.12 on Linux x86_64,
-no extras; "GPU image": a distribution of the GPU machine, scripts/carried/gpu_image_packages.txt):
-$(sed 's/^/  /' <<< "$table")
-
+fqla_notes() {
+  cat <<'EOF'
 At import time: tilelang loads its own libtvm_compiler.so and libtvm_runtime.so (no LLVM in them:
 its CUDA kernels are CUDA C that nvcc compiles, found on PATH or under CUDA_HOME, which gpu_grad.sh
 sets to /usr/local/cuda; CUTLASS headers come in tilelang/3rdparty), which find libtvm_ffi.so
-and libz3.so.4.15 through RUNPATH \$ORIGIN/../../tvm_ffi/lib and \$ORIGIN/../../z3/lib, so tvm_ffi
+and libz3.so.4.15 through RUNPATH $ORIGIN/../../tvm_ffi/lib and $ORIGIN/../../z3/lib, so tvm_ffi
 and z3 must sit in the same site as tilelang; its Python imports beyond these wheels are in the GPU
 image (torch, numpy, tqdm, psutil, cloudpickle, ml_dtypes, typing_extensions). flash_qla picks its
 kernels at import from the GPU's compute capability (sm90, sm100/103, sm120/121; anything else
@@ -191,8 +322,154 @@ raises) and reads torch.cuda.get_device_properties(), so it imports only where a
 EOF
 }
 
-verify() {  # no network: the pinned wheels present, and .whl/fqla against its SHA256SUMS
-  local ok=1 have
+fi_render() {  # PART GPU2_SITE_SHA256: the KEY=VALUE words that make .whl/gpuPART's installer of scripts/carried/flashinfer_install.sh
+  local part=$1 site_sha256=$2 lone=$FI_LONE2
+  [ "$part" = 1 ] && lone=$FI_LONE1
+  echo "PART=$part" "SITE_ID=$(sha256sum < "$site_sha256" | cut -d' ' -f1)" "LONE=$lone"
+}
+
+fi_parts() {  # SITE NEW1 NEW2: the two parts of the site in NEW1 and NEW2 (SITE is used up), installers and SHA256SUMS
+  local site=$1 new1=$2 new2=$3 part1
+  manifest "$site" > "$new2/site.sha256"
+  grep -xE "[0-9a-f]{64}  ${FI_LONE1#*=}" "$new2/site.sha256" > "$new1/site.sha256" || die "${FI_LONE1#*=} is not in the site"
+  take "$site" "$FI_LONE1"
+  take "$site" "$FI_LONE2"
+  compress "$new1" "$FI_LONE1" &  # part 1 on one core (5 min), part 2 on the other
+  part1=$!
+  compress "$new2" "$FI_LONE2"
+  tar_xz "$site" "$new2/site-rest.tar.xz"  # the site without the two files compressed alone
+  wait "$part1" || die "part 1's xz failed"
+  # shellcheck disable=SC2046  # fi_render's KEY=VALUE words
+  seal "$new1" scripts/carried/flashinfer_install.sh install1.sh $(fi_render 1 "$new2/site.sha256")
+  # shellcheck disable=SC2046
+  seal "$new2" scripts/carried/flashinfer_install.sh install.sh $(fi_render 2 "$new2/site.sha256")
+}
+
+pack_flashinfer() {
+  tools
+  local cache=$CACHE/flashinfer site=$SCRATCH/flashinfer-site new1=$WHL/gpu1.new new2=$WHL/gpu2.new table m
+  local missing=()
+  fetch "$cache" "${FI_PINS[@]}"
+  mapfile -t wheels < <(files "$cache" "${FI_PINS[@]}")
+  for m in "${FI_MISSING_OK[@]}"; do missing+=("${m%%:*}"); done
+  table=$(requires --roots "${FI_ROOTS[@]}" --missing-ok "${missing[@]}" -- "${wheels[@]}")
+  rm -rf "$new1" "$new2" && mkdir -p "$new1" "$new2"
+  site_install "$cache" "$site" "${FI_PINS[@]}"
+  [ -d "$site/$FI_LEAVE_OUT" ] || die "$FI_LEAVE_OUT is not in the site: did the flashinfer pin change?"
+  rm -rf "${site:?}/$FI_LEAVE_OUT"
+  local archive notes
+  archive=$(archive_text "$site" "The site" "$(find "$site" -type f | wc -l)"; fi_archive)
+  notes=$(fi_notes)
+  echo "flashinfer: $(du -sh "$site" | cut -f1) installed without $FI_LEAVE_OUT; xz -9e of part 1 beside part 2 (about 5 min on 2 cores)"
+  fi_parts "$site" "$new1" "$new2"
+  readme "$new1" "$cache" "$table" "$(fi_intro 1)" "$archive" "$notes" "${FI_PINS[@]}" > "$new1/README.txt"
+  readme "$new2" "$cache" "$table" "$(fi_intro 2)" "$archive" "$notes" "${FI_PINS[@]}" > "$new2/README.txt"
+  fits "$new1"
+  fits "$new2"
+  try_install "$SCRATCH/try-site" bash -c "bash $new1/install1.sh && bash $new2/install.sh"
+  place "$new1" "$WHL/gpu1"
+  place "$new2" "$WHL/gpu2"
+}
+
+fi_intro() {  # PART
+  local this=".whl/gpu1/: part 1 of 2" install=install1.sh
+  [ "$1" = 2 ] && this=".whl/gpu2/: part 2 of 2" install=install.sh
+  cat <<EOF
+$this of the FlashInfer site (scripts/gpu_session.sh phases site_part1, site_part2), carried to
+the GPU machine (no network there) in two device calls to one warm machine: the site is 163 MB of
+wheels, more than one call carries. Built $(date -u +%Y-%m-%d) by \`bash scripts/pack_carried.sh flashinfer\` (the
+repository's scripts/pack_carried.sh, which pins every wheel below by version and sha256); rebuild
+it with that command rather than by hand.
+
+Install (GPU machine, from the checkout's root; needs python3 with tarfile/lzma and sha256sum, no xz):
+  bash .whl/gpu1/install1.sh      (call 1; into \${SITE:-/tmp/site})
+  bash .whl/gpu2/install.sh       (call 2, the same machine: refused without part 1)
+This folder's $install checks SHA256SUMS, unpacks this part into a fresh folder beside \$SITE, checks
+each file against site.sha256 and the site's files already in \$SITE too, and only then moves them
+in; part 1 writes \$SITE/.gdnv-site-part1, part 2 touches \$SITE/.gdnv-site-complete once the site's
+folders hold exactly the files of its site.sha256. Then PYTHONPATH=\$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+(scripts/common.sh sets it: \`--target\` installs run no .pth files).
+EOF
+}
+
+fi_archive() {
+  cat <<EOF
+FlashInfer's $FI_LEAVE_OUT is left out (332 MiB of CUDA sources for its JIT; the GDN paths build CuTe
+DSL in-process), before site.sha256 is taken. Two files are compressed alone by the same xz instead:
+  part 1 (gpu1): ${FI_LONE1%%=*} is ${FI_LONE1#*=}
+  part 2 (gpu2): ${FI_LONE2%%=*} is ${FI_LONE2#*=}
+and site-rest.tar.xz (gpu2) is the rest. site.sha256 lists part 1's file in gpu1, every file of the
+site (part 1's included) in gpu2; the sha256 of gpu2's site.sha256 is the site's id in both installers.
+The console scripts in bin/ keep the packing machine's python shebang; nothing here runs them.
+EOF
+}
+
+fi_notes() {
+  local m
+  echo "Not carried though required (Requires-Dist met neither by these wheels nor by the GPU image; FI_MISSING_OK):"
+  for m in "${FI_MISSING_OK[@]}"; do echo "  ${m%%:*}:${m#*:}"; done
+}
+
+pack_vllm() {
+  local cache=$CACHE/vllm new=$WHL/vllm_fla.new name version file sum
+  read -r name version file sum <<< "${VLLM_PINS[0]}"
+  fetch "$cache" "${VLLM_PINS[@]}"
+  vllm_extract "$cache/$file" "$new"
+  fits "$new"
+  place "$new" "$WHL/vllm_fla"
+}
+
+vllm_extract() {  # WHEEL NEW: VLLM_FILES out of the wheel into NEW/ops/, each checked against its RECORD, and MANIFEST.txt
+  local wheel=$1 new=$2 f
+  rm -rf "$new" && mkdir -p "$new/ops"
+  "$PYTHON" - "$wheel" "$VLLM_SRC/ops" "$new/ops" "${VLLM_FILES[@]}" <<'EOF' || die "the files do not match the wheel's RECORD (above)"
+import base64
+import csv
+import hashlib
+import io
+import os
+import sys
+import zipfile
+
+wheel, src, dest, *names = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    record_name = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+    record = {row[0]: row[1] for row in csv.reader(io.StringIO(z.read(record_name).decode())) if row}
+    bad = []
+    for name in names:
+        data = z.read(f"{src}/{name}.py")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if record.get(f"{src}/{name}.py") != f"sha256={digest}":
+            bad.append(name)
+        with open(os.path.join(dest, f"{name}.py"), "wb") as f:
+            f.write(data)
+for name in bad:
+    print(f"pack_carried: {src}/{name}.py: sha256 differs from RECORD", file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+  vllm_head > "$new/MANIFEST.txt"
+  (cd "$new" && for f in "${VLLM_FILES[@]}"; do sha256sum "ops/$f.py"; done) >> "$new/MANIFEST.txt"
+}
+
+vllm_head() {  # the first lines of .whl/vllm_fla/MANIFEST.txt (common.sh prints the first in env.txt)
+  local name version file sum
+  read -r name version file sum <<< "${VLLM_PINS[0]}"
+  echo "# Extracted from $file (sha256 $sum)"
+  echo "# source dir in wheel: $VLLM_SRC/ ; files unmodified"
+}
+
+verify_site() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: a site bundle against its SHA256SUMS and its template; 1 if not
+  local dir=$1 template=$2 installer=$3 ok=0
+  shift 3
+  (cd "$dir" && sha256sum --strict --quiet -c SHA256SUMS) || ok=1
+  render "$template" "$@" | cmp -s - "$dir/$installer" \
+    || { echo "$dir/$installer differs from what $template makes now: pack again"; ok=1; }
+  echo "$(basename "$dir"): $(mib "$(bytes "$dir"/*)") MiB in $dir/$([ $ok = 0 ] && echo ", as its SHA256SUMS says")"
+  return $ok
+}
+
+verify() {  # no network: the pinned wheels present, and each bundle against its SHA256SUMS or MANIFEST.txt
+  local ok=1 have f name version file sum
   have=$(files "$WHL" "${FLA_PINS[@]}" | while read -r f; do [ -f "$f" ] && echo "$f"; done)
   if [ -n "$have" ]; then
     sums "$WHL" "${FLA_PINS[@]}" | grep -F -f <(echo "$have") | sha256sum --strict -c - || ok=0
@@ -200,21 +477,44 @@ verify() {  # no network: the pinned wheels present, and .whl/fqla against its S
     echo "fla: no pinned wheel in $WHL/ (bash scripts/pack_carried.sh fla)"
   fi
   if [ -f "$WHL/fqla/SHA256SUMS" ]; then
-    (cd "$WHL/fqla" && sha256sum --strict -c SHA256SUMS) || ok=0
-    cmp -s scripts/carried/fqla_install.sh "$WHL/fqla/install.sh" \
-      || { echo "fqla: install.sh differs from scripts/carried/fqla_install.sh: pack again"; ok=0; }
-    echo "fqla: $(mib "$(du -cb "$WHL/fqla"/* | tail -n 1 | cut -f1)") MiB in $WHL/fqla/"
+    verify_site "$WHL/fqla" scripts/carried/fqla_install.sh install.sh || ok=0
   else
     echo "fqla: no $WHL/fqla/SHA256SUMS (bash scripts/pack_carried.sh fqla)"
+  fi
+  if [ -f "$WHL/gpu1/SHA256SUMS" ] && [ -f "$WHL/gpu2/SHA256SUMS" ]; then
+    # shellcheck disable=SC2046  # fi_render's KEY=VALUE words
+    verify_site "$WHL/gpu1" scripts/carried/flashinfer_install.sh install1.sh $(fi_render 1 "$WHL/gpu2/site.sha256") || ok=0
+    # shellcheck disable=SC2046
+    verify_site "$WHL/gpu2" scripts/carried/flashinfer_install.sh install.sh $(fi_render 2 "$WHL/gpu2/site.sha256") || ok=0
+    [ "$(grep -cxF -f "$WHL/gpu1/site.sha256" "$WHL/gpu2/site.sha256")" = "$(wc -l < "$WHL/gpu1/site.sha256")" ] \
+      || { echo "flashinfer: gpu1/site.sha256 is not in gpu2/site.sha256: two packs mixed"; ok=0; }
+  else
+    echo "flashinfer: no $WHL/gpu1/SHA256SUMS and $WHL/gpu2/SHA256SUMS (bash scripts/pack_carried.sh flashinfer)"
+  fi
+  if [ -f "$WHL/vllm_fla/MANIFEST.txt" ]; then
+    local want got
+    want=$(vllm_head; for f in "${VLLM_FILES[@]}"; do echo "ops/$f.py"; done)
+    got=$(grep '^#' "$WHL/vllm_fla/MANIFEST.txt"; grep -v '^#' "$WHL/vllm_fla/MANIFEST.txt" | cut -d' ' -f3-)
+    [ "$got" = "$want" ] || { echo "vllm_fla: MANIFEST.txt names another wheel or other files: pack again"; ok=0; }
+    (cd "$WHL/vllm_fla" && grep -v '^#' MANIFEST.txt | sha256sum --strict --quiet -c -) || ok=0
+    got=$(cd "$WHL/vllm_fla" && find . -type f ! -path '*/__pycache__/*' -printf '%P\n' | LC_ALL=C sort)
+    want=$( (echo MANIFEST.txt; for f in "${VLLM_FILES[@]}"; do echo "ops/$f.py"; done) | LC_ALL=C sort)
+    [ "$got" = "$want" ] || { echo "vllm_fla: other files than MANIFEST.txt lists: $(comm -3 <(echo "$got") <(echo "$want") | tr -d '\t' | tr '\n' ' ')"; ok=0; }
+    read -r name version file sum <<< "${VLLM_PINS[0]}"
+    echo "vllm_fla: ${#VLLM_FILES[@]} files of $name $version in $WHL/vllm_fla/"
+  else
+    echo "vllm_fla: no $WHL/vllm_fla/MANIFEST.txt (bash scripts/pack_carried.sh vllm)"
   fi
   [ "$ok" = 1 ] || die "a carried file does not match its pin or SHA256SUMS (above)"
 }
 
-[ $# -gt 0 ] || die "usage: bash scripts/pack_carried.sh fla|fqla|verify ... (its header says what each builds)"
+# Sourced (tests/test_pack_carried.py): the functions only.
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then return 0; fi
+[ $# -gt 0 ] || die "usage: bash scripts/pack_carried.sh fla|fqla|flashinfer|vllm|verify ... (its header says what each builds)"
 for cmd in "$@"; do
   case $cmd in
-    fla | fqla | verify) ;;
-    *) die "unknown subcommand '$cmd': fla, fqla or verify" ;;
+    fla | fqla | flashinfer | vllm | verify) ;;
+    *) die "unknown subcommand '$cmd': fla, fqla, flashinfer, vllm or verify" ;;
   esac
 done
 ignored_check
@@ -222,6 +522,8 @@ for cmd in "$@"; do
   case $cmd in
     fla) pack_fla ;;
     fqla) pack_fqla ;;
+    flashinfer) pack_flashinfer ;;
+    vllm) pack_vllm ;;
     verify) verify ;;
   esac
 done

@@ -1,11 +1,17 @@
 """``scripts/pack_carried.sh`` and what it puts in a bundle, on the CPU and without network: the
 install script of ``.whl/fqla/`` (``scripts/carried/fqla_install.sh``) installs a tiny bundle laid
 out as the real one and refuses, leaving nothing behind, one whose archive or unpacked files do not
-match their sha256; ``scripts/carried/requires.py`` refuses a wheel set that misses a requirement,
-carries a wheel nothing needs or one the GPU image has; every pin names a wheel of its version."""
+match their sha256; the two FlashInfer parts that the script's own ``fi_parts`` makes of a tiny
+site install beside another package, and part 2 refuses without part 1, with part 1 of another
+site, with a damaged archive or with foreign files in the site's folders, changing nothing;
+``scripts/carried/requires.py`` refuses a wheel set that misses a requirement, carries a wheel
+nothing needs or one the GPU image has, follows extras, and reports (not fails) a requirement it
+is told may miss; vLLM's files are refused where they differ from the wheel's RECORD; every pin
+names a wheel of its version."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import re
@@ -20,7 +26,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
+PACK = SCRIPTS / "pack_carried.sh"
 INSTALL = SCRIPTS / "carried" / "fqla_install.sh"
+FI_INSTALL = SCRIPTS / "carried" / "flashinfer_install.sh"
 REQUIRES = SCRIPTS / "carried" / "requires.py"
 
 pytestmark = pytest.mark.skipif(
@@ -64,7 +72,7 @@ def _install(bundle: Path, site: Path) -> subprocess.CompletedProcess:
 
 
 def test_scripts_parse():
-    for script in (SCRIPTS / "pack_carried.sh", INSTALL):
+    for script in (PACK, INSTALL, FI_INSTALL):
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
 
@@ -122,6 +130,146 @@ def test_install_never_overwrites_an_incomplete_site(tmp_path):
     assert (site / "tvm_ffi" / "__init__.py").read_text() == "# FlashInfer's\n"
 
 
+# FlashInfer's two parts ---------------------------------------------------------------------------
+def _gnu_tar() -> bool:
+    tar = shutil.which("tar")
+    return tar is not None and "GNU tar" in subprocess.run([tar, "--version"], capture_output=True, text=True).stdout
+
+
+needs_xz = pytest.mark.skipif(
+    shutil.which("xz") is None or not _gnu_tar(), reason="fi_parts compresses with xz and GNU tar"
+)
+
+FI_FILES = {
+    "cutlass/_mlir_libs/_ir.so": bytes(range(256)) * 64,  # part 1: alone in .whl/gpu1
+    "cutlass/lib/runtime.so": b"\x7fELF runtime" * 50,  # part 2, compressed alone
+    "cutlass/__init__.py": b"",
+    "tvm_ffi/__init__.py": b"__version__ = '0.1.15.post2'\n",
+    "bin/tvm-ffi-config": b"#!/usr/bin/python3\n",
+    "cutlass_packages.pth": b"import cutlass\n",
+}
+FI_LONE = "FI_LONE1=_ir.so.xz=cutlass/_mlir_libs/_ir.so FI_LONE2=runtime.so.xz=cutlass/lib/runtime.so"
+
+
+def _pack(snippet: str) -> subprocess.CompletedProcess:
+    """``snippet`` run with pack_carried.sh's functions (sourced: the subcommands do not run)."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": "/nonexistent"}
+    return subprocess.run(
+        ["bash", "-c", f'source "{PACK}"\n{snippet}'], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _fi_parts(tmp_path: Path, files: dict[str, bytes] = FI_FILES) -> tuple[Path, Path]:
+    """.whl/gpu1 and .whl/gpu2 as pack_carried.sh makes them, of a tiny site."""
+    site, gpu1, gpu2 = tmp_path / "packed-site", tmp_path / "gpu1", tmp_path / "gpu2"
+    for name, data in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(data)
+    (site / "bin/tvm-ffi-config").chmod(0o755)
+    gpu1.mkdir()
+    gpu2.mkdir()
+    result = _pack(f'{FI_LONE}; fi_parts "{site}" "{gpu1}" "{gpu2}"')
+    assert result.returncode == 0, result.stderr
+    return gpu1, gpu2
+
+
+def _fi_install(script: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "SITE": str(site), "PYTHON": sys.executable}
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def _tree(top: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*")) if p.is_file()}
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@needs_xz
+def test_flashinfer_parts_install_beside_another_package(tmp_path):
+    gpu1, gpu2 = _fi_parts(tmp_path)
+    assert sorted(p.name for p in gpu1.iterdir()) == ["SHA256SUMS", "_ir.so.xz", "install1.sh", "site.sha256"]
+    assert sorted(p.name for p in gpu2.iterdir()) == [
+        "SHA256SUMS",
+        "install.sh",
+        "runtime.so.xz",
+        "site-rest.tar.xz",
+        "site.sha256",
+    ]
+    site = tmp_path / "site"
+    (site / "fla").mkdir(parents=True)  # scripts/common.sh installs FLA into the same folder
+    (site / "fla" / "__init__.py").write_text("# FLA\n")
+    one = _fi_install(gpu1 / "install1.sh", site)
+    assert one.returncode == 0, one.stderr
+    assert (site / ".gdnv-site-part1").is_file() and not (site / ".gdnv-site-complete").exists()
+    two = _fi_install(gpu2 / "install.sh", site)
+    assert two.returncode == 0, two.stderr
+    assert (site / ".gdnv-site-complete").is_file()
+    installed = _tree(site)
+    assert installed.pop("fla/__init__.py") == b"# FLA\n"
+    assert {k: v for k, v in installed.items() if not k.startswith(".gdnv")} == FI_FILES
+    assert (site / "bin/tvm-ffi-config").stat().st_mode & 0o100  # modes kept by the tar
+    assert not list(tmp_path.glob(".gdnv-site-unpack.*"))
+    again = _fi_install(gpu2 / "install.sh", site)
+    assert again.returncode == 0 and "complete already" in again.stdout
+    # verify's check of a bundle: as packed, then with an installer that is not the template's
+    render = f'$(fi_render 2 "{gpu2}/site.sha256")'
+    check = f'{FI_LONE}; verify_site "{gpu2}" scripts/carried/flashinfer_install.sh install.sh {render}'
+    assert _pack(check).returncode == 0
+    with open(gpu2 / "install.sh", "a") as f:
+        f.write("# edited by hand\n")
+    assert "differs from what" in _pack(check).stdout
+
+
+def _fi_refused(result: subprocess.CompletedProcess, words: str) -> None:
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert words in result.stderr
+
+
+@needs_xz
+def test_flashinfer_part2_refuses_without_part1_of_the_same_site(tmp_path):
+    gpu1, gpu2 = _fi_parts(tmp_path)
+    site = tmp_path / "site"
+    _fi_refused(_fi_install(gpu2 / "install.sh", site), "part 1 is not in")
+    assert not site.exists()
+    assert _fi_install(gpu1 / "install1.sh", site).returncode == 0
+    before = _tree(site)
+    (site / ".gdnv-site-part1").write_text("0" * 64 + "\n")  # part 1 of another pack
+    _fi_refused(_fi_install(gpu2 / "install.sh", site), "of another pack")
+    (site / ".gdnv-site-part1").write_text(before[".gdnv-site-part1"].decode())
+    assert _tree(site) == before and not (site / ".gdnv-site-complete").exists()
+
+
+@needs_xz
+def test_flashinfer_parts_refuse_damage_and_foreign_files(tmp_path):
+    gpu1, gpu2 = _fi_parts(tmp_path)
+    site = tmp_path / "site"
+    _flip(gpu1 / "_ir.so.xz")
+    _fi_refused(_fi_install(gpu1 / "install1.sh", site), "does not match")
+    assert not site.exists()
+    gpu1, gpu2 = _fi_parts(tmp_path / "again")
+    assert _fi_install(gpu1 / "install1.sh", site).returncode == 0
+    before = _tree(site)
+    rest = gpu2 / "site-rest.tar.xz"
+    intact = rest.read_bytes()
+    _flip(rest)
+    _fi_refused(_fi_install(gpu2 / "install.sh", site), "does not match")
+    rest.write_bytes(intact)
+    (site / "tvm_ffi").mkdir()
+    (site / "tvm_ffi" / "stray.py").write_text("# another tvm_ffi's\n")
+    _fi_refused(_fi_install(gpu2 / "install.sh", site), "not in site.sha256 (another install?): tvm_ffi/stray.py")
+    shutil.rmtree(site / "tvm_ffi")
+    (site / "cutlass/_mlir_libs/_ir.so").write_bytes(b"another build")
+    _fi_refused(_fi_install(gpu2 / "install.sh", site), "with another sha256: cutlass/_mlir_libs/_ir.so")
+    (site / "cutlass/_mlir_libs/_ir.so").write_bytes(FI_FILES["cutlass/_mlir_libs/_ir.so"])
+    assert _tree(site) == before and not (site / ".gdnv-site-complete").exists()
+    assert not list(tmp_path.glob(".gdnv-site-unpack.*"))
+    assert _fi_install(gpu2 / "install.sh", site).returncode == 0
+
+
 def _wheel(path: Path, name: str, version: str, requires: list[str]) -> str:
     with zipfile.ZipFile(path / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w") as z:
         meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
@@ -168,11 +316,61 @@ def test_requires_refuses_missing_needless_and_image_wheels(tmp_path):
     assert "numpy 2.5.2: in the GPU image already" in result.stderr
 
 
+def test_requires_follows_extras_and_reports_what_may_miss(tmp_path):
+    app = _wheel(tmp_path, "app", "1.0", ["lib>=1", "lib[fast]>=1; extra == 'gpu'", "absent", "win; os_name == 'nt'"])
+    lib = _wheel(tmp_path, "lib", "1.0", ["lib-base==1.0", "lib-fast==1.0; extra == 'fast'"])
+    base = _wheel(tmp_path, "lib-base", "1.0", [])
+    fast = _wheel(tmp_path, "lib-fast", "1.0", [])
+    wheels = [app, lib, base, fast]
+    result = _requires(tmp_path, ["app"], wheels)  # without the extra, nothing asks for lib-fast
+    assert result.returncode == 1
+    assert "lib-fast 1.0: carried, but no root needs it" in result.stderr
+    assert "requires absent: neither carried nor in the GPU image" in result.stderr
+    result = _requires(tmp_path, ["app[gpu]", "--missing-ok", "absent"], wheels)
+    assert result.returncode == 0, result.stderr
+    assert 'lib-fast 1.0: required by lib[fast] (lib-fast==1.0; extra == "fast")' in result.stdout
+    assert "absent (MISSING: neither carried nor in the GPU image, --missing-ok)" in result.stdout
+    assert "note: app 1.0 requires absent" in result.stderr
+    result = _requires(tmp_path, ["app[gpu]", "--missing-ok", "absent", "stale"], wheels)
+    assert result.returncode == 1 and "--missing-ok stale: no requirement misses it" in result.stderr
+
+
+def _vllm_wheel(path: Path, files: dict[str, bytes], record: dict[str, bytes]) -> Path:
+    """A wheel holding ``files`` under vLLM's FLA folder, its RECORD taken from ``record``."""
+    wheel = path / "vllm-0.0-py3-none-any.whl"
+    src = "vllm/third_party/flash_linear_attention/ops"
+    with zipfile.ZipFile(wheel, "w") as z:
+        rows = []
+        for name, data in files.items():
+            z.writestr(f"{src}/{name}.py", data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(record[name]).digest()).rstrip(b"=").decode()
+            rows.append(f"{src}/{name}.py,sha256={digest},{len(record[name])}")
+        z.writestr("vllm-0.0.dist-info/RECORD", "\n".join(rows + ["vllm-0.0.dist-info/RECORD,,"]) + "\n")
+    return wheel
+
+
+def test_vllm_files_are_checked_against_the_wheels_record(tmp_path):
+    files = {"chunk": b"# chunk\n", "utils": b"# utils\n"}
+    only = "VLLM_FILES=(chunk utils)"
+    good = _vllm_wheel(tmp_path, files, files)
+    result = _pack(f'{only}; vllm_extract "{good}" "{tmp_path / "ok"}"')
+    assert result.returncode == 0, result.stderr
+    manifest = (tmp_path / "ok" / "MANIFEST.txt").read_text().splitlines()
+    assert manifest[0].startswith("# Extracted from vllm-0.33.0-") and len(manifest) == 4
+    assert manifest[2] == f"{_sha(files['chunk'])}  ops/chunk.py"
+    (tmp_path / "bad").mkdir()
+    bad = _vllm_wheel(tmp_path / "bad", {**files, "utils": b"# patched\n"}, files)
+    result = _pack(f'{only}; vllm_extract "{bad}" "{tmp_path / "out"}"')
+    assert result.returncode == 1
+    assert "ops/utils.py: sha256 differs from RECORD" in result.stderr and "chunk.py" not in result.stderr
+
+
 def test_every_pin_names_a_wheel_of_its_version():
     text = (SCRIPTS / "pack_carried.sh").read_text()
     pins = re.findall(r'^  "([a-z0-9-]+) (\S+) (\S+\.whl) (\S+)"$', text, re.M)
     names = {name for name, *_ in pins}
     assert {"fla-core", "flash-linear-attention", "flash-qla", "tilelang", "apache-tvm-ffi"} <= names
+    assert {"flashinfer-python", "nvidia-cutlass-dsl-libs-cu13", "vllm"} <= names
     for name, version, wheel, sha in pins:
         assert re.fullmatch(r"[0-9a-f]{64}", sha), name
         dist, wheel_version = wheel.split("-")[:2]
