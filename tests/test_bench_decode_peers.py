@@ -37,3 +37,44 @@ def test_table_has_a_cell_per_peer_and_says_why_a_peer_is_missing():
     assert "400.0 (" in table[3] and " eager" in table[3] and "| error |" in table[3]
     assert "- flashinfer: not installed" in text and "- fla at 16/64 B=1024: RuntimeError: boom" in text
     assert format_peers_table([]) == "(no rows)\n"
+
+
+def test_event_timing_repeats_until_the_minimum_and_divides_by_the_calls():
+    """A stand-in clock: each run of 4 calls takes 0.5 ms, so 20 ms needs 40 repeats a sample and
+    every sample reads 125 us a call; the eager timer warms each call twice first."""
+    from types import SimpleNamespace
+
+    from gdn_verify.bench.decode import _event_median_us, _time_eager
+
+    clock = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: None))
+    runs = []
+
+    def run():
+        runs.append(1)
+        clock[0] += 0.5
+
+    assert _event_median_us(torch, run, 4, min_ms=20.0, samples=3) == pytest.approx(125.0)
+    assert len(runs) == 1 + 3 * 40
+    calls = []
+
+    def call():
+        calls.append(1)
+        clock[0] += 0.25
+
+    assert _time_eager(torch, [call, call], min_ms=10.0, samples=2) == pytest.approx(250.0)
+    assert len(calls) == 2 * 2 + 2 + 2 * 2 * 20

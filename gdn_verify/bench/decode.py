@@ -93,20 +93,26 @@ def _time_torch_graph(torch, calls: list[Callable], min_ms: float = 20.0, sample
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         keep = [call() for call in calls]  # noqa: F841 - outputs stay alive with the graph
+    return _event_median_us(torch, graph.replay, len(calls), min_ms, samples)
+
+
+def _event_median_us(torch, run: Callable[[], object], calls: int, min_ms: float, samples: int) -> float:
+    """Microseconds per call: ``run`` (``calls`` calls) repeated back to back for at least ``min_ms``
+    between two CUDA events, the median over ``samples``."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    graph.replay()
+    run()
     end.record()
     end.synchronize()
-    replays = max(1, int(min_ms / max(start.elapsed_time(end), 1e-3)))
+    repeats = max(1, int(min_ms / max(start.elapsed_time(end), 1e-3)))
     times = []
     for _ in range(samples):
         start.record()
-        for _ in range(replays):
-            graph.replay()
+        for _ in range(repeats):
+            run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (replays * len(calls)))
+        times.append(start.elapsed_time(end) * 1e3 / (repeats * calls))
     return statistics.median(times)
 
 
@@ -580,23 +586,7 @@ def _time_eager(torch, calls: list[Callable], min_ms: float = 20.0, samples: int
     for call in calls * 2:
         call()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for call in calls:
-        call()
-    end.record()
-    end.synchronize()
-    rounds = max(1, int(min_ms / max(start.elapsed_time(end), 1e-3)))
-    times = []
-    for _ in range(samples):
-        start.record()
-        for _ in range(rounds):
-            for call in calls:
-                call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (rounds * len(calls)))
-    return statistics.median(times)
+    return _event_median_us(torch, lambda: [call() for call in calls], len(calls), min_ms, samples)
 
 
 def format_peers_row(row: dict) -> str:
