@@ -4,53 +4,86 @@
 # max-recurrence-bf16, max-verify-ring, max-verify-ring-bf16), drawn from MAX's Qwen3.5 shapes (16
 # key heads; 32, 48 or 64 value heads; K = V = 128; stored as the shape pool every run reuses).
 # MAX 26.7.0 is 243 MB of wheels: it travels as one xz-compressed site in three parts of at most
-# 56 MiB, one per device call (scripts/README.md, "MAX wheels"). Detached, so that the work outlives
-# one device call while the machine stays warm:
-#   bash scripts/gpu_max.sh pack                  here, once: .whl/max/*.whl -> .whl/max1 .whl/max2 .whl/max3
+# 56 MiB, one per device call (scripts/README.md, "MAX wheels"), which `bash scripts/pack_carried.sh max`
+# builds here from wheels pinned by version and sha256. Detached, so that the work outlives one
+# device call while the machine stays warm:
+#   bash scripts/gpu_max.sh pack                  here, once: runs `bash scripts/pack_carried.sh max` (.whl/max1 .whl/max2 .whl/max3)
 #   bash scripts/gpu_max.sh stage                 on the GPU machine, once per carried part (calls 1-3)
-#   bash scripts/gpu_max.sh install               after the third: check the parts, unpack /tmp/maxsite
+#   bash scripts/gpu_max.sh install               after the third: check the parts, unpack /tmp/maxsite, check every file
 #   bash scripts/gpu_max.sh copy                  the checkout (less .whl) to /tmp/gdnv, where the driver runs
 #   bash scripts/gpu_max.sh --background          (from /tmp/gdnv) start the driver
 #   bash scripts/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
 # IMPLS, CHECK_IMPLS (the checks' subset of IMPLS), CHECK_EXAMPLES (10), FUZZ_BUDGET (3m), TIMEOUT (300 s: compiles run inside calls) and
-# SMOKE (1) narrow a rerun.
+# SMOKE (1) narrow a rerun. MAX_SITE (/tmp/maxsite) and MAX_PARTS (/tmp/maxparts) move the site and the staged parts.
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
 LOGS=/tmp/gpu_max
-SITE=/tmp/maxsite
-PARTS=/tmp/maxparts
+SITE=${MAX_SITE:-/tmp/maxsite}
+PARTS=${MAX_PARTS:-/tmp/maxparts}
 IMPLS=${IMPLS:-max-recurrence max-recurrence-bf16 max-verify-ring max-verify-ring-bf16}
+ARCHIVE=max-site.tar.xz
 
 case ${1:-} in
-  pack)  # here (network, any Python): the site as pip lays it out for CPython 3.12, xz, split
-    set -e
-    site=$(mktemp -d)
-    python3 -m pip install -q --no-deps --no-compile --target "$site" --python-version 3.12 --implementation cp \
-      --only-binary=:all: --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
-      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 .whl/max/*.whl
-    tar -cf - -C "$site" . | xz -9 -T0 > .whl/max-site.tar.xz
-    rm -rf "$site" .whl/max1 .whl/max2 .whl/max3 && mkdir -p .whl/max1 .whl/max2 .whl/max3
-    split -b 56M -d -a 1 .whl/max-site.tar.xz .whl/max-site.tar.xz.part
-    for i in 0 1 2; do mv ".whl/max-site.tar.xz.part$i" ".whl/max$((i + 1))/"; done
-    [ ! -e .whl/max-site.tar.xz.part3 ] || { echo "more than three parts: split again"; exit 1; }
-    (cd .whl && sha256sum max-site.tar.xz max1/max-site.tar.xz.part0 max2/max-site.tar.xz.part1 \
-      max3/max-site.tar.xz.part2 | sed 's#  max[123]/#  #' > sums && mv sums max3/SHA256SUMS)
-    ls -l .whl/max1 .whl/max2 .whl/max3; exit 0 ;;
-  stage)  # on the GPU machine: keep the carried part outside the synced checkout
-    mkdir -p "$PARTS" && cp .whl/max[123]/max-site.tar.xz.part* "$PARTS"/ 2>/dev/null
-    [ -f .whl/max3/SHA256SUMS ] && cp .whl/max3/SHA256SUMS "$PARTS"/
+  pack)  # here (network): one way to pack, scripts/pack_carried.sh max
+    exec bash "$(dirname "$0")/pack_carried.sh" max ;;
+  stage)  # on the GPU machine: keep the carried part outside the synced checkout (max3 brings SHA256SUMS and site.sha256)
+    mkdir -p "$PARTS" && cp .whl/max[123]/"$ARCHIVE".part* "$PARTS"/ 2>/dev/null
+    for f in SHA256SUMS site.sha256; do [ -f ".whl/max3/$f" ] && cp ".whl/max3/$f" "$PARTS"/; done
     ls -l "$PARTS"; shift; [ "${1:-}" = install ] || exit 0 ;;
 esac
 if [ "${1:-}" = install ]; then
   [ -f "$SITE/.max-site-complete" ] && { echo "site already complete"; exit 0; }
   cd "$PARTS" || exit 3
-  for i in 0 1 2; do [ -f "max-site.tar.xz.part$i" ] || { echo "part $i missing: stage all three"; exit 3; }; done
+  for i in 0 1 2; do [ -f "$ARCHIVE.part$i" ] || { echo "part $i missing: stage all three"; exit 3; }; done
+  if ! { [ -f SHA256SUMS ] && [ -f site.sha256 ] && grep -qxE "[0-9a-f]{64}  site\.sha256" SHA256SUMS; }; then
+    echo "SHA256SUMS or site.sha256 missing (both come with .whl/max3 of bash scripts/pack_carried.sh max): stage it"; exit 3
+  fi
+  rm -f "$ARCHIVE"  # an earlier join
   sha256sum -c --ignore-missing SHA256SUMS || { echo "a part is damaged: carry it again"; exit 3; }
-  cat max-site.tar.xz.part0 max-site.tar.xz.part1 max-site.tar.xz.part2 > max-site.tar.xz
-  grep " max-site.tar.xz$" SHA256SUMS | sha256sum -c || exit 3
-  rm -rf "$SITE" && mkdir -p "$SITE"
-  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" max-site.tar.xz "$SITE" \
-    && rm -f max-site.tar.xz && touch "$SITE/.max-site-complete" && du -sh "$SITE"
+  cat "$ARCHIVE.part0" "$ARCHIVE.part1" "$ARCHIVE.part2" > "$ARCHIVE"
+  grep " $ARCHIVE$" SHA256SUMS | sha256sum -c || { rm -f "$ARCHIVE"; echo "the parts joined differ from SHA256SUMS: parts of two packs?"; exit 3; }
+  rm -rf "$SITE" && mkdir -p "$(dirname "$SITE")" || exit 3
+  unpack=$(mktemp -d "$(dirname "$SITE")/.maxsite-unpack.XXXXXX") || exit 3
+  # Unpacked with Python's tarfile (no xz here) into a fresh folder, every file checked against site.sha256.
+  python3 - "$ARCHIVE" site.sha256 "$unpack" <<'EOF'
+import hashlib
+import os
+import sys
+import tarfile
+
+archive, manifest, dest = sys.argv[1:]
+with tarfile.open(archive, "r:xz") as tar:
+    tar.extractall(dest, filter="tar")
+want = {}
+with open(manifest) as f:
+    for line in f:
+        digest, path = line.rstrip("\n").split("  ", 1)
+        want[os.path.normpath(path)] = digest
+have = {os.path.relpath(os.path.join(root, n), dest) for root, _dirs, names in os.walk(dest) for n in names}
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(os.path.join(dest, path), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+problems = [f"missing {p}" for p in sorted(set(want) - have)]
+problems += [f"not in site.sha256: {p}" for p in sorted(have - set(want))]
+problems += [f"sha256 differs: {p}" for p in sorted(set(want) & have) if sha256(p) != want[p]]
+for problem in problems[:20]:
+    print(f"max install: {problem}", file=sys.stderr)
+if problems:
+    sys.exit(1)
+print(f"max install: {len(want)} files unpacked, each sha256 as in site.sha256")
+EOF
+  status=$?
+  rm -f "$ARCHIVE"
+  [ "$status" = 0 ] || { rm -rf "$unpack"; echo "the unpacked site does not match site.sha256 (above): nothing installed"; exit 3; }
+  mv "$unpack" "$SITE" && chmod 755 "$SITE" && touch "$SITE/.max-site-complete" \
+    && echo "max install: $SITE complete ($(du -sh "$SITE" | cut -f1))"
   exit $?
 fi
 if [ "${1:-}" = copy ]; then
@@ -69,6 +102,7 @@ pack() {
     | tar -czf "$out/max.tar.gz" -T -)
   cat "$OUT/summary.txt"
 }
+# shellcheck disable=SC1091  # detached.sh, beside this script
 . "$(dirname "$0")/detached.sh"
 detached "$@"
 [ -f "$SITE/.max-site-complete" ] || { echo "MAX site missing: stage the three parts and install first"; exit 3; }
@@ -111,6 +145,7 @@ for name in ("max-recurrence", "max-verify-ring"):
 EOF
 echo "exit $?" >> "$LOGS/smoke.log"
 # The shape pool: MAX's Qwen3.5 classes, stored as the plan check and fuzz reuse (no probe, no other classes).
+# shellcheck disable=SC2086  # IMPLS: one word per implementation
 python3 - "$LOGS/plans" $IMPLS > "$LOGS/plans.log" 2>&1 <<'EOF'
 import sys
 from pathlib import Path

@@ -2,7 +2,7 @@
 # Builds the git-ignored bundles under .whl/ that GPU runs carry (the GPU machine has no network),
 # from pinned wheels whose sha256 is checked after every download, so that each session carries the
 # same bytes. Here, from the repository root, with PyPI reachable (any python3 with pip; xz and GNU
-# tar for fqla and flashinfer):
+# tar for fqla, flashinfer and max):
 #   bash scripts/pack_carried.sh fla        FLA 0.6.0's two wheels into .whl/ (1.4 MiB), installed on the
 #                                           GPU machine by scripts/common.sh (/tmp/site) or scripts/gpu_grad.sh
 #                                           (/tmp/fqsite)
@@ -21,17 +21,26 @@
 #   bash scripts/pack_carried.sh vllm       .whl/vllm_fla/: the 13 kernel files of vllm 0.33.0's
 #                                           third_party/flash_linear_attention/ops/ (each checked against the
 #                                           wheel's RECORD) and MANIFEST.txt; the 336 MB wheel stays in the cache
+#   bash scripts/pack_carried.sh max        .whl/max1/, .whl/max2/, .whl/max3/: Modular MAX 26.7.0 (max, max-core,
+#                                           the Mojo compiler and kernel libraries, msgspec, exceptiongroup,
+#                                           taskgroup; 626 MB installed) as one site, xz-compressed as
+#                                           max-site.tar.xz (132 MiB) and cut in three equal parts of 44 MiB,
+#                                           one device call each (max-site.tar.xz.part0, part1, part2); max3 also holds
+#                                           SHA256SUMS (the whole, the parts, site.sha256), site.sha256 and
+#                                           README.txt. scripts/gpu_max.sh stage and install take them in.
 #   bash scripts/pack_carried.sh verify     what is in .whl/ already, against the pins (no network)
-# Subcommands run in the order given (`fla fqla flashinfer vllm`). About 5 minutes each for fqla and
-# flashinfer on 2 cores (xz -9e); two packs of the same pins give the same archives. A site
-# bundle is installed into a scratch folder with its own install scripts before it replaces the
-# one in .whl/. Downloads stay in $PACK_CACHE (~/.cache/gdn-verify/wheels).
+# Subcommands run in the order given (`fla fqla flashinfer vllm max`). About 5 minutes each for fqla
+# and flashinfer, 10 for max, on 2 cores (xz -9e); two packs of the same pins give the same archives.
+# A site bundle is installed into a scratch folder with its own install scripts (max: gpu_max.sh
+# stage, then install) before it replaces the one in .whl/. Downloads stay in $PACK_CACHE
+# (~/.cache/gdn-verify/wheels).
 # The wheels' requirements are checked by scripts/carried/requires.py against the GPU image's
 # distributions (scripts/carried/gpu_image_packages.txt): the pack fails on a requirement met by
 # neither that is not listed with its reason (FI_MISSING_OK), and on a carried wheel nothing needs.
 # scripts/README.md ("Carried wheels") says what travels in which device call.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
 PYTHON=${PYTHON:-python3}
 WHL=.whl
 LIMIT_MIB=56  # a device call carries 64 MiB, the working tree (~5 MiB) included
@@ -94,6 +103,25 @@ VLLM_PINS=(
 VLLM_SRC=vllm/third_party/flash_linear_attention
 VLLM_FILES=(chunk chunk_delta_h chunk_o chunk_scaled_dot_kkt cumsum fused_recurrent fused_sigmoid_gating index l2norm op
   solve_tril utils wy_fast)
+# Modular MAX for the max-* adapters (scripts/gpu_max.sh). Its wheels are manylinux_2_34 (glibc 2.34),
+# so MAX's pip calls take MAX_TARGET for TARGET. max requires click, numpy, psutil, rich and
+# typing-extensions beside these, all in the GPU image; nothing is missing.
+MAX_ROOTS=(max)
+MAX_TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+MAX_PINS=(
+  "max 26.7.0 max-26.7.0-cp312-cp312-manylinux_2_34_x86_64.whl 3c14ab2cffba9cccea534c55be499542cd3e4f5cdd0e3bde444c23549e90b636"
+  "max-core 26.7.0 max_core-26.7.0-py3-none-manylinux_2_34_x86_64.whl 59bd4c95b0e41ae1f006f65ab6e6270413b84a673b9ffc7fb6849eaf67c4119a"
+  "max-mojo-libs 26.7.0 max_mojo_libs-26.7.0-py3-none-any.whl c9eeaef01a19565b8467da9c6b7cd57fa787759ce5954140b0e031d095c630b9"
+  "max-shmem-libs 26.7.0 max_shmem_libs-26.7.0-py3-none-manylinux_2_34_x86_64.whl 73a2108a76974eb75b061a27b793343a0fdafeca620fe548933b09797b48a6b4"
+  "mojo-compiler 1.2.0 mojo_compiler-1.2.0-py3-none-manylinux_2_34_x86_64.whl 3ee34a3b26c6cccaa9523a0e8db8f67bea954497d782d97c9e61c3c4ecbdac7b"
+  "mojo-compiler-mojo-libs 1.2.0 mojo_compiler_mojo_libs-1.2.0-py3-none-any.whl 3d631f7e798c11d0029c4a892ebae1f5742751fac0c526af74b45a8ae07c3acb"
+  "msgspec 0.22.0 msgspec-0.22.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl 99c401861c5bb3a57f7d6423ea7ed4352cd57aa3f04f4fbe9f3e3e4564a10f08"
+  "exceptiongroup 1.3.2 exceptiongroup-1.3.2-py3-none-any.whl 41c6a70dfec22050d3d8b43386b059a4dc0bca3f3d40a40971cb206fff1785af"
+  "taskgroup 0.2.2 taskgroup-0.2.2-py2.py3-none-any.whl e2c53121609f4ae97303e9ea1524304b4de6faf9eb2c9280c7f87976479a52fb"
+)
+MAX_DIRS=(max1 max2 max3)  # .whl/max1 .. max3: the parts that scripts/gpu_max.sh stage copies (part0 in max1, ...)
+MAX_ARCHIVE=max-site.tar.xz
 
 ignored_check() {  # a .whl/ that git does not ignore would travel whole with every device call
   git rev-parse --is-inside-work-tree > /dev/null 2>&1 || return 0
@@ -155,6 +183,16 @@ tools() {  # xz and GNU tar, which the site bundles need here (not on the GPU ma
   tar --version 2>/dev/null | grep -q "GNU tar" || die "GNU tar needed (--sort=name)"
 }
 
+dist_infos() {  # PIN...: the .dist-info folders that the pinned wheels install, sorted
+  local name version file sum
+  for pin in "$@"; do read -r name version file sum <<< "$pin"; echo "${file%%-"$version"-*}-$version.dist-info"; done | sort
+}
+
+first_platform() {  # TARGET's first --platform (the newest glibc it takes)
+  local word prev=
+  for word in "${TARGET[@]}"; do [ "$prev" = --platform ] && { echo "$word"; return; }; prev=$word; done
+}
+
 site_install() {  # CACHE SITE PIN...: the pinned wheels in SITE as `pip install --target` lays them out for TARGET
   local cache=$1 site=$2 specs=() name version file sum got want; shift 2
   for pin in "$@"; do read -r name version file sum <<< "$pin"; specs+=("$name==$version"); done
@@ -165,7 +203,7 @@ site_install() {  # CACHE SITE PIN...: the pinned wheels in SITE as `pip install
     --find-links "$cache" --target "$site" "${TARGET[@]}" "${specs[@]}" 2>&1 | { grep -v "as the 'root' user" || true; } \
     || die "pip install --target $site failed (above)"
   got=$(find "$site" -maxdepth 1 -name '*.dist-info' -printf '%f\n' | sort)
-  want=$(for pin in "$@"; do read -r name version file sum <<< "$pin"; echo "${file%%-"$version"-*}-$version.dist-info"; done | sort)
+  want=$(dist_infos "$@")
   [ "$got" = "$want" ] || die "the site holds $(tr '\n' ' ' <<< "$got")but the pins are $(tr '\n' ' ' <<< "$want")"
 }
 
@@ -238,7 +276,7 @@ $(sed 's/^/  /' "$dir/SHA256SUMS")
 
 $archive
 
-Wheels (pip download --no-deps --require-hashes for CPython 3.12, manylinux_2_28 x86_64):
+Wheels (pip download --no-deps --require-hashes for CPython 3.12, $(first_platform | sed 's/_x86_64$//') x86_64):
 $(for pin in "$@"; do
     read -r name version file sum <<< "$pin"
     printf '  %s %s\n    %s (%s bytes)\n    sha256 %s\n' "$name" "$version" "$file" "$(stat -c %s "$cache/$file")" "$sum"
@@ -297,7 +335,7 @@ archive_text() {  # SITE NAME FILES: how NAME was made from SITE
   cat <<EOF
 $2: the wheels below installed as
   pip install --no-index --no-deps --no-compile --target SITE --only-binary=:all: --python-version 3.12 \\
-    --implementation cp --platform manylinux_2_28_x86_64 ... NAME==VERSION ...
+    --implementation cp --platform $(first_platform) ... NAME==VERSION ...
 ($3 files, $(du -sb "$1" | cut -f1) bytes), as a GNU tar sorted by name, every mtime 2026-01-01 00:00 UTC,
 compressed by xz --x86 --lzma2=preset=9e,dict=192MiB (Python's lzma reads it; 192 MiB of memory to unpack).
 EOF
@@ -458,6 +496,133 @@ vllm_head() {  # the first lines of .whl/vllm_fla/MANIFEST.txt (common.sh prints
   echo "# source dir in wheel: $VLLM_SRC/ ; files unmodified"
 }
 
+pack_max() {
+  tools
+  local -a TARGET=("${MAX_TARGET[@]}")  # fetch, site_install and the README read TARGET
+  local cache=$CACHE/max site=$SCRATCH/max-site table archive d news=()
+  for d in "${MAX_DIRS[@]}"; do news+=("$WHL/$d.new"); done
+  fetch "$cache" "${MAX_PINS[@]}"
+  mapfile -t wheels < <(files "$cache" "${MAX_PINS[@]}")
+  table=$(requires --roots "${MAX_ROOTS[@]}" -- "${wheels[@]}")
+  rm -rf "${news[@]}" && mkdir -p "${news[@]}"
+  site_install "$cache" "$site" "${MAX_PINS[@]}"
+  archive=$(archive_text "$site" "$MAX_ARCHIVE" "$(find "$site" -type f | wc -l)"; max_archive)
+  echo "max: $(du -sh "$site" | cut -f1) installed; xz -9e on one thread (about 10 min)"
+  max_parts "$site" "${news[@]}"
+  readme "${news[-1]}" "$cache" "$table" "$(max_intro "${news[@]}")" "$archive" "$(max_notes)" "${MAX_PINS[@]}" \
+    > "${news[-1]}/README.txt"
+  for d in "${news[@]}"; do fits "$d"; done
+  try_install "$SCRATCH/try-maxsite" max_try "${news[@]}"
+  for d in "${MAX_DIRS[@]}"; do place "$WHL/$d.new" "$WHL/$d"; done
+  [ ! -e "$WHL/max" ] && [ ! -e "$WHL/$MAX_ARCHIVE" ] \
+    || echo "pack_carried: note: $WHL/max/ or $WHL/$MAX_ARCHIVE is left from the hand-made pack; nothing reads them now" >&2
+}
+
+max_parts() {  # SITE NEW...: SITE as MAX_ARCHIVE cut in equal parts, part I in the (I+1)th NEW; site.sha256, SHA256SUMS in the last
+  local site=$1 whole=$SCRATCH/$MAX_ARCHIVE i=0 new
+  shift
+  local last=${!#}
+  manifest "$site" > "$last/site.sha256"
+  tar_xz "$site" "$whole"
+  split -n $# -d -a 1 "$whole" "$whole.part"
+  for new in "$@"; do mv "$whole.part$i" "$new/" && i=$((i + 1)); done
+  # Bare names, as scripts/gpu_max.sh install finds them in its parts folder: the whole, each part, site.sha256.
+  { (cd "$SCRATCH" && sha256sum "$MAX_ARCHIVE")
+    for new in "$@"; do (cd "$new" && sha256sum "$MAX_ARCHIVE".part*); done
+    (cd "$last" && sha256sum site.sha256); } > "$SCRATCH/max-sums"
+  mv "$SCRATCH/max-sums" "$last/SHA256SUMS"
+  rm -f "$whole"
+}
+
+max_try() {  # NEW...: scripts/gpu_max.sh as on the GPU machine, into $SITE: stage, one call per part, then install
+  local tree=$SCRATCH/try-tree parts=$SCRATCH/try-maxparts site=${SITE:?try_install sets it} i=0 new
+  rm -rf "$parts"
+  for new in "$@"; do
+    i=$((i + 1))
+    rm -rf "$tree" && mkdir -p "$tree/.whl" && ln -s "$(realpath "$new")" "$tree/.whl/max$i"  # a call carries its part alone
+    if [ "$i" -lt $# ]; then
+      (cd "$tree" && MAX_PARTS=$parts bash "$ROOT/scripts/gpu_max.sh" stage) || return 1
+    else
+      (cd "$tree" && MAX_PARTS=$parts MAX_SITE=$site bash "$ROOT/scripts/gpu_max.sh" stage install) || return 1
+    fi
+  done
+  rm -rf "$tree" "$parts"
+}
+
+max_intro() {  # NEW...: the parts
+  local i=0 new
+  cat <<EOF
+.whl/max3/: the last of three parts of Modular MAX 26.7.0's site for scripts/gpu_max.sh (the max-*
+adapters), carried to the GPU machine (no network there) in three device calls to one warm machine:
+the site is more than one call carries. Built $(date -u +%Y-%m-%d) by \`bash scripts/pack_carried.sh max\` (the
+repository's scripts/pack_carried.sh, which pins every wheel below by version and sha256); rebuild
+it with that command rather than by hand.
+
+The parts, $MAX_ARCHIVE cut in three:
+$(for new in "$@"; do
+    printf '  .whl/%s/%s.part%d %10d bytes\n' "${MAX_DIRS[i]}" "$MAX_ARCHIVE" "$i" "$(stat -c %s "$new/$MAX_ARCHIVE.part$i")"
+    i=$((i + 1))
+  done)
+
+Install (GPU machine, from the checkout's root; needs python3 with tarfile/lzma and sha256sum, no xz):
+  bash scripts/gpu_max.sh stage            (call 1 carrying .whl/max1, call 2 carrying .whl/max2)
+  bash scripts/gpu_max.sh stage install    (call 3 carrying .whl/max3, the same warm machine)
+stage copies the carried part (and, from max3, SHA256SUMS and site.sha256) out of the checkout into
+/tmp/maxparts; install checks each part and the joined archive against SHA256SUMS, unpacks it with
+Python's tarfile into a fresh folder beside /tmp/maxsite, checks every file against site.sha256,
+and only then moves it to /tmp/maxsite and touches /tmp/maxsite/.max-site-complete. Then
+PYTHONPATH=\$PWD:/tmp/maxsite (MAX finds modular/lib beside its package).
+EOF
+}
+
+max_archive() {
+  cat <<EOF
+$MAX_ARCHIVE is cut by \`split -n ${#MAX_DIRS[@]}\` into parts of equal size (part0 in max1, part1 in max2,
+part2 in max3); it is never carried whole. SHA256SUMS lists the whole, each part and site.sha256.
+The console scripts bin/lld, bin/max, bin/modular-crashpad-handler and bin/mojo keep the packing
+machine's python shebang; nothing here runs them (MAX runs its tools from modular/bin).
+EOF
+}
+
+max_notes() {
+  cat <<'EOF'
+At import time: max loads libmax.so and the rest of the engine from modular/lib (max-core), and a
+graph imports its kernels from the Mojo packages of max-mojo-libs (state_space.mojoc) with the
+compiler of mojo-compiler's modular/bin; without them it fails with "MAXG_addKernelPackage: failed
+to import kernels from ''". max-shmem-libs (NVSHMEM) is required by max-core. msgspec,
+exceptiongroup and taskgroup are requirements of max that the GPU image lacks; its others (click,
+numpy, psutil, rich, typing-extensions) are in the image, so nothing is listed as missing.
+EOF
+}
+
+verify_max() {  # the MAX parts: each against max3/SHA256SUMS, joined against the whole's sum, site.sha256 against MAX_PINS; 1 if not
+  local dir=$WHL/${MAX_DIRS[-1]} ok=0 i d f want got whole names=()
+  for i in "${!MAX_DIRS[@]}"; do names+=("$WHL/${MAX_DIRS[i]}/$MAX_ARCHIVE.part$i"); done
+  want=$( (echo "$MAX_ARCHIVE"; for f in "${names[@]}"; do basename "$f"; done; echo site.sha256) | LC_ALL=C sort)
+  got=$(sed -nE 's/^[0-9a-f]{64}  //p' "$dir/SHA256SUMS" | LC_ALL=C sort)
+  [ "$got" = "$want" ] || { echo "max: $dir/SHA256SUMS lists $(tr '\n' ' ' <<< "$got")but should list $(tr '\n' ' ' <<< "$want")"; return 1; }
+  # Each carried file against its line (bare names in SHA256SUMS: gpu_max.sh stage puts them in one folder).
+  for f in "${names[@]}" "$dir/site.sha256"; do
+    grep -F "  $(basename "$f")" "$dir/SHA256SUMS" | grep -xE "[0-9a-f]{64}  [^ ]+" | sed "s#  .*#  $f#"
+  done | sha256sum --strict --quiet -c - || ok=1
+  whole=$(cat "${names[@]}" | sha256sum | cut -d' ' -f1)
+  grep -qxF "$whole  $MAX_ARCHIVE" "$dir/SHA256SUMS" || { echo "max: the parts joined are not the $MAX_ARCHIVE of SHA256SUMS: parts of two packs?"; ok=1; }
+  got=$(sed -nE 's#^[0-9a-f]{64}  ([^/]+\.dist-info)/.*#\1#p' "$dir/site.sha256" | sort -u)
+  [ "$got" = "$(dist_infos "${MAX_PINS[@]}")" ] \
+    || { echo "max: site.sha256 holds $(tr '\n' ' ' <<< "$got")but the pins install $(dist_infos "${MAX_PINS[@]}" | tr '\n' ' '): pack again"; ok=1; }
+  for i in "${!MAX_DIRS[@]}"; do
+    d=$WHL/${MAX_DIRS[i]}
+    want=$MAX_ARCHIVE.part$i
+    [ "$d" = "$dir" ] && want=$(printf '%s\n' "$want" README.txt SHA256SUMS site.sha256 | LC_ALL=C sort)
+    got=$(cd "$d" && find . -type f -printf '%P\n' | LC_ALL=C sort)
+    [ "$got" = "$want" ] || { echo "max: $d holds $(tr '\n' ' ' <<< "$got")but should hold $(tr '\n' ' ' <<< "$want")"; ok=1; }
+  done
+  for d in "${MAX_DIRS[@]}"; do
+    echo "$d: $(mib "$(bytes "$WHL/$d"/*)") MiB in $WHL/$d/$([ $ok = 0 ] && echo ", as $dir/SHA256SUMS says")"
+  done
+  return $ok
+}
+
 verify_site() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: a site bundle against its SHA256SUMS and its template; 1 if not
   local dir=$1 template=$2 installer=$3 ok=0
   shift 3
@@ -505,16 +670,21 @@ verify() {  # no network: the pinned wheels present, and each bundle against its
   else
     echo "vllm_fla: no $WHL/vllm_fla/MANIFEST.txt (bash scripts/pack_carried.sh vllm)"
   fi
+  if [ -f "$WHL/${MAX_DIRS[-1]}/SHA256SUMS" ]; then
+    verify_max || ok=0
+  else
+    echo "max: no $WHL/${MAX_DIRS[-1]}/SHA256SUMS (bash scripts/pack_carried.sh max)"
+  fi
   [ "$ok" = 1 ] || die "a carried file does not match its pin or SHA256SUMS (above)"
 }
 
 # Sourced (tests/test_pack_carried.py): the functions only.
 if [ "${BASH_SOURCE[0]}" != "$0" ]; then return 0; fi
-[ $# -gt 0 ] || die "usage: bash scripts/pack_carried.sh fla|fqla|flashinfer|vllm|verify ... (its header says what each builds)"
+[ $# -gt 0 ] || die "usage: bash scripts/pack_carried.sh fla|fqla|flashinfer|vllm|max|verify ... (its header says what each builds)"
 for cmd in "$@"; do
   case $cmd in
-    fla | fqla | flashinfer | vllm | verify) ;;
-    *) die "unknown subcommand '$cmd': fla, fqla, flashinfer, vllm or verify" ;;
+    fla | fqla | flashinfer | vllm | max | verify) ;;
+    *) die "unknown subcommand '$cmd': fla, fqla, flashinfer, vllm, max or verify" ;;
   esac
 done
 ignored_check
@@ -524,6 +694,7 @@ for cmd in "$@"; do
     fqla) pack_fqla ;;
     flashinfer) pack_flashinfer ;;
     vllm) pack_vllm ;;
+    max) pack_max ;;
     verify) verify ;;
   esac
 done

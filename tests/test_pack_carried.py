@@ -7,7 +7,9 @@ site, with a damaged archive or with foreign files in the site's folders, changi
 ``scripts/carried/requires.py`` refuses a wheel set that misses a requirement, carries a wheel
 nothing needs or one the GPU image has, follows extras, and reports (not fails) a requirement it
 is told may miss; vLLM's files are refused where they differ from the wheel's RECORD; every pin
-names a wheel of its version."""
+names a wheel of its version. MAX's three parts, as the script's ``max_parts`` cuts a tiny site,
+go through ``scripts/gpu_max.sh stage`` (one call per part) and ``install``, which refuses a missing
+or damaged part and unpacked files that differ from site.sha256; ``verify`` checks the parts."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ PACK = SCRIPTS / "pack_carried.sh"
 INSTALL = SCRIPTS / "carried" / "fqla_install.sh"
 FI_INSTALL = SCRIPTS / "carried" / "flashinfer_install.sh"
 REQUIRES = SCRIPTS / "carried" / "requires.py"
+GPU_MAX = SCRIPTS / "gpu_max.sh"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("sha256sum") is None, reason="needs bash and sha256sum"
@@ -72,7 +75,7 @@ def _install(bundle: Path, site: Path) -> subprocess.CompletedProcess:
 
 
 def test_scripts_parse():
-    for script in (PACK, INSTALL, FI_INSTALL):
+    for script in (PACK, INSTALL, FI_INSTALL, GPU_MAX):
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
 
@@ -270,6 +273,128 @@ def test_flashinfer_parts_refuse_damage_and_foreign_files(tmp_path):
     assert _fi_install(gpu2 / "install.sh", site).returncode == 0
 
 
+# MAX's three parts and scripts/gpu_max.sh -----------------------------------------------------------
+MAX_FILES = {
+    "max/__init__.py": b"",
+    "max-26.7.0.dist-info/METADATA": b"Name: max\nVersion: 26.7.0\n",
+    "modular/lib/libmax.so": bytes(range(256)) * 300,
+    "modular/bin/mojo": b"\x7fELF mojo stand-in\n",
+}
+MAX_PIN = 'MAX_PINS=("max 26.7.0 max-26.7.0-py3-none-any.whl ' + "0" * 64 + '")'
+
+
+def _max_parts(tmp_path: Path, files: dict[str, bytes] = MAX_FILES) -> Path:
+    """The checkout's .whl/ with max1, max2 and max3 as pack_carried.sh cuts them, of a tiny site."""
+    site, whl = tmp_path / "packed-site", tmp_path / "whl"
+    for name, data in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(data)
+    (site / "modular/bin/mojo").chmod(0o755)
+    for d in ("max1", "max2", "max3"):
+        (whl / d).mkdir(parents=True)
+    result = _pack(f'max_parts "{site}" "{whl}/max1" "{whl}/max2" "{whl}/max3"')
+    assert result.returncode == 0, result.stderr
+    return whl
+
+
+def _gpu_max(tree: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``bash scripts/gpu_max.sh ARGS`` from the checkout ``tree``, the parts and the site under tmp_path."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",  # install runs python3
+        "MAX_PARTS": str(tmp_path / "maxparts"),
+        "MAX_SITE": str(tmp_path / "maxsite"),
+    }
+    return subprocess.run(["bash", str(GPU_MAX), *args], cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _stage(whl: Path, tmp_path: Path, last: str = "stage") -> subprocess.CompletedProcess:
+    """The three device calls: each carries one part (a call removes what it does not carry)."""
+    for i, d in enumerate(("max1", "max2", "max3")):
+        tree = tmp_path / "checkout"
+        shutil.rmtree(tree, ignore_errors=True)
+        (tree / ".whl").mkdir(parents=True)
+        shutil.copytree(whl / d, tree / ".whl" / d)
+        result = _gpu_max(tree, tmp_path, *(["stage"] if i < 2 else last.split()))
+    return result
+
+
+def _max_refused(result: subprocess.CompletedProcess, tmp_path: Path, words: str) -> None:
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert words in result.stdout + result.stderr
+    assert not (tmp_path / "maxsite").exists()
+    assert not list(tmp_path.glob(".maxsite-unpack.*"))  # the scratch folder is gone
+    assert not (tmp_path / "maxparts" / "max-site.tar.xz").exists()  # so is the joined archive
+
+
+@needs_xz
+def test_max_parts_stage_and_install(tmp_path):
+    whl = _max_parts(tmp_path)
+    assert sorted(p.name for p in (whl / "max3").iterdir()) == ["SHA256SUMS", "max-site.tar.xz.part2", "site.sha256"]
+    sizes = [(whl / f"max{i + 1}" / f"max-site.tar.xz.part{i}").stat().st_size for i in range(3)]
+    assert max(sizes) - min(sizes) <= 2  # cut in equal parts
+    names = [line.split("  ", 1)[1] for line in (whl / "max3" / "SHA256SUMS").read_text().splitlines()]
+    assert names == ["max-site.tar.xz", *(f"max-site.tar.xz.part{i}" for i in range(3)), "site.sha256"]
+    result = _stage(whl, tmp_path, "stage install")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 files unpacked, each sha256 as in site.sha256" in result.stdout
+    site = tmp_path / "maxsite"
+    assert (site / ".max-site-complete").is_file()
+    assert {k: v for k, v in _tree(site).items() if k != ".max-site-complete"} == MAX_FILES
+    assert (site / "modular/bin/mojo").stat().st_mode & 0o100  # modes kept
+    assert not (tmp_path / "maxparts" / "max-site.tar.xz").exists()
+    again = _gpu_max(tmp_path / "checkout", tmp_path, "install")
+    assert again.returncode == 0 and "site already complete" in again.stdout
+    # verify's check of the parts: as cut, then with a part damaged and a pin that the site does not hold
+    check = f'WHL="{whl}"; {MAX_PIN}; echo readme > "{whl}/max3/README.txt"; verify_max'
+    result = _pack(check)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "max3: " in result.stdout and "as " in result.stdout
+    assert "the pins install" in _pack(check.replace("26.7.0", "26.8.0")).stdout
+    _flip(whl / "max2" / "max-site.tar.xz.part1")
+    result = _pack(check)
+    assert result.returncode == 1 and "parts joined are not" in result.stdout
+
+
+@needs_xz
+def test_max_install_refuses_a_missing_or_damaged_part(tmp_path):
+    whl = _max_parts(tmp_path)
+    parts = tmp_path / "maxparts"
+    assert _stage(whl, tmp_path).returncode == 0
+    (parts / "max-site.tar.xz.part1").unlink()  # call 2 went to another machine
+    _max_refused(_gpu_max(tmp_path / "checkout", tmp_path, "install"), tmp_path, "part 1 missing: stage all three")
+    assert _stage(whl, tmp_path).returncode == 0
+    _flip(parts / "max-site.tar.xz.part2")
+    _max_refused(_gpu_max(tmp_path / "checkout", tmp_path, "install"), tmp_path, "a part is damaged")
+    other = _max_parts(tmp_path / "other", {**MAX_FILES, "max/__init__.py": b"# another pack\n"})
+    assert _stage(whl, tmp_path).returncode == 0
+    shutil.copy(other / "max1" / "max-site.tar.xz.part0", parts)  # part 1 of another pack
+    _max_refused(_gpu_max(tmp_path / "checkout", tmp_path, "install"), tmp_path, "a part is damaged")
+    assert _stage(whl, tmp_path).returncode == 0
+    (parts / "site.sha256").unlink()  # a pack without the manifest
+    _max_refused(_gpu_max(tmp_path / "checkout", tmp_path, "install"), tmp_path, "site.sha256 missing")
+
+
+@needs_xz
+def test_max_install_refuses_files_that_differ_from_site_sha256(tmp_path):
+    whl = _max_parts(tmp_path)
+    manifest = whl / "max3" / "site.sha256"
+    sums = whl / "max3" / "SHA256SUMS"
+    intact = manifest.read_text()
+    for changed, words in (
+        (intact.replace(_sha(MAX_FILES["modular/lib/libmax.so"]), "0" * 64), "sha256 differs: modular/lib/libmax.so"),
+        (intact + f"{_sha(b'')}  max/extra.py\n", "missing max/extra.py"),
+        (
+            "".join(line + "\n" for line in intact.splitlines() if "modular/bin/mojo" not in line),
+            "not in site.sha256: modular/bin/mojo",
+        ),
+    ):
+        manifest.write_text(changed)  # SHA256SUMS agrees: the archive and the manifest of two packs
+        lines = [line for line in sums.read_text().splitlines() if not line.endswith("  site.sha256")]
+        sums.write_text("\n".join([*lines, f"{_sha(changed.encode())}  site.sha256"]) + "\n")
+        shutil.rmtree(tmp_path / "maxparts", ignore_errors=True)
+        _max_refused(_stage(whl, tmp_path, "stage install"), tmp_path, words)
+
+
 def _wheel(path: Path, name: str, version: str, requires: list[str]) -> str:
     with zipfile.ZipFile(path / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w") as z:
         meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
@@ -371,6 +496,7 @@ def test_every_pin_names_a_wheel_of_its_version():
     names = {name for name, *_ in pins}
     assert {"fla-core", "flash-linear-attention", "flash-qla", "tilelang", "apache-tvm-ffi"} <= names
     assert {"flashinfer-python", "nvidia-cutlass-dsl-libs-cu13", "vllm"} <= names
+    assert {"max", "max-core", "max-mojo-libs", "max-shmem-libs", "mojo-compiler", "msgspec", "taskgroup"} <= names
     for name, version, wheel, sha in pins:
         assert re.fullmatch(r"[0-9a-f]{64}", sha), name
         dist, wheel_version = wheel.split("-")[:2]
