@@ -207,7 +207,11 @@ def test_a_requested_split_is_honoured():
     assert context_parallel_segments(1024, 16, 132, 16, 132, False) == 1
 
 
-def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch):
+@pytest.mark.parametrize(
+    "K, V, v_first, given, kept",
+    [(16, 24, True, True, True), (16, 16, False, False, False)],  # K == V: the transition pass writes o, overwritten
+)
+def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, K, V, v_first, given, kept):
     """``chunk._run_context_parallel`` on CPU torch tensors, each state launch replaced by the
     float64 oracle over the segments its tables name: the passes' arguments (zero values and the
     identity over K columns, zero and scanned start states, the v-first layouts), the scan and the
@@ -216,7 +220,7 @@ def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch):
     from cupy_kernels import chunk
     from cupy_kernels import tensors as ts
 
-    case = make_case(7, T=700, H=1, HV=2, K=16, V=24, cu_seqlens=[0, 1, 300, 300, 700], v_first=True)
+    case = make_case(7, T=700, H=1, HV=2, K=K, V=V, cu_seqlens=[0, 1, 300, 300, 700], v_first=v_first, state=given)
     segments, N = 4, 4
     seg = segment_bounds(np.asarray(case["cu_seqlens"]), C, segments)
     launches = []
@@ -241,22 +245,23 @@ def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch):
     monkeypatch.setattr(ts, "pointer", lambda x: x)  # the stand-in reads tensors, not addresses
     x = {n: torch.from_numpy(case[n]).to(torch.float32) for n in ("q", "k", "v", "g", "beta")}
     o = torch.full_like(x["v"], float("nan"))
-    final = torch.full((N, 2, 24, 16), float("nan"))
+    final = torch.full((N, 2, V, K) if v_first else (N, 2, K, V), float("nan")) if kept else None
     call = chunk._Call(
-        **x, a_log=0, dt_bias=0, initial_state=1, o=o, final_state=final, tables=(None, None, seg),
-        heads=(1, 2, 16, 24), scale=16**-0.5, gate_flags=0, l2norm=0, state_v_first=1, N=N * segments,
-        NC=-1, C=C, like=x["q"], stream=0, device=0,
+        **x, a_log=0, dt_bias=0, initial_state=1 if given else 0, o=o, final_state=final if kept else 0,
+        tables=(None, None, seg), heads=(1, 2, K, V), scale=K**-0.5, gate_flags=0, l2norm=0,
+        state_v_first=int(v_first), N=N * segments, NC=-1, C=C, like=x["q"], stream=0, device=0,
     )  # fmt: skip
-    initial = torch.from_numpy(case["initial_state"]).to(torch.float32)
+    initial = torch.from_numpy(case["initial_state"]).to(torch.float32) if given else None
     chunk._run_context_parallel(call, "plan", "plan_m", segments, initial, final)
 
     o_ref, s_ref = oracle(
         *(case[n] for n in ("q", "k", "v", "g", "beta")),
-        initial_state=initial.double().numpy(),
+        initial_state=case["initial_state"],
         output_final_state=True,
-        state_v_first=True,
+        state_v_first=v_first,
         cu_seqlens=case["cu_seqlens"],
     )
-    assert launches == [("plan", 24, 0, False, True), ("plan_m", 16, 0, True, True), ("plan", 24, 0, True, False)]
+    assert launches == [("plan", V, 0, False, True), ("plan_m", K, 0, True, True), ("plan", V, 0, True, False)]
     np.testing.assert_allclose(o.double().numpy(), o_ref, rtol=0, atol=1e-5 * np.abs(o_ref).max())
-    np.testing.assert_allclose(final.double().numpy(), s_ref, rtol=0, atol=1e-5 * np.abs(s_ref).max())
+    if kept:
+        np.testing.assert_allclose(final.double().numpy(), s_ref, rtol=0, atol=1e-5 * np.abs(s_ref).max())
