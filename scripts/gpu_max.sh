@@ -22,10 +22,11 @@ SITE=${MAX_SITE:-/tmp/maxsite}
 PARTS=${MAX_PARTS:-/tmp/maxparts}
 IMPLS=${IMPLS:-max-recurrence max-recurrence-bf16 max-verify-ring max-verify-ring-bf16}
 ARCHIVE=max-site.tar.xz
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # install cds into $PARTS
 
 case ${1:-} in
   pack)  # here (network): one way to pack, scripts/pack_carried.sh max
-    exec bash "$(dirname "$0")/pack_carried.sh" max ;;
+    exec bash "$HERE/pack_carried.sh" max ;;
   stage)  # on the GPU machine: keep the carried part outside the synced checkout (max3 brings SHA256SUMS and site.sha256)
     mkdir -p "$PARTS" && cp .whl/max[123]/"$ARCHIVE".part* "$PARTS"/ 2>/dev/null
     for f in SHA256SUMS site.sha256; do [ -f ".whl/max3/$f" ] && cp ".whl/max3/$f" "$PARTS"/; done
@@ -45,40 +46,7 @@ if [ "${1:-}" = install ]; then
   rm -rf "$SITE" && mkdir -p "$(dirname "$SITE")" || exit 3
   unpack=$(mktemp -d "$(dirname "$SITE")/.maxsite-unpack.XXXXXX") || exit 3
   # Unpacked with Python's tarfile (no xz here) into a fresh folder, every file checked against site.sha256.
-  python3 - "$ARCHIVE" site.sha256 "$unpack" <<'EOF'
-import hashlib
-import os
-import sys
-import tarfile
-
-archive, manifest, dest = sys.argv[1:]
-with tarfile.open(archive, "r:xz") as tar:
-    tar.extractall(dest, filter="tar")
-want = {}
-with open(manifest) as f:
-    for line in f:
-        digest, path = line.rstrip("\n").split("  ", 1)
-        want[os.path.normpath(path)] = digest
-have = {os.path.relpath(os.path.join(root, n), dest) for root, _dirs, names in os.walk(dest) for n in names}
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(os.path.join(dest, path), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-problems = [f"missing {p}" for p in sorted(set(want) - have)]
-problems += [f"not in site.sha256: {p}" for p in sorted(have - set(want))]
-problems += [f"sha256 differs: {p}" for p in sorted(set(want) & have) if sha256(p) != want[p]]
-for problem in problems[:20]:
-    print(f"max install: {problem}", file=sys.stderr)
-if problems:
-    sys.exit(1)
-print(f"max install: {len(want)} files unpacked, each sha256 as in site.sha256")
-EOF
+  python3 "$HERE/carried/site_check.py" max "$ARCHIVE" site.sha256 "$unpack"
   status=$?
   rm -f "$ARCHIVE"
   [ "$status" = 0 ] || { rm -rf "$unpack"; echo "the unpacked site does not match site.sha256 (above): nothing installed"; exit 3; }

@@ -236,11 +236,12 @@ render() {  # TEMPLATE [KEY=VALUE...]: the template with each @KEY@ replaced by 
   sed "${args[@]}" "$template"
 }
 
-seal() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: DIR/INSTALLER from TEMPLATE, then SHA256SUMS of DIR's files
+seal() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: DIR/INSTALLER from TEMPLATE and site_check.py, then SHA256SUMS of DIR's files
   local dir=$1 template=$2 installer=$3
   shift 3
   render "$template" "$@" > "$dir/$installer"
   ! grep -nE '@[A-Z0-9_]+@' "$dir/$installer" || die "$template: a placeholder left unset (above)"
+  cp scripts/carried/site_check.py "$dir/"  # the installers' manifest check
   local sums
   sums=$(cd "$dir" && find . -maxdepth 1 -type f ! -name SHA256SUMS ! -name README.txt -printf '%P\n' | LC_ALL=C sort \
     | xargs sha256sum)
@@ -629,6 +630,8 @@ verify_site() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: a site bundle against 
   (cd "$dir" && sha256sum --strict --quiet -c SHA256SUMS) || ok=1
   render "$template" "$@" | cmp -s - "$dir/$installer" \
     || { echo "$dir/$installer differs from what $template makes now: pack again"; ok=1; }
+  cmp -s scripts/carried/site_check.py "$dir/site_check.py" \
+    || { echo "$dir/site_check.py differs from scripts/carried/site_check.py: pack again"; ok=1; }
   echo "$(basename "$dir"): $(mib "$(bytes "$dir"/*)") MiB in $dir/$([ $ok = 0 ] && echo ", as its SHA256SUMS says")"
   return $ok
 }

@@ -52,7 +52,8 @@ def _sha(data: bytes) -> str:
 
 def _bundle(dest: Path, files: dict[str, bytes], manifest: dict[str, bytes] | None = None) -> Path:
     """A bundle laid out as pack_carried.sh lays out .whl/fqla/: the site as fqla-site.tar.xz, the
-    sha256 of each site file (of ``manifest``'s, where given) in site.sha256, SHA256SUMS, install.sh."""
+    sha256 of each site file (of ``manifest``'s, where given) in site.sha256, SHA256SUMS, install.sh
+    and site_check.py."""
     dest.mkdir(parents=True)
     with tarfile.open(dest / "fqla-site.tar.xz", "w:xz") as tar:
         for name, data in sorted(files.items()):
@@ -64,7 +65,8 @@ def _bundle(dest: Path, files: dict[str, bytes], manifest: dict[str, bytes] | No
         "".join(f"{_sha(data)}  {name}\n" for name, data in sorted((manifest or files).items()))
     )
     shutil.copy(INSTALL, dest / "install.sh")
-    names = ["fqla-site.tar.xz", "site.sha256", "install.sh"]
+    shutil.copy(SCRIPTS / "carried" / "site_check.py", dest / "site_check.py")
+    names = ["fqla-site.tar.xz", "site.sha256", "install.sh", "site_check.py"]
     (dest / "SHA256SUMS").write_text("".join(f"{_sha((dest / n).read_bytes())}  {n}\n" for n in names))
     return dest
 
@@ -194,13 +196,20 @@ def _flip(path: Path) -> None:
 @needs_xz
 def test_flashinfer_parts_install_beside_another_package(tmp_path):
     gpu1, gpu2 = _fi_parts(tmp_path)
-    assert sorted(p.name for p in gpu1.iterdir()) == ["SHA256SUMS", "_ir.so.xz", "install1.sh", "site.sha256"]
+    assert sorted(p.name for p in gpu1.iterdir()) == [
+        "SHA256SUMS",
+        "_ir.so.xz",
+        "install1.sh",
+        "site.sha256",
+        "site_check.py",
+    ]
     assert sorted(p.name for p in gpu2.iterdir()) == [
         "SHA256SUMS",
         "install.sh",
         "runtime.so.xz",
         "site-rest.tar.xz",
         "site.sha256",
+        "site_check.py",
     ]
     site = tmp_path / "site"
     (site / "fla").mkdir(parents=True)  # scripts/common.sh installs FLA into the same folder

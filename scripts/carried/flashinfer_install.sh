@@ -35,7 +35,7 @@ if [ "$PART" = 2 ] && [ "$mark" != "$SITE_ID" ]; then
   [ -n "$mark" ] || die "part 1 is not in $SITE: run bash .whl/gpu1/install1.sh first, on this machine (phase site_part1)"
   die "part 1 in $SITE is of another pack (site id $mark): remove $SITE, then install both parts of one pack"
 fi
-for f in SHA256SUMS site.sha256; do
+for f in SHA256SUMS site.sha256 site_check.py; do
   [ -f "$BUNDLE/$f" ] || die "$BUNDLE/$f missing: carry the folder whole (bash scripts/pack_carried.sh flashinfer)"
 done
 (cd "$BUNDLE" && sha256sum --quiet --strict -c SHA256SUMS) \
@@ -46,7 +46,6 @@ tmp=$(mktemp -d "$parent/.gdnv-site-unpack.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 # shellcheck disable=SC2086  # LONE: NAME.xz=PATH words
 "$PYTHON" - "$PART" "$BUNDLE" "$SITE" "$tmp" $LONE <<'EOF' || die "nothing marked (above)"
-import hashlib
 import lzma
 import os
 import shutil
@@ -54,25 +53,15 @@ import sys
 import tarfile
 
 part, bundle, site, tmp, *lone = sys.argv[1:]
+sys.path.insert(0, bundle)
+from site_check import read_manifest, sha256  # noqa: E402 - the bundle's copy of scripts/carried/site_check.py
 
 
 def say(text):
     print(f"flashinfer site part {part}: {text}", file=sys.stderr)
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-want = {}
-with open(os.path.join(bundle, "site.sha256")) as f:
-    for line in f:
-        digest, path = line.rstrip("\n").split("  ", 1)
-        want[os.path.normpath(path)] = digest
+want = read_manifest(os.path.join(bundle, "site.sha256"))
 # What belongs to the site in a folder that may hold other installs: its own top-level folders
 # whole (every file in them is the site's), and its files in bin/ and at the top one by one.
 folders = {p.split(os.sep)[0] for p in want if os.sep in p} - {"bin"}

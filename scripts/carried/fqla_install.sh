@@ -6,8 +6,8 @@
 #   SITE=/tmp/fqsite bash .whl/fqla/install.sh
 # It checks the carried files against SHA256SUMS, unpacks fqla-site.tar.xz with Python's tarfile
 # and lzma into a fresh folder beside $SITE, checks every unpacked file against site.sha256 (no file
-# missing, none extra, each sha256 equal), moves that folder to $SITE and only then touches
-# $SITE/.fqla-site-complete. A $SITE that exists without the marker is refused, never overwritten;
+# missing, none extra, each sha256 equal: the bundle's site_check.py, from scripts/carried/), moves
+# that folder to $SITE and only then touches $SITE/.fqla-site-complete. A $SITE that exists without the marker is refused, never overwritten;
 # so is /tmp/site (FlashInfer's site there has another tvm_ffi). Exit 0: complete; 3: refused.
 set -euo pipefail
 BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,7 +23,7 @@ esac
 if [ -e "$SITE" ] && [ -n "$(ls -A "$SITE" 2>/dev/null)" ]; then
   die "$SITE exists without $MARKER (an earlier install that failed?): remove it, then run this again"
 fi
-for f in SHA256SUMS fqla-site.tar.xz site.sha256; do
+for f in SHA256SUMS fqla-site.tar.xz site.sha256 site_check.py; do
   [ -f "$BUNDLE/$f" ] || die "$BUNDLE/$f missing: carry .whl/fqla whole (bash scripts/pack_carried.sh fqla)"
 done
 (cd "$BUNDLE" && sha256sum --quiet --strict -c SHA256SUMS) \
@@ -32,42 +32,8 @@ parent=$(dirname "$SITE")
 mkdir -p "$parent"
 tmp=$(mktemp -d "$parent/.fqsite-unpack.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-"$PYTHON" - "$BUNDLE/fqla-site.tar.xz" "$BUNDLE/site.sha256" "$tmp" <<'EOF' || die "the unpacked site does not match site.sha256 (above): nothing installed"
-import hashlib
-import os
-import sys
-import tarfile
-
-archive, manifest, dest = sys.argv[1:]
-with tarfile.open(archive, "r:xz") as tar:
-    tar.extractall(dest, filter="tar")
-want = {}
-with open(manifest) as f:
-    for line in f:
-        digest, path = line.rstrip("\n").split("  ", 1)
-        want[os.path.normpath(path)] = digest
-have = set()
-for root, _dirs, files in os.walk(dest):
-    have.update(os.path.relpath(os.path.join(root, name), dest) for name in files)
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(os.path.join(dest, path), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-problems = [f"missing {p}" for p in sorted(set(want) - have)]
-problems += [f"not in site.sha256: {p}" for p in sorted(have - set(want))]
-problems += [f"sha256 differs: {p}" for p in sorted(set(want) & have) if sha256(p) != want[p]]
-for problem in problems[:20]:
-    print(f"fqla install: {problem}", file=sys.stderr)
-if problems:
-    sys.exit(1)
-print(f"fqla install: {len(want)} files unpacked, each sha256 as in site.sha256")
-EOF
+"$PYTHON" "$BUNDLE/site_check.py" fqla "$BUNDLE/fqla-site.tar.xz" "$BUNDLE/site.sha256" "$tmp" \
+  || die "the unpacked site does not match site.sha256 (above): nothing installed"
 rmdir "$SITE" 2>/dev/null || true  # an empty folder only; one with files was refused above
 mv "$tmp" "$SITE"
 trap - EXIT
