@@ -323,7 +323,8 @@ def chunk_gated_delta_rule(
     gate_flags = x.gate_flags | (_GATE_IN_KERNEL if use_gate_in_kernel else 0)
     gate_flags |= (_BETA_SIGMOID if use_beta_sigmoid_in_kernel else 0) | (_NEG_EIGVAL if allow_neg_eigval else 0)
     plan = _plan(x, chunk_size, use_tensor_cores, fused, k_split, wgmma, device)
-    segments, plan_m = _segments(x, plan, context_parallel, chunk_size, use_tensor_cores, k_split, wgmma, device)
+    segments = _segments(x, plan, context_parallel, chunk_size, use_tensor_cores, k_split, wgmma, device)
+    plan_m = plan
     if segments > 1:  # the same chunks, N * segments "sequences" for the state kernel
         sequences = (x.bounds.size - 1) * segments
         plan = _plan(x, chunk_size, use_tensor_cores, True, k_split, wgmma, device, sequences=sequences)
@@ -369,7 +370,6 @@ def chunk_gated_delta_rule(
     elif segments == 1:
         _run_fused(call, plan)
     else:
-        assert plan_m is not None
         last_kernels += f", context-parallel x {segments}"
         _run_context_parallel(call, plan, plan_m, segments, initial_state, final_state)
     tables.release(stream)
@@ -518,11 +518,11 @@ def _segments(
     k_split: int | None,
     wgmma: bool | None,
     device: int,
-) -> tuple[int, ChunkPlan | None]:
-    """Segments per sequence (1: the plain call) and the transition pass's plan, for a call on
-    the fused paths (``ValueError`` where ``context_parallel`` asks for it elsewhere)."""
+) -> int:
+    """Segments per sequence (1: the plain call), for a call on the fused paths (``ValueError``
+    where ``context_parallel`` asks for it elsewhere); ``plan`` is the plain call's."""
     if requested is False or (requested is None and plan.path == "three-kernel"):
-        return 1, None
+        return 1
     if plan.path == "three-kernel":
         raise ValueError(
             "context_parallel: needs the fused path (bf16 inputs, chunk_size=64, K % 16 == 0, K <= 128, V % 16 == 0)"
@@ -532,7 +532,7 @@ def _segments(
     plan_m = _plan(x, chunk_size, use_tensor_cores, True, k_split, wgmma, device, K)
     sms, capability = ts.num_sms(device), ts.compute_capability(device)
     state, state_m = plan.kernels[-1], plan_m.kernels[-1]
-    segments = context_parallel_segments(
+    return context_parallel_segments(
         x.longest(chunk_size),
         N * HV * -(-V // state.columns),
         resident_ctas(state, sms, capability),
@@ -540,7 +540,6 @@ def _segments(
         resident_ctas(state_m, sms, capability),
         requested,
     )
-    return segments, plan_m
 
 
 def _empty(like: Any, shape: tuple, code: int):
@@ -675,9 +674,15 @@ def _run_context_parallel(
     eye = torch.eye(K, dtype=torch.float32, device=device).expand(c.N, HV, K, K).contiguous()
     # the transition pass's output is never read: the value pass overwrites o after it
     scratch = None if K == V else _empty(c.like, c.like.shape[:2] + (HV, K), ts.BF16)
-    transition = c._replace(v=ts.pointer(zeros), heads=(H, HV, K, K), initial_state=ts.pointer(eye))
-    o = c.o if scratch is None else ts.pointer(scratch)
-    _state(transition._replace(o=o, final_state=ts.pointer(m), state_v_first=0), plan_m, prep)
+    transition = c._replace(
+        v=ts.pointer(zeros),
+        heads=(H, HV, K, K),
+        initial_state=ts.pointer(eye),
+        o=c.o if scratch is None else ts.pointer(scratch),
+        final_state=ts.pointer(m),
+        state_v_first=0,
+    )
+    _state(transition, plan_m, prep)
 
     if initial_state is None:
         start = torch.zeros((N, HV, K, V), dtype=torch.float64, device=device)
