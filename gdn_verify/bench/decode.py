@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gdn_verify.bench.prefill import one_line
+
 
 def _optional_torch():
     try:
@@ -431,7 +433,7 @@ def _flashinfer_decoders() -> tuple[dict[str, Callable | None], str | None]:
 
         kernels = _flashinfer_kernels()
     except Exception as exc:  # noqa: BLE001 - a peer that does not load is a row note, not a failure
-        return {}, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return {}, one_line(exc)
     found = {"flashinfer": kernels["decode"], "flashinfer-bf16-state": kernels["decode_bf16"]}
     return found, None if found["flashinfer-bf16-state"] else "no bfloat16-state kernels in this FlashInfer"
 
@@ -554,8 +556,7 @@ def decode_peers_bench(
                         times[name] = _time_eager(torch, fns)
                         eager.append(name)
                     except Exception as exc:  # noqa: BLE001 - report and go on with the other peers
-                        errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                        errors[name] += f" (in a graph: {type(graph_exc).__name__})"
+                        errors[name] = f"{one_line(exc)} (in a graph: {type(graph_exc).__name__})"
             row = dict(
                 H=H,
                 HV=HV,
