@@ -282,3 +282,30 @@ def test_a_one_token_sequence_does_not_unbind_dg_for_the_pack():
                 gtol.grad_errors(problem, grads.grads, reference, tolerance)["dg"] / tolerance.bounds["dg"]
             )
         assert ratios[correct.name] <= 0.5 and ratios[bug.name] >= 3.0, ratios
+
+
+@pytest.mark.parametrize("gate", [-40.0, -1.0])
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_a_float16_backward_may_flush_a_decayed_dh0_to_zero(gate, dtype):
+    """A chunked backward stores ``scale q exp(G)`` in the input dtype before the product that forms
+    the state cotangent at the chunk's start; in float16 exp(-40) is below 2^-25 and that operand
+    is 0, so ``dh0`` (exact: 1e-18) comes back 0 (FlashQLA on an H100, 2026-11-27, with a float32
+    initial state). The 16-bit model does the same (up to float32 noise) and the bound allows it; under gates of -1, or
+    in bfloat16 (whose range holds 1e-18), a zero ``dh0`` is still the dropped gradient it is."""
+    from gdn_verify.implementations.numpy_grad import numpy_grad_implementation
+
+    problem = make(B=1, T=1, H=2, HV=4, K=16, V=16, seed=1)
+    problem = problem.replace(g=np.full(problem.g.shape, gate)).astype(dtype)
+    do, dht = cotangents(problem, 1, False)
+    grads = numpy_grad_implementation("numpy-grad16").run_backward(problem, do, dht)
+    reference, tolerance = gtol.grad_reference_and_tolerance(problem, do, dht, grad_dtypes=grads.dtypes, seed=1)
+    flushed = gate == -40.0 and dtype == np.float16
+    assert np.abs(reference["dh0"]).max() > 0
+    # flushed: what is left is float32 noise of the exact dh0 (1e-25 against 1e-18)
+    gone = np.abs(grads.grads["dh0"]).max() <= 1e-6 * np.abs(reference["dh0"]).max()
+    assert gone == flushed
+    ratio = gtol.grad_errors(problem, grads.grads, reference, tolerance)["dh0"] / tolerance.bounds["dh0"]
+    assert ratio <= 0.5, tolerance.breakdown("dh0")
+    dropped = {**grads.grads, "dh0": np.zeros_like(grads.grads["dh0"])}
+    ratio = gtol.grad_errors(problem, dropped, reference, tolerance)["dh0"] / tolerance.bounds["dh0"]
+    assert (ratio <= 1.0) == flushed, (ratio, tolerance.breakdown("dh0"))

@@ -30,7 +30,31 @@ Hook = Callable[[str, np.ndarray, int], np.ndarray]
 # q scaled by scale exp(G) in ``chunk_gated_delta_rule_bwd_dhu``), ``k_operand`` k_t as du_t = dS^T k_t
 # reads it (FLA's decayed k of dv2 = k dh and the k q^T of ``chunk_bwd_dv_local``), ``w_operand``
 # k_t as the erase update dS += k_t dp_t^T reads it (FLA's recomputed W = T (beta exp(G) k)).
-STAGES = ("qk", "h", "v_new", "dh", "dv_new", "dq", "dk_state", "dk_pred", "q_operand", "k_operand", "w_operand")
+# Then the same three operands with the chunk-local decays a chunked backward folds into them before
+# storing them in the input dtype, per token ``[N, HV, K]``: ``q_decayed`` scale q_t exp(G_t) and
+# ``w_decayed`` k_t exp(G_t) (G_t: the gates from the chunk's start through t), whose products with
+# do_t and dp_t form the state cotangent at the chunk's start (FLA's ``dh`` recurrence), and
+# ``k_decayed`` k_t exp(G_last - G_t), whose product with the chunk's ``dh`` is du_t's part from the
+# later chunks (FLA's ``dv2 = k dh``). The engine carries the exact sums and adds only what the
+# hook changed (its rounding) to those two places: float16 flushes a decayed operand below 2^-25
+# to zero, which an undecayed operand's rounding never shows (FlashQLA's float16 ``dh0`` at T = 1
+# under gates of -40, H100 2026-11-27: 0 against 3e-18).
+STAGES = (
+    "qk",
+    "h",
+    "v_new",
+    "dh",
+    "dv_new",
+    "dq",
+    "dk_state",
+    "dk_pred",
+    "q_operand",
+    "k_operand",
+    "w_operand",
+    "q_decayed",
+    "k_decayed",
+    "w_decayed",
+)
 SIXTEEN_STAGES = STAGES
 # "both": the direct dg in ``dg`` and the cumsum one in ``dg_cumsum`` (the tolerance probes take both).
 DG_FORMS = ("direct", "cumsum", "both")
@@ -245,6 +269,10 @@ def adjoint(
         ddelta = None if dh is dS_carried else dS_carried - dh
         dS = dh
         dS_decay = np.array(dh, copy=True) if cumsum else None
+        if hook is not None:  # the decayed operands' rounding (STAGES): its effect, added below
+            from_start = np.cumprod(decay[:, t0:t1], axis=1)  # exp(G_t), the chunk's start through t
+            to_end = np.ones_like(from_start[:, 0])  # exp(G_last - G_t), updated as j goes down
+            start_error = np.zeros_like(dh)
         for j in range(n - 1, -1, -1):
             t = t0 + j
             q_op = p.scale * p.q[:, t]
@@ -254,9 +282,18 @@ def adjoint(
                 q_op = hook("q_operand", q_op, t)
                 k_du = hook("k_operand", p.k[:, t], t)[:, :, None, :]
                 k_w = hook("w_operand", p.k[:, t], t)[:, :, None, :]
+                decayed = from_start[:, j, :, None]
+                e_q = _rounding(hook, "q_decayed", q_op * decayed, t)
+                e_k = _rounding(hook, "k_decayed", k_du[:, :, 0] * to_end[..., None], t)
+                e_w = _rounding(hook, "w_decayed", k_w[:, :, 0] * decayed, t)
+                to_end = to_end * decay[:, t]
+                if e_q is not None:
+                    start_error += e_q[..., None] * do[:, t, :, None, :]
             out_term = q_op[..., None] * do[:, t, :, None, :]
             cur = np.add(dS, out_term, out=dS_at[j])  # the cotangent of S_t
             du = (k_du @ cur)[:, :, 0]  # dS^T k
+            if hook is not None and e_k is not None:
+                du = du + (e_k[:, :, None, :] @ dh)[:, :, 0]
             if dS_decay is not None:
                 dS_decay += out_term
                 w_at[j] = (k_t @ dS_decay)[:, :, 0]
@@ -266,8 +303,11 @@ def adjoint(
                 du = hook("dv_new", du, t)
             du_at[j] = du
             # dp = -beta du is the cotangent of D^T k; D feeds S_t directly and through D^T k.
-            dS = k_w.swapaxes(-1, -2) * (-p.beta[:, t, :, None] * du)[:, :, None, :]
+            dp = -p.beta[:, t, :, None] * du
+            dS = k_w.swapaxes(-1, -2) * dp[:, :, None, :]
             dS += cur
+            if hook is not None and e_w is not None:
+                start_error += e_w[..., None] * dp[:, :, None, :]
             skip = (bug == "chunk_boundary_decay_missing" and j == 0 and c > 0) or (bug == "dh0_undecayed" and t == 0)
             if not skip:
                 a = decay[:, t, :, None, None]
@@ -275,6 +315,8 @@ def adjoint(
                 if ddelta is not None:
                     ddelta *= a
         dS_carried = dS if ddelta is None else dS + ddelta
+        if hook is not None:
+            dS_carried = dS_carried + start_error
 
         # The batched part, over the chunk's tokens (tokens first).
         q, k, v, beta, do_c = (_tokens(x, t0, t1) for x in (p.q, p.k, p.v, p.beta, do))
@@ -323,6 +365,12 @@ def adjoint(
                 x[:, t1 : (c + 1) * C] = x[:, t1 - 1 : t1]
     out.dh0[...] = dS_carried
     return out if dg_cumsum is None else dataclasses.replace(out, dg_cumsum=dg_cumsum)
+
+
+def _rounding(hook: Hook, stage: str, x: np.ndarray, index: int) -> np.ndarray | None:
+    """What ``hook`` changed of ``x`` at ``stage`` (None: nothing)."""
+    y = hook(stage, x, index)
+    return None if y is x else y - x
 
 
 def _repeat_last(x: np.ndarray, C: int) -> np.ndarray:

@@ -66,10 +66,13 @@ write (``recompute``: FLA's ``h`` and ``v_new``), the state cotangent leaving ea
 chunk reads it and each token's ``du`` (``cotangents``: FLA's ``dh`` and ``dv2``), the
 per-value-head parts of ``dq`` and ``dk`` (``parts``, local: perturbed on the unperturbed run's
 parts, no rerun), the reverse pass's product operands (``operands``: ``scale q_t`` of the
-cotangent update, ``k_t`` of ``du_t`` and of the erase update, FLA's ``q scale exp(G)``, decayed
-``k`` and ``W``; adopted when FLA's and FlashQLA's ``dh0`` at T = 1 erred by 0.4-0.9 ``u_in``,
-H100 2026-11-26), and for float16 the same intermediates' underflow (absolute
-``underflow_unit``); ``kappa_gate`` for each gate shifted by ``PERTURBATION r a`` with ``a =
+cotangent update, ``k_t`` of ``du_t`` and of the erase update, and the same with the chunk-local
+decays folded in, FLA's ``q scale exp(G)``, decayed ``k`` and ``W``, whose rounding reaches the
+chunk's start cotangent and ``du``'s part from later chunks; adopted when FLA's and FlashQLA's
+``dh0`` at T = 1 erred by 0.4-0.9 ``u_in``, H100 2026-11-26), and for float16 the same
+intermediates' underflow (absolute ``underflow_unit``: a decayed operand below 2^-25 comes back 0,
+so under gates of -40 a float16 backward may return ``dh0 = 0`` for an exact 3e-18, FlashQLA on an
+H100, 2026-11-27); ``kappa_gate`` for each gate shifted by ``PERTURBATION r a`` with ``a =
 tolerance.chunk_gate_sums`` (two draws, the second with every other sign flipped), and
 ``kappa_decay`` for every nonzero gate shifted alike. All draws run as one float64 engine call,
 the problem copied along the sequence axis (in batches that bound the memory). With float32
@@ -138,7 +141,7 @@ GRAD_ROUNDINGS: dict[str, tuple[str, ...]] = {
     "recompute": ("h", "v_new"),
     "cotangents": ("dh", "dv_new"),
     "parts": ("dq", "dk_state", "dk_pred"),
-    "operands": ("q_operand", "k_operand", "w_operand"),
+    "operands": ("q_operand", "k_operand", "w_operand", "q_decayed", "k_decayed", "w_decayed"),
     "underflow": STAGES,
 }
 GRAD_ROUNDING_TEXT = {
@@ -146,7 +149,7 @@ GRAD_ROUNDING_TEXT = {
     "recompute": "chunk-start states h and v_new stored in the input dtype",
     "cotangents": "chunk-end state cotangents dh and dv2 stored in the input dtype",
     "parts": "per-value-head dq and dk parts stored in the input dtype",
-    "operands": "the backward's product operands (scale q, k, W) in the input dtype",
+    "operands": "the backward's product operands (scale q, k, W; undecayed and decayed) in the input dtype",
     "underflow": "underflow of the intermediates stored in the input dtype",
 }
 OUTPUT_TEXT = "output rounding"
