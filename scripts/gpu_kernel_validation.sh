@@ -28,6 +28,9 @@ OUT=${OUT:-gpu_logs}
 export OUT
 mkdir -p "$OUT"
 here=$(dirname "$0")
+# PYTHONPATH with the carried FLA wheels installed (the prefill bench's side-by-side FLA; without it
+# every row was judged on absolute time, H100 2026-11-27)
+. "$here/common.sh"
 steps=${*:-tests memcheck racecheck benches}
 status=0
 for step in $steps; do
