@@ -175,14 +175,17 @@ def select_plan(
 # K columns: the segment's transition M), then, after a scan S_{j+1} = M_j S_j + B_j, the value pass
 # again from the true start states, which writes the output. Three passes of 1 / J the chunks each.
 #
-# The choice below is a cost model in units of one chunk step of a state CTA (about 2.4 us on an
-# H100 for the wgmma kernel, 2026-11-23): a pass costs its waves times its chunks per segment. The
-# overheads are estimates, not yet measured on a GPU: the two extra launches, the zero values and
-# identity states, the scan (one batched float64 product per segment step).
+# The choice below is a cost model in units of one chunk step of a state CTA (about 2.8 us on an
+# H100 for the wgmma kernel): a pass costs its waves times its chunks per segment, plus overheads
+# fitted (least squares) to forced J = 2..32 at 8 value heads, T = 8192..131072 (H100,
+# 2026-11-27, reports/2026-11-27-context-parallel/): 294 us fixed (the extra launches, the zero
+# values and identity states, the scan's set-up) and 70 us per segment (the scan's step, a few
+# small torch kernels each). The first guesses (20 and 4 steps) chose J = 8 at 8192 and 16384
+# tokens, where it took 2.3x and 1.5x the plain call's time.
 SHARED_PER_SM = {(9, 0): 228 * 1024, (8, 0): 164 * 1024, (8, 7): 164 * 1024}  # else 100 KiB (sm_86, sm_89)
 CP_MIN_SEGMENT_CHUNKS = 8  # a segment shorter than this spends more on the passes' fixed costs than it saves
-CP_FIXED_STEPS = 20  # the two extra launches and the zero-fill, in chunk steps
-CP_SCAN_STEPS = 4  # one segment step of the scan (a few small kernels), in chunk steps
+CP_FIXED_STEPS = 105  # the two extra launches, the zero-fill and the scan's set-up, in chunk steps
+CP_SCAN_STEPS = 25  # one segment step of the scan (a few small kernels), in chunk steps
 CP_GAIN = 1.25  # the modelled speed-up below which the auto choice keeps one pass
 CP_MAX_SEGMENTS = 256  # the most the choice considers (the scan is one step per segment)
 

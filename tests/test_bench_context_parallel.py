@@ -1,0 +1,65 @@
+"""``scripts/bench_context_parallel.py`` on a CPU: its options, the segment count read from a
+``chunk.last_kernels`` label, the Markdown of the committed H100 sweep, and exit 2 without a device."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = ROOT / "reports" / "2026-11-27-context-parallel" / "cp_sweep.json"
+
+
+def _script() -> ModuleType:
+    path = ROOT / "scripts" / "bench_context_parallel.py"
+    spec = importlib.util.spec_from_file_location("bench_context_parallel_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_options_restrict_the_layouts_and_lengths():
+    bench = _script()
+    args = bench.parse(["out"])
+    assert args.layouts == bench.LAYOUTS and args.tokens == bench.TOKENS
+    args = bench.parse(["out", "--layouts", "2/8,8/16", "--tokens", "8192,65536"])
+    assert args.layouts == ((2, 8), (8, 16)) and args.tokens == (8192, 65536)
+    for bad in (["--layouts", "2-8"], ["--layouts", "0/8"], ["--tokens", "8k"], ["--tokens", "-1"]):
+        with pytest.raises(SystemExit) as stop:
+            bench.parse(["out", *bad])
+        assert stop.value.code == 2
+
+
+def test_segments_from_the_launchers_label():
+    bench = _script()
+    assert bench.segments_of("fused wgmma sm_90a, context-parallel x 8") == 8
+    assert bench.segments_of("fused wgmma sm_90a") == 1
+    assert bench.segments_of(None) is None
+
+
+def test_markdown_of_the_h100_sweep():
+    bench = _script()
+    doc = dict(device="NVIDIA H100 80GB HBM3", date="2026-11-27", versions={"torch": "2.11.0+cu130"})
+    doc["rows"] = json.loads(SWEEP.read_text())
+    lines = bench.render(doc).splitlines()
+    assert "NVIDIA H100 80GB HBM3; 2026-11-27; torch 2.11.0+cu130." in lines
+    rows = [line for line in lines if line.startswith("| 2/8 | 65536 ")]
+    assert rows == ["| 2/8 | 65536 | 3.115 | 4.546 | 2.709 | 1.905 | 2.518 | 3.653 | 8 | 1.923 | 8 | 0.62 |"]
+    assert "| 16/32 | 8192 | 0.585 | 1.020 | 1.110 | 1.259 | 1.500 | 2.251 | off | 0.581 | off | 0.99 |" in lines
+    # a J left out of its row (the launcher refused it) and a row without the auto call
+    partial = bench.format_row({"H": 2, "HV": 8, "T": 1024, "False": 0.1, "2": 0.3})
+    assert partial == "| 2/8 | 1024 | 0.100 | 0.300 | - | - | - | - | off | - | - | - |"
+
+
+def test_no_device_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
+    bench = _script()
+    monkeypatch.setattr(bench, "device_problem", lambda: "no CUDA device visible")
+    assert bench.main([str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no CUDA device visible" in err
+    assert not (tmp_path / "out").exists()
