@@ -122,8 +122,9 @@ def tail_stats(x, end):
     return {"nonzero": int((pad != 0).sum()), "nan": int(pad.isnan().sum()), "of": pad.numel()}
 
 
-def changed(runs, end):
-    """How many padding entries (tokens from ``end`` on) differ from the first run in any other."""
+def differing(runs, end):
+    """Which padding entries (tokens from ``end`` on) differ from the first run in any other: a
+    boolean mask ``[B, T - end, ...]``."""
     import torch
 
     first = runs[0].double()[:, end:]
@@ -131,7 +132,19 @@ def changed(runs, end):
     for other in runs[1:]:
         b = other.double()[:, end:]
         differs |= ~((first == b) | (first.isnan() & b.isnan()))
-    return int(differs.sum())
+    return differs
+
+
+def changed(runs, end):
+    """How many padding entries (tokens from ``end`` on) differ from the first run in any other."""
+    return int(differing(runs, end).sum())
+
+
+def token_positions(mask, end, most=16):
+    """The token indices (counted from the call's first token) of a padding mask ``[B, T - end,
+    ...]`` where any entry is set, the first ``most`` of them."""
+    rows = mask.reshape(mask.shape[0], mask.shape[1], -1).any(-1).any(0)
+    return [end + int(t) for t in rows.nonzero().flatten()[:most]]
 
 
 def run_case(name, entry, dtype, K, V, lengths, g_dtype, opts=None):
@@ -202,6 +215,10 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype, opts=None):
             row[key + "_tail"] = tail_stats(x, cu[-1])
             row[key + "_tail_second_poison"] = tail_stats(runs[1][i], cu[-1])
             row[key + "_tail_changed"] = changed([run[i] for run in runs], cu[-1])
+            # which padding tokens: those whose entries changed between runs (never written), and
+            # those nonzero in the first run
+            row[key + "_tail_tokens_changed"] = token_positions(differing([run[i] for run in runs], cu[-1]), cu[-1])
+            row[key + "_tail_tokens_nonzero"] = token_positions(x[:, cu[-1] :] != 0, cu[-1])
             x = x[:, : cu[-1]]
         denom = float(w.square().mean().sqrt()) or 1.0
         row[key] = {
@@ -213,6 +230,8 @@ def run_case(name, entry, dtype, K, V, lengths, g_dtype, opts=None):
 
 def cell(key, value):
     """One gradient's entry of a case's printed line."""
+    if "_tail_tokens_" in key:
+        return f"{key.split('_tail_tokens_')[1]} at tokens {value}"
     if key.endswith("_changed"):
         return f"changed {value}"
     if key.endswith("_second_poison"):
