@@ -234,14 +234,12 @@ def untouched_rows(before: np.ndarray, after: np.ndarray, slots: np.ndarray) -> 
             )
 
 
-def native_form(kernel: Callable, array: str = "numpy", pool_dtype: Any = WORK_DTYPE) -> Callable:
-    """A native-convention callable running ``kernel``, a callable in MAX's convention::
-
-        kernel(qkv_conv_output, decay_per_token, beta_per_token, recurrent_state, slot_idx,
-               input_row_offsets) -> recurrence_output   # recurrent_state updated in place
-
-    on arrays of kind ``array`` (the native inputs may be of any kind). ``o`` comes back
-    ``[B, T, HV, V]`` in the input dtype, the final state from the slots in ``pool_dtype``.
+def through_max(launch: Callable[[MaxArguments, tuple[int, int]], tuple[Any, np.ndarray]], pool_dtype: Any) -> Callable:
+    """A native-convention callable that puts its arguments (of any array kind) in MAX's convention
+    (:func:`to_max`, the pool in ``pool_dtype``) and hands them to ``launch(args, want)``, ``want``
+    the ``recurrence_output`` shape ``(B * T, HV * V)`` to expect; ``launch`` runs and checks the
+    kernels and returns ``(recurrence_output, pool)``. ``o`` comes back ``[B, T, HV, V]`` in the
+    input dtype, the final state from the slots of ``pool``.
     """
     pool_dtype = np.dtype(pool_dtype)
 
@@ -261,20 +259,37 @@ def native_form(kernel: Callable, array: str = "numpy", pool_dtype: Any = WORK_D
         qn, kn, vn, gn, bn, state, cu = (arrays.to_numpy(x) for x in (q, k, v, g, beta, initial_state, cu_seqlens))
         args = to_max(qn, kn, vn, gn, bn, scale, state, use_qk_l2norm_in_kernel, cu, state_v_first, pool_dtype)
         B, T, HV, V = np.asarray(vn).shape
+        out, pool = launch(args, (B * T, HV * V))
+        o = np.asarray(out).reshape(B, T, HV, V).astype(np.asarray(vn).dtype)
+        return o, (np.ascontiguousarray(pool[args.slot_idx.astype(np.int64)]) if output_final_state else None)
+
+    return call
+
+
+def native_form(kernel: Callable, array: str = "numpy", pool_dtype: Any = WORK_DTYPE) -> Callable:
+    """A native-convention callable running ``kernel``, a callable in MAX's convention::
+
+        kernel(qkv_conv_output, decay_per_token, beta_per_token, recurrent_state, slot_idx,
+               input_row_offsets) -> recurrence_output   # recurrent_state updated in place
+
+    on arrays of kind ``array`` (the native inputs may be of any kind). ``o`` comes back
+    ``[B, T, HV, V]`` in the input dtype, the final state from the slots in ``pool_dtype``.
+    """
+    pool_dtype = np.dtype(pool_dtype)
+
+    def launch(args: MaxArguments, want: tuple[int, int]) -> tuple[Any, np.ndarray]:
         before = args.recurrent_state.copy()
         given = [arrays.to_kind(x, array) for x in args.astuple()]
         out = arrays.to_numpy(kernel(*given))
         pool = np.asarray(arrays.to_numpy(given[3]))
-        want = (B * T, HV * V)
         if out is None or tuple(np.shape(out)) != want:
             raise ContractError(f"expected recurrence_output {want}, got {None if out is None else np.shape(out)}")
         if pool.shape != before.shape or pool.dtype != pool_dtype:
             raise ContractError(f"recurrent_state came back {pool.dtype} {pool.shape}, not {pool_dtype} {before.shape}")
         untouched_rows(before, pool, args.slot_idx)
-        o = np.asarray(out).reshape(B, T, HV, V).astype(np.asarray(vn).dtype)
-        return o, (np.ascontiguousarray(pool[args.slot_idx.astype(np.int64)]) if output_final_state else None)
+        return out, pool
 
-    return call
+    return through_max(launch, pool_dtype)
 
 
 def ring_record_elements(KD: int, VD: int, group: int) -> int:

@@ -55,6 +55,7 @@ import numpy as np
 from gdn_verify.core.conventions import FLASHINFER_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations.fla import cuda_library, jit_compiled
+from gdn_verify.implementations.speculative import check_accepted
 
 RAW_LIMIT = 40.0
 
@@ -137,21 +138,37 @@ class TorchOps(NumpyOps):
         return x.detach().cpu().numpy()
 
 
-def _bounds(ops, cu_seqlens, B: int, T: int) -> np.ndarray:
+def token_bounds(ops, cu_seqlens, B: int, T: int) -> np.ndarray:
+    """The sequences' token offsets on the host (int64): ``cu_seqlens``, or ``B`` runs of ``T``."""
     if cu_seqlens is None:
         return np.arange(B + 1, dtype=np.int64) * T
     return ops.to_host(cu_seqlens).astype(np.int64)
+
+
+def token_steps(ops, bounds: np.ndarray, like):
+    """``(running, tok)`` for step ``t`` of a token-per-step call: the sequences still running
+    (host indices) and the packed rows of their ``t``-th tokens (on ``like``'s device)."""
+    lengths = np.diff(bounds)
+    for t in range(int(lengths.max(initial=0))):
+        running = np.flatnonzero(lengths > t)
+        yield running, ops.from_host(bounds[running] + t, like=like)
+
+
+def k_last(state, state_v_first: bool):
+    """A native k-first ``[..., K, V]`` state as a k-last ``[..., V, K]`` view (as it is with
+    ``state_v_first``: already k-last); the same swap turns a k-last state back."""
+    return state if state_v_first else state.swapaxes(-1, -2)
 
 
 def _state_in(ops, initial_state, state_v_first: bool):
     """Native ``[N, HV, K, V]`` (or already k-last with ``state_v_first``) -> k-last ``[N, HV, V, K]``."""
     if initial_state is None:
         return None
-    return ops.contiguous(initial_state if state_v_first else initial_state.swapaxes(-1, -2))
+    return ops.contiguous(k_last(initial_state, state_v_first))
 
 
 def _state_out(ops, state, state_v_first: bool):
-    return ops.contiguous(state if state_v_first else state.swapaxes(-1, -2))
+    return ops.contiguous(k_last(state, state_v_first))
 
 
 def _head_shapes(q, v, scale) -> tuple[int, int, int, int, int, int]:
@@ -186,7 +203,7 @@ def prefill_adapter(kernel: Callable, ops=None, max_seqlen: bool = False) -> Cal
         B, T, H, K, HV, V = _head_shapes(q, v, scale)
         if K != V:
             raise NotImplementedError(f"FlashInfer's GDN has one head_size; K={K} != V={V}")
-        bounds = _bounds(ops, cu_seqlens, B, T)
+        bounds = token_bounds(ops, cu_seqlens, B, T)
         if bounds[-1] == 0:
             # FlashInfer 0.7.2 refuses a call without tokens ("max_seqlen must be positive, got 0"),
             # CP or not (called directly on an H100, 2026-11-26): an unsupported input, not a crash
@@ -249,7 +266,7 @@ def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype
         state_v_first=False,
     ):
         B, T, H, K, HV, V = _head_shapes(q, v, scale)
-        bounds = _bounds(ops, cu_seqlens, B, T)
+        bounds = token_bounds(ops, cu_seqlens, B, T)
         lengths = np.diff(bounds)
         flat = [x.reshape((B * T,) + tuple(x.shape[2:])) for x in (q, k, v)]
         a, b = (ops.cast_like(x.reshape(B * T, HV), q) for x in raw_gates(ops, g, beta))
@@ -265,10 +282,8 @@ def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype
         A_log = ops.float32(ops.zeros((HV,), like=q))  # FlashInfer takes A_log and dt_bias in float32
         dt_bias = ops.float32(ops.zeros((HV,), like=q))
         o = ops.zeros((B * T, HV, V), like=v)
-        for t in range(int(lengths.max(initial=0))):
-            running = np.flatnonzero(lengths > t)
+        for running, tok in token_steps(ops, bounds, like=q):
             seq = ops.from_host(running, like=q)
-            tok = ops.from_host(bounds[running] + t, like=q)
             step_state = ops.contiguous(state[seq])
             o_t, step_state = kernel(
                 q=ops.contiguous(flat[0][tok][:, None]),
@@ -397,9 +412,7 @@ def mtp_adapter(kernel: Callable, ops=None) -> Callable:
         if np.any(lengths != L) or L < 2:  # MTP's documented domain: [B, T] tokens, T > 1
             raise NotImplementedError(f"gated_delta_rule_mtp takes [B, T] tokens, T >= 2: got lengths {lengths}")
         accepted = ops.to_host(num_accepted_tokens).astype(np.int64)
-        C = ssm_state_indices.shape[1]
-        if np.any((accepted < 1) | (accepted > C)):  # the caller's gather; FlashInfer never sees counts
-            raise ValueError(f"num_accepted_tokens: must lie in 1..{C}, got {accepted.tolist()}")
+        check_accepted(accepted, ssm_state_indices.shape[1])  # the caller's gather; FlashInfer never sees counts
         indices = ops.to_host(ssm_state_indices).astype(np.int64)
         read = ops.from_host(indices[np.arange(N), accepted - 1].astype(np.int32), like=q)
         a, b = (ops.cast_like(x.reshape(N, L, HV), q) for x in raw_gates(ops, g, beta))

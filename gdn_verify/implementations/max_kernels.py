@@ -45,10 +45,11 @@ from gdn_verify.core.max_convention import (
     POOL_DTYPES,
     RING_LENS,
     WORK_DTYPE,
+    MaxArguments,
     key_heads,
     native_form,
     ring_record_stride,
-    to_max,
+    through_max,
     untouched_rows,
     verify_geometry,
 )
@@ -152,24 +153,8 @@ def verify_ring_form(verify: Callable, fold: Callable, array: str = "numpy", poo
     num_accepted, verify_width)`` take arrays of kind ``array`` and mutate the pool and the ring.
     A broken MAX rule raises :class:`ContractError`.
     """
-    pool_dtype = np.dtype(pool_dtype)
 
-    def call(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=None,
-        initial_state=None,
-        output_final_state=False,
-        use_qk_l2norm_in_kernel=False,
-        cu_seqlens=None,
-        state_v_first=False,
-    ):
-        qn, kn, vn, gn, bn, state, cu = (arrays.to_numpy(x) for x in (q, k, v, g, beta, initial_state, cu_seqlens))
-        args = to_max(qn, kn, vn, gn, bn, scale, state, use_qk_l2norm_in_kernel, cu, state_v_first, pool_dtype)
-        B, T, HV, V = np.shape(vn)
+    def launch(args: MaxArguments, want: tuple[int, int]) -> tuple[Any, np.ndarray]:
         heads = args.heads
         nk, nv, KD, VD = heads
         lengths = np.diff(args.input_row_offsets.astype(np.int64))
@@ -188,8 +173,8 @@ def verify_ring_form(verify: Callable, fold: Callable, array: str = "numpy", poo
         width_arg = width_operand(width)  # a host tensor in MAX: always NumPy
         slots, offsets = on(args.slot_idx), on(args.input_row_offsets)
         out = arrays.to_numpy(verify(qkv, decay, beta, pool_arg, ring_arg, slots, on(ring_slot), offsets, width_arg))
-        if out is None or tuple(np.shape(out)) != (B * T, HV * V):
-            raise ContractError(f"expected recurrence_output {(B * T, HV * V)}, got {np.shape(out)}")
+        if out is None or tuple(np.shape(out)) != want:
+            raise ContractError(f"expected recurrence_output {want}, got {np.shape(out)}")
         verified = np.array(arrays.to_numpy(pool_arg))  # a copy: NumPy arguments come back as themselves
         if width:
             untouched_rows(before, verified, args.slot_idx[lengths > ring_len])  # recorded rows and spares
@@ -208,10 +193,9 @@ def verify_ring_form(verify: Callable, fold: Callable, array: str = "numpy", poo
         fold(pool_arg, ring_arg, rows, ring_rows, on(lengths.astype(np.uint32)), width_arg)
         pool = np.asarray(arrays.to_numpy(pool_arg))
         untouched_rows(before, pool, args.slot_idx)
-        o = np.asarray(out).reshape(B, T, HV, V).astype(np.asarray(vn).dtype)
-        return o, (np.ascontiguousarray(pool[args.slot_idx.astype(np.int64)]) if output_final_state else None)
+        return out, pool
 
-    return call
+    return through_max(launch, pool_dtype)
 
 
 def _numpy_in(a: np.ndarray, Buffer: Any, DType: Any) -> Any:

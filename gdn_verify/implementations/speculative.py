@@ -108,6 +108,13 @@ def spec_reads_first_slot(
     )
 
 
+def check_accepted(accepted: np.ndarray, width: int) -> None:
+    """Raise ``ValueError`` unless every accepted count lies in ``1..width`` (``width``: the
+    ``ssm_state_indices`` columns), the form's domain: request ``n`` reads column ``accepted[n] - 1``."""
+    if np.any((accepted < 1) | (accepted > width)):
+        raise ValueError(f"num_accepted_tokens: must lie in 1..{width}, got {accepted.tolist()}")
+
+
 def rules_reference(rules: SpecRules) -> Callable:
     """The NumPy reference of the speculative-decoding form under ``rules`` (takes ``output=``)."""
 
@@ -125,9 +132,7 @@ def rules_reference(rules: SpecRules) -> Callable:
         use_qk_l2norm_in_kernel=False,
         output=None,
     ):
-        accepted, width = np.asarray(num_accepted_tokens), np.shape(ssm_state_indices)[1]
-        if np.any((accepted < 1) | (accepted > width)):
-            raise ValueError(f"num_accepted_tokens: must lie in 1..{width}, got {accepted.tolist()}")
+        check_accepted(np.asarray(num_accepted_tokens), np.shape(ssm_state_indices)[1])
         return _spec_numpy(
             q,
             k,

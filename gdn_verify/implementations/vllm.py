@@ -55,7 +55,7 @@ import numpy as np
 from gdn_verify.core.conventions import VLLM_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations.fla import cuda_library, jit_compiled
-from gdn_verify.implementations.flashinfer import NumpyOps, TorchOps, raw_gates
+from gdn_verify.implementations.flashinfer import NumpyOps, TorchOps, k_last, raw_gates, token_bounds, token_steps
 
 ENV = "GDN_VERIFY_VLLM_OPS"
 PRIVATE = "_gdn_verify_vllm_fla"
@@ -217,9 +217,8 @@ def chunk_adapter(kernel: Callable) -> Callable:
             raise NotImplementedError("vLLM's chunk_gated_delta_rule rejects float32 inputs (bfloat16/float16 only)")
         if q.shape[-1] > 256:
             raise NotImplementedError(f"vLLM's chunked kernel needs K <= 256 (K={q.shape[-1]})")
-        state = None
-        if initial_state is not None:  # a k-last view: vLLM's input_guard makes it contiguous
-            state = initial_state if state_v_first else initial_state.swapaxes(-1, -2)
+        # a k-last view: vLLM's input_guard makes it contiguous
+        state = None if initial_state is None else k_last(initial_state, state_v_first)
         o, final = kernel(
             q=q,
             k=k,
@@ -232,9 +231,7 @@ def chunk_adapter(kernel: Callable) -> Callable:
             cu_seqlens=cu_seqlens,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         )
-        if not output_final_state:
-            return o, None
-        return o, final if state_v_first else final.swapaxes(-1, -2)
+        return o, (k_last(final, state_v_first) if output_final_state else None)
 
     return call
 
@@ -270,13 +267,23 @@ def _array_ops(xp: Any) -> Any:
     return NumpyOps() if xp is np else TorchOps()
 
 
+def _null_slot_pool(ops: Any, shape: tuple[int, int, int, int], like: Any, initial_state, state_v_first: bool) -> Any:
+    """The float32 k-last pool ``shape = (N + 1, HV, V, K)`` on ``like``'s device: slot 0 vLLM's
+    null block (zeros), sequence ``n``'s initial state (zeros without one) in slot ``n + 1``."""
+    pool = ops.zeros(shape, like=like, dtype=ops.state_dtype)
+    if initial_state is not None:
+        pool[1:] = k_last(initial_state, state_v_first)
+    return pool
+
+
 def recurrent_adapter(kernel: Callable, xp: Any = None, raw: bool = False) -> Callable:
     """Native convention -> vLLM's ``fused_recurrent_gated_delta_rule`` with a null-slot pool.
 
     ``xp`` is the array module (torch by default; NumPy for the CPU tests). ``raw``: the kernel
     takes raw gates (``fused_sigmoid_gating_delta_rule_update``), same slots and indices.
     """
-    gates: GateKwargs = raw_gate_kwargs(_array_ops(xp)) if raw else _log_space_gates
+    ops = _array_ops(xp)
+    gates: GateKwargs = raw_gate_kwargs(ops) if raw else _log_space_gates
 
     def call(
         q,
@@ -292,17 +299,12 @@ def recurrent_adapter(kernel: Callable, xp: Any = None, raw: bool = False) -> Ca
         state_v_first=False,
     ):
         _check_scale(scale)
-        lib = xp if xp is not None else __import__("torch")
         B, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
-        host = np.asarray(cu_seqlens.tolist() if cu_seqlens is not None else np.arange(B + 1) * T, np.int64)
+        host = token_bounds(ops, cu_seqlens, B, T)
         N, width = len(host) - 1, max(int(np.diff(host).max(initial=0)), 1)
-        device = dict(device=q.device) if hasattr(q, "device") and not isinstance(q, np.ndarray) else {}
-        pool = lib.zeros((N + 1, HV, V, K), dtype=lib.float32, **device)  # slot 0: vLLM's null block
-        if initial_state is not None:
-            pool[1:] = initial_state if state_v_first else initial_state.swapaxes(-1, -2)
+        pool = _null_slot_pool(ops, (N + 1, HV, V, K), q, initial_state, state_v_first)
         slots = np.repeat(np.arange(1, N + 1, dtype=np.int32)[:, None], width, axis=1)  # every token -> its slot
-        indices = lib.as_tensor(slots, **device) if device else slots
         o, _ = kernel(
             q=q,
             k=k,
@@ -312,12 +314,10 @@ def recurrent_adapter(kernel: Callable, xp: Any = None, raw: bool = False) -> Ca
             initial_state=pool,
             inplace_final_state=True,
             cu_seqlens=cu_seqlens,
-            ssm_state_indices=indices,
+            ssm_state_indices=ops.from_host(slots, like=q),
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         )
-        if not output_final_state:
-            return o, None
-        return o, pool[1:] if state_v_first else pool[1:].swapaxes(-1, -2)
+        return o, (k_last(pool[1:], state_v_first) if output_final_state else None)
 
     return call
 
@@ -402,19 +402,13 @@ def packed_decode_adapter(kernel: Callable, ops: Any = None) -> Callable:
             raise NotImplementedError(
                 f"mixed_qkv is one tensor: q, k, v of one dtype (got {q.dtype}, {k.dtype}, {v.dtype})"
             )
-        bounds = np.asarray(ops.to_host(cu_seqlens) if cu_seqlens is not None else np.arange(B + 1) * T, np.int64)
-        lengths = np.diff(bounds)
-        N = len(lengths)
+        bounds = token_bounds(ops, cu_seqlens, B, T)
         # token rows [q (H*K) | k (H*K) | v (HV*V)], the layout of the QKV projection vLLM packs
         mixed = ops.cat([q.reshape(B * T, H * K), k.reshape(B * T, H * K), v.reshape(B * T, HV * V)], axis=1)
         gates = raw_gate_kwargs(ops)(g.reshape(B * T, HV), beta.reshape(B * T, HV))
-        pool = ops.zeros((N + 1, HV, V, K), like=q, dtype=ops.state_dtype)
-        if initial_state is not None:
-            pool[1:] = initial_state if state_v_first else initial_state.swapaxes(-1, -2)
+        pool = _null_slot_pool(ops, (len(bounds), HV, V, K), q, initial_state, state_v_first)
         o = ops.zeros((B * T, HV, V), like=v)
-        for t in range(int(lengths.max(initial=0))):
-            running = np.flatnonzero(lengths > t)
-            tok = ops.from_host(bounds[running] + t, like=q)
+        for running, tok in token_steps(ops, bounds, like=q):
             out = ops.zeros((len(running), 1, HV, V), like=v)  # the caller's buffer, as vLLM passes it
             kernel(
                 mixed_qkv=ops.contiguous(mixed[tok]),
@@ -431,7 +425,7 @@ def packed_decode_adapter(kernel: Callable, ops: Any = None) -> Callable:
             o[tok] = out[:, 0]
         final = None
         if output_final_state:
-            final = ops.contiguous(pool[1:] if state_v_first else pool[1:].swapaxes(-1, -2))
+            final = ops.contiguous(k_last(pool[1:], state_v_first))
         return o.reshape(B, T, HV, V), final
 
     return call
