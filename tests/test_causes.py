@@ -15,6 +15,7 @@ from gdn_verify.core.property import Measurement
 from gdn_verify.implementations import numpy_impl, planted, resolve
 from gdn_verify.implementations.planted import state_across_sequences
 from gdn_verify.runners import causes
+from tests.tf32_check import check_tf32_variant
 
 FAILED = Measurement(1.0, 1e-5)  # a numeric failure against the oracle
 
@@ -58,14 +59,7 @@ def explain(impl: Implementation, p: Problem, params: dict | None = None, prop: 
 
 # The TF32 variant, end to end --------------------------------------------------------------------
 def test_tf32_float32_failure_names_tf32_in_console_and_json(tmp_path):
-    result = check(
-        "numpy-chunk-tf32",
-        dtype="float32",
-        properties=["matches_reference"],
-        max_examples=30,
-        seed=1,
-        cases_dir=tmp_path,
-    )
+    result = check_tf32_variant(tmp_path)
     r = result["matches_reference"]
     assert r.status == "failed"
     assert r.failure.cause.startswith("TF32 matrix products (")

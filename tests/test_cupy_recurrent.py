@@ -23,6 +23,7 @@ import pytest
 
 from gdn_verify.core.gating import gates_from_raw
 from gdn_verify.core.reference import decode_gated_delta_rule, recurrent_gated_delta_rule
+from tests.native_case import random_native_case
 
 pytestmark = pytest.mark.gpu
 
@@ -80,18 +81,7 @@ def rel(x, ref) -> float:
 
 def case(seed, B=1, T=6, H=1, HV=1, K=16, V=8, cu=None, with_state=True, gate=None, v_first=False):
     """Random native-convention problem in float64 (unit-norm keys, so runs without l2norm are stable)."""
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, T, H, K))
-    k = rng.standard_normal((B, T, H, K))
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    v = rng.standard_normal((B, T, HV, V))
-    g = np.log(rng.uniform(0.5, 1.0, (B, T, HV))) if gate is None else gate(rng, (B, T, HV))
-    beta = rng.uniform(0.0, 1.0, (B, T, HV))
-    N = B if cu is None else len(cu) - 1
-    s0 = None
-    if with_state:
-        s0 = rng.standard_normal((N, HV, V, K) if v_first else (N, HV, K, V))
-    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=s0)
+    return random_native_case(seed, B, T, H, HV, K, V, cu=cu, with_state=with_state, gate=gate, v_first=v_first)
 
 
 def run_both(cp, kern, c, dtype=np.float32, cu=None, l2norm=False, v_first=False, scale=None, precision="float32"):

@@ -9,6 +9,7 @@ import pytest
 from gdn_verify.core.gating import gates_from_raw, sigmoid, softplus
 from gdn_verify.core.reference import chunk_gated_delta_rule, decode_gated_delta_rule, recurrent_gated_delta_rule
 from tests.mp_reference import mp_gated_delta_rule
+from tests.native_case import random_native_case
 
 ORACLES = {
     "recurrent": recurrent_gated_delta_rule,
@@ -18,16 +19,8 @@ ORACLES = {
 
 
 def tiny_case(seed, B=1, T=9, H=1, HV=1, K=3, V=2, cu_seqlens=None, gate=None, with_state=False):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, T, H, K))
-    k = rng.standard_normal((B, T, H, K))
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    v = rng.standard_normal((B, T, HV, V))
-    g = np.log(rng.uniform(0.5, 1.0, (B, T, HV))) if gate is None else gate(rng, (B, T, HV))
-    beta = rng.uniform(0.0, 1.0, (B, T, HV))
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    s0 = rng.standard_normal((N, HV, K, V)) if with_state else None
-    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=s0, cu_seqlens=cu_seqlens)
+    inputs = random_native_case(seed, B, T, H, HV, K, V, cu=cu_seqlens, with_state=with_state, gate=gate)
+    return dict(inputs, cu_seqlens=cu_seqlens)
 
 
 def saturated(rng, shape):

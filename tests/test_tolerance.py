@@ -20,6 +20,7 @@ from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Violation
 from gdn_verify.implementations import resolve
 from gdn_verify.properties.native import check_matches_reference
+from tests.tf32_check import check_tf32_variant
 
 FLA_STYLE = ["numpy-chunk-fla", "numpy-chunk32-fla", "numpy-chunk16-fla"]
 
@@ -88,14 +89,7 @@ def test_tf32_products_fail_float32_matches_reference():
 
 
 def test_tf32_variant_fails_the_property(tmp_path):
-    result = check(
-        "numpy-chunk-tf32",
-        dtype="float32",
-        properties=["matches_reference"],
-        max_examples=30,
-        seed=1,
-        cases_dir=tmp_path,
-    )["matches_reference"]
+    result = check_tf32_variant(tmp_path)["matches_reference"]
     assert result.status == "failed"
 
 
