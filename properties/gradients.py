@@ -26,6 +26,7 @@ down with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ from gdn_verify.core.implementation import BACKWARD_FORM, GRADIENTS, Implementat
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement, Property, Violation
 from gdn_verify.properties import strategies as gs
-from gdn_verify.properties.native import EXTREME_REGIMES, GROWTH_BOUND, strategy_growth
+from gdn_verify.properties.native import EXTREME_REGIMES, GROWTH_BOUND, against_alone, strategy_growth
 from gdn_verify.properties.strategies import Limits
 
 # Backward problems are shorter than forward ones: the oracle's adjoint costs about four forward
@@ -124,17 +125,8 @@ def check_grad_varlen(impl: Implementation, problem: Problem, params: dict) -> M
     worst: Measurement | None = None
     for (n, alone_problem, _, _), alone, (_, tolerance) in zip(cases, runs, bounds):
         against = {k: None if x is None else np.asarray(x, np.float64) for k, x in alone.grads.items()}
-        try:
-            m = compare_gradients(
-                alone_problem,
-                _sequence_grads(packed.grads, problem, n),
-                against,
-                tolerance,
-                factor=2.0,
-                what=f"same sequence ({n}) run alone",
-            )
-        except Violation as exc:
-            raise Violation(f"sequence {n} of {problem.num_sequences}: {exc}", exc.measurement) from None
+        packed_part = _sequence_grads(packed.grads, problem, n)
+        m = against_alone(problem, n, partial(compare_gradients, alone_problem, packed_part, against, tolerance))
         worst = m if worst is None or m.ratio > worst.ratio else worst
     if failure is not None:
         raise failure

@@ -25,6 +25,7 @@ of ``gdn_verify.core.tolerance`` unless they state an exact (bitwise) contract.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -66,6 +67,22 @@ def _no_params(problem_strategy: st.SearchStrategy) -> st.SearchStrategy:
     return problem_strategy.map(lambda p: (p, {}))
 
 
+def against_run(problem: Problem, result: Result, other: Result, tolerance: tol.Tolerance, what: str) -> Measurement:
+    """``result`` against ``other``, another run of the same implementation that should agree with it:
+    both carry the implementation's rounding, so within twice the tolerance."""
+    return compare(problem, result, (as64(other.o), as64(other.final_state)), tolerance, factor=2.0, what=what)
+
+
+def against_alone(problem: Problem, n: int, compare_alone: Callable[..., Measurement]) -> Measurement:
+    """Sequence ``n`` of the packed call ``problem`` against the same sequence run alone, within twice the
+    tolerance: ``compare_alone(factor=, what=)`` (``compare`` or ``compare_gradients`` with the sequence's
+    problem, results and tolerance bound). A :class:`Violation` is raised again naming the sequence."""
+    try:
+        return compare_alone(factor=2.0, what=f"same sequence ({n}) run alone")
+    except Violation as exc:
+        raise Violation(f"sequence {n} of {problem.num_sequences}: {exc}", exc.measurement) from None
+
+
 # 1. matches_reference -------------------------------------------------------------------------
 def check_matches_reference(
     impl: Implementation, problem: Problem, params: dict, oracle: Oracle = numpy_oracle
@@ -91,17 +108,8 @@ def check_varlen_equals_separate(impl: Implementation, problem: Problem, params:
         alone_problem = problem.sequence(n)
         alone = run_checked(impl, alone_problem)
         packed_part = sequence_part(packed, problem, n)
-        try:
-            m = compare(
-                alone_problem,
-                packed_part,
-                (as64(alone.o), as64(alone.final_state)),
-                tolerance,
-                factor=2.0,
-                what=f"same sequence ({n}) run alone",
-            )
-        except Violation as exc:
-            raise Violation(f"sequence {n} of {problem.num_sequences}: {exc}", exc.measurement) from None
+        alone_ref = (as64(alone.o), as64(alone.final_state))
+        m = against_alone(problem, n, partial(compare, alone_problem, packed_part, alone_ref, tolerance))
         worst = m if worst is None or m.ratio > worst.ratio else worst
     # Only when every sequence is empty is there nothing to compare.
     return worst or Measurement(0.0, tolerance.output_rms, "no sequence to compare (every length is 0)")
@@ -167,14 +175,7 @@ def check_no_cross_sequence_leak(impl: Implementation, problem: Problem, params:
                 )
             continue
         try:
-            got = compare(
-                alone,
-                parts[1],
-                (as64(parts[0].o), as64(parts[0].final_state)),
-                tolerance,
-                factor=2.0,
-                what=f"sequence {m} before sequence {n} was changed",
-            )
+            got = against_run(alone, parts[1], parts[0], tolerance, f"sequence {m} before sequence {n} was changed")
         except Violation as exc:
             raise Violation(f"changing sequence {n} changed sequence {m}: {exc}", exc.measurement) from None
         worst = max(worst, got, key=lambda x: x.ratio)
@@ -201,14 +202,8 @@ def check_state_continuation(impl: Implementation, problem: Problem, params: dic
     o = np.concatenate([as64(first.o), as64(second.o)], axis=1).astype(np.float64)
     joined = Result(o, second.final_state, whole.o_dtype, second.state_dtype)
     try:
-        return compare(
-            problem,
-            joined,
-            (as64(whole.o), as64(whole.final_state)),
-            tolerance,
-            factor=2.0,
-            what=f"one call over all {T} tokens" if T else "one call with no tokens (T = 0: the state passes through)",
-        )
+        what = f"one call over all {T} tokens" if T else "one call with no tokens (T = 0: the state passes through)"
+        return against_run(problem, joined, whole, tolerance, what)
     except Violation as exc:
         raise Violation(f"split at token {t}: {exc}", exc.measurement) from None
 
@@ -242,13 +237,8 @@ def check_head_mapping(impl: Implementation, problem: Problem, params: dict) -> 
     gva = run_checked(impl, problem)
     expanded = run_checked(impl, expand_heads(problem))
     try:
-        compare(
-            problem,
-            gva,
-            (as64(expanded.o), as64(expanded.final_state)),
-            tolerance,
-            factor=2.0,
-            what="same implementation with q/k heads expanded to HV by h // (HV // H)",
+        against_run(
+            problem, gva, expanded, tolerance, "same implementation with q/k heads expanded to HV by h // (HV // H)"
         )
     except Violation as exc:
         s = problem.shape
@@ -438,14 +428,7 @@ def check_chunk_equals_recurrent(impl: Implementation, problem: Problem, params:
         raise NotImplementedError(f"{impl.name} has no chunk and recurrent forms to compare")
     _, tolerance = oracle_and_tolerance(problem, state_dtype=state_dtype_of(impl))
     chunk, recurrent = run_checked(impl, problem, "chunk"), run_checked(impl, problem, "recurrent")
-    return compare(
-        problem,
-        chunk,
-        (as64(recurrent.o), as64(recurrent.final_state)),
-        tolerance,
-        factor=2.0,
-        what="recurrent form of the same implementation",
-    )
+    return against_run(problem, chunk, recurrent, tolerance, "recurrent form of the same implementation")
 
 
 # 12. in_kernel_gate ---------------------------------------------------------------------------

@@ -51,9 +51,17 @@ def _no_hook(name: str, x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _finish(packed: Packed, o: np.ndarray, state: np.ndarray, output_final_state: bool):
-    final_state = export_state(packed, state) if output_final_state else None
-    return unpack_output(packed, o), final_state
+def run_packed(
+    core: Callable[[Packed], tuple[np.ndarray, np.ndarray]], *, output_final_state: bool = False, **args
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """FLA's arguments ``args`` packed (``conventions.pack``'s keywords, its ``dtype`` and
+    ``pad_to_multiple`` included), ``core(p) -> (o, S)`` run on them and unpacked: ``(o [B, T, HV, V],
+    final_state | None)`` in ``core``'s dtype and the caller's state layout. The plumbing of the
+    forwards here and of ``numpy_impl``'s models; ``core`` is the algorithm."""
+    p = pack(**args)
+    o, S = core(p)
+    final_state = export_state(p, S) if output_final_state else None
+    return unpack_output(p, o), final_state
 
 
 # Elements per state block from which the per-block BLAS update beats NumPy's (break-even at about 32 x 32).
@@ -255,9 +263,7 @@ def recurrent_gated_delta_rule(
     cu_seqlens=None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Float64 token-by-token oracle. Returns ``(o [B, T, HV, V], final_state | None)``."""
-    p = pack(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
-    o, S = recurrent_core(p)
-    return _finish(p, o, S, output_final_state)
+    return run_packed(recurrent_core, **locals())  # each parameter is pack's keyword of the same name
 
 
 def chunk_gated_delta_rule(
@@ -277,21 +283,9 @@ def chunk_gated_delta_rule(
     """Float64 chunked (WY/UT) oracle; ragged last chunks are zero-padded per sequence."""
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
-    p = pack(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        use_qk_l2norm_in_kernel,
-        state_v_first,
-        cu_seqlens,
-        pad_to_multiple=int(chunk_size),
-    )
-    o, S = chunk_core(p, int(chunk_size))
-    return _finish(p, o, S, output_final_state)
+    args = dict(locals())  # each parameter but chunk_size is pack's keyword of the same name
+    C = int(args.pop("chunk_size"))
+    return run_packed(lambda p: chunk_core(p, C), **args, pad_to_multiple=C)
 
 
 def decode_gated_delta_rule(

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gdn_verify.core.conventions import export_state, pack, unpack_output
 from gdn_verify.core.gating import in_kernel_gates
-from gdn_verify.core.reference import chunk_core, recurrent_core
+from gdn_verify.core.reference import chunk_core, recurrent_core, run_packed
 
 TF32_MANTISSA_BITS = 10
 
@@ -131,18 +130,9 @@ def chunk_fla_core(
 
 
 def _run(
-    q,
-    k,
-    v,
+    *,
     g,
     beta,
-    *,
-    scale,
-    initial_state,
-    output_final_state,
-    use_qk_l2norm_in_kernel,
-    state_v_first,
-    cu_seqlens,
     chunk_size: int | None,
     use_gate_in_kernel,
     A_log,
@@ -150,9 +140,12 @@ def _run(
     use_beta_sigmoid_in_kernel,
     allow_neg_eigval,
     core=None,
+    **args,
 ):
-    """The three public functions' shared body; they pass their arguments as ``locals()``, which
-    keeps each one's own signature (what ``Implementation`` reads to know the options it takes)."""
+    """The public functions' shared body; they pass their arguments as ``locals()``, which keeps
+    each one's own signature (what ``Implementation`` reads to know the options it takes).
+    ``args``: FLA's other arguments (``reference.run_packed``'s); ``core(p)``: the algorithm (None:
+    the oracle's token loop, or its chunked form with ``chunk_size``)."""
     if use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
         g, beta = (
             x.astype(np.float32)
@@ -160,26 +153,10 @@ def _run(
                 g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval
             )
         )
-    p = pack(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        use_qk_l2norm_in_kernel,
-        state_v_first,
-        cu_seqlens,
-        dtype=np.float32,
-        pad_to_multiple=chunk_size or 1,
-    )
-    if core is not None:
-        o, S = core(p, chunk_size)
-    else:
-        o, S = recurrent_core(p) if chunk_size is None else chunk_core(p, chunk_size)
-    final_state = export_state(p, S).astype(np.float32) if output_final_state else None
-    return unpack_output(p, o).astype(np.asarray(v).dtype), final_state
+    if core is None:
+        core = recurrent_core if chunk_size is None else lambda p: chunk_core(p, chunk_size)
+    o, final_state = run_packed(core, g=g, beta=beta, **args, dtype=np.float32, pad_to_multiple=chunk_size or 1)
+    return o.astype(np.asarray(args["v"]).dtype), None if final_state is None else final_state.astype(np.float32)
 
 
 def recurrent_gated_delta_rule(
@@ -262,8 +239,8 @@ def chunk_fla_gated_delta_rule(
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size: 16, 32 or 64, got {chunk_size!r}")
 
-    def core(p, C):
-        return chunk_fla_core(p, C, np.dtype(cumsum_dtype), tf32, hook or _no_hook, carried_dtype)
+    def core(p):
+        return chunk_fla_core(p, chunk_size, np.dtype(cumsum_dtype), tf32, hook or _no_hook, carried_dtype)
 
     return _run(**args, core=core)
 
@@ -293,7 +270,7 @@ def recurrent_stored_state_gated_delta_rule(
     args = dict(locals())
     del args["store"]
 
-    def core(p, C):
+    def core(p):
         return recurrent_core(p, store=store)
 
     return _run(**args, chunk_size=None, core=core)
