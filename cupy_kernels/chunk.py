@@ -62,6 +62,7 @@ from cupy_kernels.chunk_plan import (
     select_plan,
 )
 from cupy_kernels.context_parallel import scan_segment_states, segment_bounds
+from cupy_kernels.recurrent_kernel import options as gate_options
 
 MAX_HEAD_DIM = 256  # bounded by shared memory: the output kernel needs about 164 KiB at K = V = 256
 # gate_flags bits (chunk_common.cuh kGateIsT, kBetaIsT, kGateInKernel, kBetaSigmoid, kNegEigval)
@@ -309,12 +310,7 @@ def chunk_gated_delta_rule(
     """
     del checked  # always checked: the chunk tables are built on the host from validated offsets
     _check_options(chunk_size, use_tensor_cores, fused, k_split, wgmma, context_parallel)
-    if use_gate_in_kernel and A_log is None:
-        raise ValueError("A_log: required when use_gate_in_kernel=True")
-    if not use_gate_in_kernel and A_log is not None:
-        raise ValueError("A_log: only read with use_gate_in_kernel=True")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True")
+    gate_options(use_gate_in_kernel, A_log, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     device = ts.current_device()
     words = ts.error_words(device)
     if words.pending():  # an earlier recurrent launch's bad metadata: report it before going on

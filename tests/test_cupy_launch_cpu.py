@@ -545,3 +545,27 @@ def test_planning_modules_import_without_cupy():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(use_gate_in_kernel=True), "A_log: required"),
+        (dict(A_log=np.zeros(2, np.float32)), "A_log: only read"),
+        (dict(allow_neg_eigval=True), "allow_neg_eigval: requires"),
+    ],
+)
+def test_chunk_and_recurrent_launchers_share_the_gate_option_rules(options, message):
+    """FLA's in-kernel gate option rules, one function (``recurrent_kernel.options``) for both
+    launchers: refused before any device is touched."""
+    from cupy_kernels import chunk, recurrent_kernel
+
+    with pytest.raises(ValueError, match=message):
+        chunk.chunk_gated_delta_rule(None, None, None, None, None, **options)
+    with pytest.raises(ValueError, match=message):
+        recurrent_kernel.options(
+            options.get("use_gate_in_kernel", False),
+            options.get("A_log"),
+            options.get("use_beta_sigmoid_in_kernel", False),
+            options.get("allow_neg_eigval", False),
+        )
