@@ -2,7 +2,8 @@
 
 FlashQLA's ``chunk_gated_delta_rule`` through torch autograd at T = 1 (B=1, H=2, HV=4, K=V=128),
 every gate -40, -8 or -1, inputs in float16 and bfloat16, the initial state in the input dtype and
-in float32; ``dh0`` against float64 torch autograd of the one recurrence step written out here.
+in float32; ``dh0`` against float64 torch autograd of the token loop (``fla_grad_repro.reference``,
+independent of gdn-verify).
 Under gates of -40 the exact ``dh0`` is about 3e-18: float16 cannot hold ``exp(-40)`` (below
 2^-25), so a backward that stores ``scale q exp(G)`` in float16 returns 0 for it, whatever the
 state's dtype; bfloat16 can. Prints one line per case.
@@ -13,20 +14,7 @@ state's dtype; bfloat16 can. Prints one line per case.
 from __future__ import annotations
 
 import torch
-
-
-def reference_dh0(q, k, v, g, beta, h0, do, scale):
-    """float64 autograd of one step: S = exp(g) h0; u = beta (v - S^T k); S += k u^T; o = scale S^T q."""
-    leaves = [x.detach().double().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
-    q, k, v, g, beta, h0 = leaves
-    group = v.shape[2] // q.shape[2]
-    qt, kt = q[0, 0].repeat_interleave(group, 0), k[0, 0].repeat_interleave(group, 0)
-    S = h0[0] * torch.exp(g[0, 0])[:, None, None]
-    u = beta[0, 0][:, None] * (v[0, 0] - torch.einsum("hk,hkv->hv", kt, S))
-    S = S + kt[:, :, None] * u[:, None, :]
-    o = torch.einsum("hk,hkv->hv", qt * scale, S)
-    (o * do[0, 0].double()).sum().backward()
-    return leaves[5].grad[0]
+from fla_grad_repro import reference  # this folder: python puts the script's own folder on sys.path
 
 
 def main() -> None:
@@ -52,7 +40,8 @@ def main() -> None:
                 except Exception as exc:  # report the case and go on
                     print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                     continue
-                got, ref = leaves[5].grad[0].double(), reference_dh0(q, k, v, g, beta, h0, do, K**-0.5)
+                ref = reference(q, k, v, g, beta, h0, [0, T], K**-0.5, do)["dh0"][0]
+                got = leaves[5].grad[0].double()
                 rel = ((got - ref).norm() / ref.norm()).item()
                 print(
                     f"{name}: dh0 dtype {leaves[5].grad.dtype}, |ref| max {ref.abs().max().item():.3e}, "
