@@ -70,7 +70,8 @@ cotangent update, ``k_t`` of ``du_t`` and of the erase update, and the same with
 decays folded in, FLA's ``q scale exp(G)``, decayed ``k`` and ``W``, whose rounding reaches the
 chunk's start cotangent and ``du``'s part from later chunks; adopted when FLA's and FlashQLA's
 ``dh0`` at T = 1 erred by 0.4-0.9 ``u_in``, H100 2026-11-26), and for float16 the same
-intermediates' underflow (absolute ``underflow_unit``: a decayed operand below 2^-25 comes back 0,
+intermediates' underflow (absolute ``underflow_unit`` per element, capped at the element's own
+size, which rounding to nearest never exceeds: a decayed operand below 2^-25 comes back 0,
 so under gates of -40 a float16 backward may return ``dh0 = 0`` for an exact 3e-18, FlashQLA on an
 H100, 2026-11-27); ``kappa_gate`` for each gate shifted by ``PERTURBATION r a`` with ``a =
 tolerance.chunk_gate_sums`` (two draws, the second with every other sign flipped), and
@@ -418,8 +419,16 @@ def _rows(x: np.ndarray | None, rows: slice) -> np.ndarray | None:
 def _perturb(x: np.ndarray, copy: _Copy, rng: np.random.Generator) -> np.ndarray:
     signs = rng.integers(0, 2, size=x.shape, dtype=np.int8) * 2.0 - 1.0
     if copy.absolute:
-        return x + PERTURBATION * copy.absolute * signs
+        return x + PERTURBATION * _underflow_size(x, copy.absolute) * signs
     return x * (1.0 + PERTURBATION * signs)
+
+
+def _underflow_size(x: np.ndarray, eta: float) -> np.ndarray:
+    """The largest absolute error of rounding each element of ``x`` below the dtype's normal range:
+    ``eta`` (half the smallest subnormal), and never more than the element itself (rounding to
+    nearest is at least as close as 0). Without the cap a decayed operand of 1e-20 got an error of
+    2^-25, which left float16's dh0 unjudged under strong gates (a dropped dh0 at 0.08 of its bound)."""
+    return np.minimum(eta, np.abs(x))
 
 
 def _probe_hook(specs: list[_Copy], N: int, seed: int):
@@ -437,7 +446,7 @@ def _probe_hook(specs: list[_Copy], N: int, seed: int):
         for i in chosen:
             rows = slice(i * N, (i + 1) * N)
             if specs[i].absolute:
-                out[rows] += PERTURBATION * specs[i].absolute * signs[rows]
+                out[rows] += PERTURBATION * _underflow_size(x[rows], specs[i].absolute) * signs[rows]
             else:
                 out[rows] *= 1.0 + PERTURBATION * signs[rows]
         return out
