@@ -264,6 +264,28 @@ def test_exact_crashing_and_spec_failures_are_not_explained(tmp_path):
     assert r["determinism"].status == "failed" and r["determinism"].failure.cause == ""
 
 
+@pytest.mark.parametrize("v_first", [True, False])
+def test_a_final_state_in_the_other_layout_is_named_from_its_shape(v_first):
+    """K != V: the transposed shape is itself the evidence (the numeric models never see it)."""
+    p = problem(K=8, V=4)
+    if v_first:
+        p = p.replace(state_v_first=True, initial_state=np.ascontiguousarray(p.initial_state.swapaxes(-1, -2)))
+
+    def written_flipped(**kw):  # reads the asked layout, writes the other
+        o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+        return o, np.ascontiguousarray(state.swapaxes(-1, -2))
+
+    flipped = plugin(written_flipped)
+    contract = "output contract: final_state has shape ..."
+    cause = causes.explain(flipped, p, {}, "matches_reference", contract, None)
+    assert cause.model == "state_layout_ignored"
+    assert ("shape (1, 2, 8, 4)" if v_first else "shape (1, 2, 4, 8)") in cause.text
+    # the same shape message from a correct layout (some other contract failure) names nothing
+    assert not causes.explain(resolve("numpy"), p, {}, "matches_reference", contract, None)
+    square = problem(K=4, V=4)  # K = V: the shape cannot tell; the numeric model does instead
+    assert not causes.explain(flipped, square, {}, "matches_reference", contract, None)
+
+
 def test_verdict_thresholds():
     from gdn_verify.core.tolerance import Errors, Tolerance
 

@@ -15,7 +15,8 @@ sequence 1 value head 1 only (...)``.
 
 Cheap by construction: one oracle and one implementation call per probe, one call per model,
 all on the minimal problem; exact (bitwise) contracts, non-numeric failures and the
-speculative-decoding form are not explained.
+speculative-decoding form are not explained, but for one output-contract failure whose shape
+names its cause: a final state returned in the other layout (:func:`_layout_cause`).
 """
 
 from __future__ import annotations
@@ -817,6 +818,8 @@ def explain(
         from gdn_verify.runners import grad_causes  # imports this module
 
         return grad_causes.explain(impl, problem, params, measurement)
+    if form == "native" and message.startswith("output contract"):
+        return _layout_cause(impl, problem, params)
     if not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS:
         return Cause()
     try:
@@ -824,6 +827,30 @@ def explain(
             return _explain(impl, problem, params, prop, others)
     except Exception:  # noqa: BLE001 - see the docstring
         return Cause()
+
+
+def _layout_cause(impl: Implementation, problem: Problem, params: dict) -> Cause:
+    """An output-contract failure explained by its shape alone: the final state returned in the
+    other layout ((K, V) where ``state_v_first`` asked for (V, K), or the reverse). With K != V no
+    other mistake gives exactly the transposed shape; with K = V the shape hides it and the
+    numeric model ``state_layout_ignored`` names it instead."""
+    s = problem.shape
+    if not problem.output_final_state or s["K"] == s["V"]:
+        return Cause()
+    try:
+        result = impl.run(problem, options=gating.options_from_params(params) or None)
+    except Exception:  # noqa: BLE001 - a raising call is the failure itself, not a layout
+        return Cause()
+    asked = "v-first (N, HV, V, K)" if problem.state_v_first else "k-first (N, HV, K, V)"
+    other = (s["N"], s["HV"], s["K"], s["V"]) if problem.state_v_first else (s["N"], s["HV"], s["V"], s["K"])
+    if result.final_state is None or tuple(np.shape(result.final_state)) != other:
+        return Cause()
+    model = next(m for m in MODELS if m.name == "state_layout_ignored")
+    text = (
+        f"{model.cause} (state_v_first={problem.state_v_first} asked for the final state {asked}; "
+        f"it came back with shape {other}, the other layout's)"
+    )
+    return Cause(text, model.name, model.kind, 1)
 
 
 def _explain(impl: Implementation, problem: Problem, params: dict, prop: str, others: Sequence[Problem]) -> Cause:
