@@ -685,11 +685,8 @@ def _run_context_parallel(
     else:
         given = initial_state if ts.is_torch(initial_state) else torch.from_dlpack(initial_state)
         start = (given.transpose(-1, -2) if c.state_v_first else given).double()
-    starts = torch.empty((N, segments, HV, K, V), dtype=torch.float64, device=device)
-    shape = (N, segments, HV, K)
-    final = scan_segment_states(m.view(*shape, K).double(), b.view(*shape, V).double(), start, starts)
-    starts32 = starts.view(c.N, HV, K, V).float()
-    _state(c._replace(initial_state=ts.pointer(starts32), final_state=0, state_v_first=0), plan, prep)
+    starts, final = scan_segment_states(m, b, start, segments)  # float64 scan, float32 starts
+    _state(c._replace(initial_state=ts.pointer(starts), final_state=0, state_v_first=0), plan, prep)
     if final_state is not None:
         final_state.copy_(final.transpose(-1, -2) if c.state_v_first else final)
-    del prep, b, m, zeros, eye, scratch, starts, starts32  # returned to the allocator in stream order
+    del prep, b, m, zeros, eye, scratch, starts  # returned to the allocator in stream order

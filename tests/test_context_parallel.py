@@ -76,9 +76,8 @@ def emulated(case: dict, segments: int) -> tuple[np.ndarray, np.ndarray]:
         h0 = np.zeros((N, HV, K, V))
     elif case["state_v_first"]:
         h0 = np.swapaxes(h0, -1, -2)
-    starts = np.empty((N, segments, HV, K, V))
-    final = scan_segment_states(m.reshape(N, segments, HV, K, K), b.reshape(N, segments, HV, K, V), h0, starts)
-    o, _ = oracle(q, k, v, g, beta, None, starts.reshape(NS, HV, K, V), False, l2, cu_seqlens=seg)
+    starts, final = scan_segment_states(m, b, np.asarray(h0, np.float64), segments)
+    o, _ = oracle(q, k, v, g, beta, None, starts, False, l2, cu_seqlens=seg)
     if case["state_v_first"]:
         final = np.swapaxes(final, -1, -2)
     return o.reshape(Bt, T, HV, V), final
@@ -128,15 +127,47 @@ def test_context_parallel_passes_equal_the_whole_sequence(name):
     np.testing.assert_allclose(s, s_ref, rtol=0, atol=1e-9 * np.abs(s_ref).max())
 
 
-def test_the_scan_starts_each_sequence_from_its_own_state():
-    """Two sequences, two segments, scalar "states": starts and finals by hand."""
-    M = np.array([2.0, 3.0, 5.0, 7.0]).reshape(2, 2, 1, 1, 1)
-    B = np.array([1.0, 1.0, 10.0, 20.0]).reshape(2, 2, 1, 1, 1)
+@pytest.mark.parametrize("array", ["numpy", "torch"])
+def test_the_scan_starts_each_sequence_from_its_own_state(array):
+    """Two sequences, two segments, scalar "states" in the state kernel's order: starts and finals
+    by hand, through the NumPy path and the torch one the launcher takes (float32 in, float64 scan)."""
+    M = np.array([2.0, 3.0, 5.0, 7.0], np.float32).reshape(4, 1, 1, 1)
+    B = np.array([1.0, 1.0, 10.0, 20.0], np.float32).reshape(4, 1, 1, 1)
     initial = np.array([1.0, -1.0]).reshape(2, 1, 1, 1)
-    starts = np.full((2, 2, 1, 1, 1), np.nan)
-    final = scan_segment_states(M, B, initial, starts)
+    if array == "torch":
+        torch = pytest.importorskip("torch")
+        M, B, initial = (torch.from_numpy(x) for x in (M, B, initial))
+    starts, final = scan_segment_states(M, B, initial, 2)
+    assert starts.dtype == M.dtype and final.dtype == initial.dtype
     assert starts.ravel().tolist() == [1.0, 3.0, -1.0, 5.0]  # 2 * 1 + 1 = 3; 5 * -1 + 10 = 5
     assert final.ravel().tolist() == [10.0, 55.0]  # 3 * 3 + 1; 7 * 5 + 20
+
+
+@pytest.mark.parametrize("array", ["numpy", "torch"])
+def test_the_scan_of_blocks_equals_a_loop_over_sequences_and_heads(array):
+    """Matrices, three sequences, two heads, four segments: the segment-major reordering against a
+    plain loop over (sequence, head) in float64."""
+    rng = np.random.default_rng(7)
+    N, J, HV, K, V = 3, 4, 2, 5, 3
+    M = rng.standard_normal((N * J, HV, K, K)) / K
+    B = rng.standard_normal((N * J, HV, K, V))
+    initial = rng.standard_normal((N, HV, K, V))
+    want_starts = np.empty_like(B)
+    want_final = np.empty_like(initial)
+    for n in range(N):
+        for h in range(HV):
+            s = initial[n, h]
+            for j in range(J):
+                want_starts[n * J + j, h] = s
+                s = M[n * J + j, h] @ s + B[n * J + j, h]
+            want_final[n, h] = s
+    args = (M, B, initial)
+    if array == "torch":
+        torch = pytest.importorskip("torch")
+        args = tuple(torch.from_numpy(x) for x in args)
+    starts, final = (np.asarray(x) for x in scan_segment_states(*args, J))
+    np.testing.assert_allclose(starts, want_starts, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(final, want_final, rtol=1e-13, atol=1e-13)
 
 
 H100 = dict(sms=132, capability=(9, 0))
