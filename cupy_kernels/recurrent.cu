@@ -237,6 +237,9 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
     constexpr int NQK = VFIRST ? AC * VW : BR;  // q/k entries per lane
     constexpr int NV = VFIRST ? BR : AC * VW;   // value columns per lane
     constexpr int WV = VFIRST ? LR * BR : VW * LC * AC;  // value columns per warp
+    // The state element s[bb][a][j] a lane holds: its value column (of its NV) and key row (of NQK).
+    constexpr auto held_v = [](int bb, int a, int j) { return VFIRST ? bb : a * VW + j; };
+    constexpr auto held_k = [](int bb, int a, int j) { return VFIRST ? a * VW + j : bb; };
     // lanes that hold different k: lr bits (k-first) or lc bits (v-first)
     constexpr int KFIRST_BIT = VFIRST ? 1 : LC;
     constexpr int KLAST_BIT = VFIRST ? LC : 32;
@@ -477,8 +480,7 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
             for (int a = 0; a < AC; ++a)
 #pragma unroll
                 for (int j = 0; j < VW; ++j) {
-                    const int m = VFIRST ? bb : a * VW + j;
-                    const int i = VFIRST ? a * VW + j : bb;
+                    const int m = held_v(bb, a, j), i = held_k(bb, a, j);
                     pk[m] += k[i] * s[bb][a][j];
                     pq[m] += q[i] * s[bb][a][j];
                 }
@@ -500,9 +502,7 @@ __global__ void __launch_bounds__(128, MINB) recurrent_kernel(const Params p) {
             for (int a = 0; a < AC; ++a)
 #pragma unroll
                 for (int j = 0; j < VW; ++j) {
-                    const int m = VFIRST ? bb : a * VW + j;
-                    const int i = VFIRST ? a * VW + j : bb;
-                    s[bb][a][j] = alpha * s[bb][a][j] + k[i] * u[m];
+                    s[bb][a][j] = alpha * s[bb][a][j] + k[held_k(bb, a, j)] * u[held_v(bb, a, j)];
                 }
 
         Out* orow = o + (b * p.T + t) * HV * V + o_row;

@@ -6,7 +6,8 @@ pick, with NVRTC as CuPy does (``-std=c++17 -arch=sm_90 -ftz=true``; the sm_90a 
 every kernel (whitespace-normalized: cuobjdump pads columns to the widest line of the cubin). A
 move that changes no launched kernel prints ``identical`` for each and exits 0.
 
-    python3 scripts/compare_kernel_sass.py BEFORE [AFTER] [--quick]     (AFTER: the working tree)
+    python3 scripts/compare_kernel_sass.py BEFORE [AFTER] [--quick] [--only TEXT]
+    (AFTER: the working tree; --only: the instantiations whose name expression holds TEXT)
 
 Each ``cupy_kernels/*.cu`` of a revision is built with the name expressions whose template it
 defines; sm_90a-only sources (those that test ``GDN_SM90A``) are built for sm_90a as well. A
@@ -153,10 +154,11 @@ def checkout(rev: str, tmp: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
-    revs = [a for a in argv if not a.startswith("--")]
+    only = argv[argv.index("--only") + 1] if "--only" in argv[:-1] else ""
+    revs = [a for a in argv if not a.startswith("--") and a != only]
     if not revs or len(revs) > 2 or shutil.which("cuobjdump") is None:
         raise SystemExit(__doc__)
-    nvrtc, exprs = Nvrtc(), expressions(quick)
+    nvrtc, exprs = Nvrtc(), [e for e in expressions(quick) if only in e]
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         print(f"{revs[0]}:")
