@@ -286,6 +286,22 @@ def test_a_final_state_in_the_other_layout_is_named_from_its_shape(v_first):
     assert not causes.explain(flipped, square, {}, "matches_reference", contract, None)
 
 
+def test_the_state_layout_propertys_v_first_call_is_looked_at_too():
+    """A kernel that reads and writes its state k-first whatever ``state_v_first`` says: on a
+    k-first problem only ``state_layout``'s own v-first call shows the transposed shape."""
+
+    def ignores_layout(**kw):
+        h0 = kw.get("initial_state")
+        if h0 is not None and kw.get("state_v_first"):  # the v-first buffer's memory read k-first
+            h0 = np.ascontiguousarray(h0).reshape(*h0.shape[:2], h0.shape[3], h0.shape[2])
+        return numpy_impl.chunk_gated_delta_rule(**{**kw, "initial_state": h0, "state_v_first": False})
+
+    p, contract = problem(K=8, V=4), "output contract: final_state has shape ..."
+    named = causes.explain(plugin(ignores_layout), p, {}, "state_layout", contract, None)
+    assert named.model == "state_layout_ignored" and "state_v_first=True" in named.text
+    assert not causes.explain(plugin(ignores_layout), p, {}, "matches_reference", contract, None)
+
+
 def test_verdict_thresholds():
     from gdn_verify.core.tolerance import Errors, Tolerance
 

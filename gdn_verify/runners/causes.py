@@ -819,7 +819,7 @@ def explain(
 
         return grad_causes.explain(impl, problem, params, measurement)
     if form == "native" and message.startswith("output contract"):
-        return _layout_cause(impl, problem, params)
+        return _layout_cause(impl, problem, params, prop)
     if not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS:
         return Cause()
     try:
@@ -829,28 +829,30 @@ def explain(
         return Cause()
 
 
-def _layout_cause(impl: Implementation, problem: Problem, params: dict) -> Cause:
+def _layout_cause(impl: Implementation, problem: Problem, params: dict, prop: str) -> Cause:
     """An output-contract failure explained by its shape alone: the final state returned in the
-    other layout ((K, V) where ``state_v_first`` asked for (V, K), or the reverse). With K != V no
-    other mistake gives exactly the transposed shape; with K = V the shape hides it and the
-    numeric model ``state_layout_ignored`` names it instead."""
-    s = problem.shape
-    if not problem.output_final_state or s["K"] == s["V"]:
-        return Cause()
-    try:
-        result = impl.run(problem, options=gating.options_from_params(params) or None)
-    except Exception:  # noqa: BLE001 - a raising call is the failure itself, not a layout
-        return Cause()
-    asked = "v-first (N, HV, V, K)" if problem.state_v_first else "k-first (N, HV, K, V)"
-    other = (s["N"], s["HV"], s["K"], s["V"]) if problem.state_v_first else (s["N"], s["HV"], s["V"], s["K"])
-    if result.final_state is None or tuple(np.shape(result.final_state)) != other:
-        return Cause()
-    model = next(m for m in MODELS if m.name == "state_layout_ignored")
-    text = (
-        f"{model.cause} (state_v_first={problem.state_v_first} asked for the final state {asked}; "
-        f"it came back with shape {other}, the other layout's)"
-    )
-    return Cause(text, model.name, model.kind, 1)
+    other layout ((K, V) where ``state_v_first`` asked for (V, K), or the reverse) by one of the
+    failing property's calls (:func:`probes`: ``state_layout`` also makes a v-first one). With
+    K != V no other mistake gives exactly the transposed shape; with K = V the shape hides it and
+    the numeric model ``state_layout_ignored`` names it instead."""
+    for probe in probes(problem, params, prop):
+        p, s = probe.problem, probe.problem.shape
+        if not p.output_final_state or s["K"] == s["V"]:
+            continue
+        try:
+            result = impl.run(p, options=probe.options or None)
+        except Exception:  # noqa: BLE001 - a raising call is the failure itself, not a layout
+            continue
+        asked = "v-first (N, HV, V, K)" if p.state_v_first else "k-first (N, HV, K, V)"
+        other = (s["N"], s["HV"], s["K"], s["V"]) if p.state_v_first else (s["N"], s["HV"], s["V"], s["K"])
+        if result.final_state is not None and tuple(np.shape(result.final_state)) == other:
+            model = next(m for m in MODELS if m.name == "state_layout_ignored")
+            text = (
+                f"{model.cause} (state_v_first={p.state_v_first} asked for the final state {asked}; "
+                f"it came back with shape {other}, the other layout's)"
+            )
+            return Cause(text, model.name, model.kind, 1)
+    return Cause()
 
 
 def _explain(impl: Implementation, problem: Problem, params: dict, prop: str, others: Sequence[Problem]) -> Cause:
