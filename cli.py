@@ -246,7 +246,9 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         CtrlC.check()
         rows.append(row)
         save("running")
-        if row.caught_by is not None:
+        if row.not_applicable:
+            print(f"  n/a     {row.bug:<30} (no bug on {args.dtype} inputs: {row.not_applicable})", flush=True)
+        elif row.caught_by is not None:
             failure = row.caught_by.failure
             margin = console.margin(failure.measurement)
             cause = f"cause {row.cause_verdict}" + (f" ({failure.cause_model})" if failure.cause_model else "")
@@ -276,12 +278,16 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         raise
     save("complete")
     caught = sum(row.caught_by is not None for row in rows)
-    verdicts = [row.cause_verdict for row in rows]
+    applicable = [row for row in rows if not row.not_applicable]
+    verdicts = [row.cause_verdict for row in applicable]
+    skipped = len(rows) - len(applicable)
     print(
-        f"{caught} of {len(rows)} planted bugs caught; named causes: {verdicts.count('right')} right, "
-        f"{verdicts.count('wrong')} wrong, {verdicts.count('none')} none"
+        f"{caught} of {len(applicable)} planted bugs caught"
+        + (f" ({skipped} not applicable on {args.dtype} inputs)" if skipped else "")
+        + f"; named causes: {verdicts.count('right')} right, {verdicts.count('wrong')} wrong, "
+        f"{verdicts.count('none')} none"
     )
-    return 0 if caught == len(rows) else 1
+    return 0 if caught == len(applicable) else 1
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, Configurati
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Property
 from gdn_verify.core.shapes import COMPILED_SCALES
+from gdn_verify.implementations import planted
 from gdn_verify.options import (
     CheckOptions,
     valid_choice,
@@ -812,9 +813,11 @@ def selftest_document(
                 margin=row.margin,
                 cause=row.cause_verdict,
                 seconds=round(row.seconds, 2),
+                **({"not_applicable": row.not_applicable} if row.not_applicable else {}),
             )
         )
     caught_count = sum(row.caught_by is not None for row in rows)
+    skipped = sum(bool(row.not_applicable) for row in rows)
     causes = {f"cause_{v}": sum(row.cause_verdict == v for row in rows) for v in ("right", "wrong", "none")}
     array = next((row.impl.array for row in rows if row.impl is not None), "numpy")
     return dict(
@@ -825,7 +828,13 @@ def selftest_document(
         seed=seed,
         **({"grad": True} if grad else {}),
         timeout=timeout,
-        totals=dict(bugs=len(bugs), caught=caught_count, missed=len(bugs) - caught_count, **causes),
+        totals=dict(
+            bugs=len(bugs),
+            caught=caught_count,
+            missed=len(bugs) - caught_count - skipped,
+            not_applicable=skipped,
+            **causes,
+        ),
         bugs=bugs,
     )
 
@@ -866,15 +875,17 @@ def selftest(
     on_bug: Callable[[Planted], None] | None = None,
     grad: bool = False,
 ) -> list[Planted]:
-    """Run the suite against every planted bug; each row says which property caught it (None: missed).
+    """Run the suite against every planted bug; each row says which property caught it (None:
+    missed, or not run where the bug is no bug on ``dtype`` inputs: ``Planted.not_applicable``).
 
     ``grad``: the planted gradient bugs (``gdn_verify.implementations.planted_grad``) against the
     gradient properties, the named causes judged against its ``RIGHT_CAUSES``.
     """
-    limits = Limits(dtype=valid_choice("dtype", dtype, DTYPES))
+    dtype = valid_choice("dtype", dtype, DTYPES)
+    limits = Limits(dtype=dtype)
     run = RunSettings(max_examples=valid_max_examples(max_examples), seed=seed, timeout=valid_timeout(timeout))
     if not grad:
-        return run_selftest(list(catalogue(limits).values()), run, on_bug)
+        return run_selftest(list(catalogue(limits).values()), run, on_bug, not_applicable=planted.not_applicable(dtype))
     try:
         planted_grad: Any = importlib.import_module("gdn_verify.implementations.planted_grad")
     except ImportError as exc:

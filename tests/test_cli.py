@@ -273,6 +273,7 @@ def test_selftest_shortens_a_long_message_at_a_word(monkeypatch, capsys):
         seconds=1.0,
         cause_verdict="right",
         description="",
+        not_applicable="",
     )
     monkeypatch.setattr(cli.api, "selftest", lambda **kw: kw["on_bug"](row))
     monkeypatch.setattr(cli.api, "selftest_document", lambda *a, **kw: {})

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from gdn_verify.api import check
-from gdn_verify.core import tolerance
+from gdn_verify.core import gating, tolerance
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Violation
 from gdn_verify.implementations import planted, resolve
-from gdn_verify.properties import NAMES
+from gdn_verify.properties import NAMES, catalogue
 from gdn_verify.properties.native import check_matches_reference
 from gdn_verify.properties.strategies import Limits, head_dims, problems
 
@@ -120,6 +120,66 @@ def test_every_planted_bug_is_caught_and_named_rightly_or_not_at_all(bug, tmp_pa
                 assert f.cause_model in right, f"{bug}: no cause named ({f.message})"
             return
     pytest.fail(f"planted bug {bug} not caught (seed {SEED})")
+
+
+# Bugs in the options themselves, a bug that changes between calls, and the other conventions' forms.
+OPTION_BUGS = ("gate_bias_ignored", "neg_eigval_ignored", "nondeterministic", "spec_reads_first_slot")
+
+
+@pytest.mark.parametrize("bug", [b for b in planted.BUGS if b not in OPTION_BUGS and not b.startswith("max_")])
+def test_a_planted_bug_takes_the_in_kernel_gate_options_like_a_correct_kernel(bug):
+    """Raw gates with FLA's options give what the float32 native gates give: a planted kernel
+    differs from a correct one by its bug alone, also under the in_kernel_* properties."""
+    rng = np.random.default_rng(3)
+    B, T, H, HV, K, V = 1, 70, 1, 2, 8, 8
+    a, b = rng.standard_normal((B, T, HV)).astype(np.float32), rng.standard_normal((B, T, HV)).astype(np.float32)
+    options = dict(
+        use_gate_in_kernel=True,
+        A_log=np.array([-1.0, 0.5], np.float32),
+        dt_bias=np.array([0.3, -0.2], np.float32),
+        use_beta_sigmoid_in_kernel=True,
+    )
+    g, beta = gating.float32_gates(a, b, **options)
+    common = dict(
+        q=rng.standard_normal((B, T, H, K)).astype(np.float32),
+        k=rng.standard_normal((B, T, H, K)).astype(np.float32),
+        v=rng.standard_normal((B, T, HV, V)).astype(np.float32),
+        initial_state=rng.standard_normal((B, HV, K, V)).astype(np.float32),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    fn = planted.BUGS[bug][1]
+    raw, native = fn(**common, g=a, beta=b, **options), fn(**common, g=g, beta=beta)
+    for x, y in zip(raw, native):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_bug_that_is_no_bug_on_the_inputs_dtype_is_listed_not_run(tmp_path):
+    from types import SimpleNamespace
+
+    from gdn_verify.runners.check import RunSettings
+    from gdn_verify.runners.selftest import run_selftest
+
+    assert set(planted.not_applicable("bfloat16")) == set(planted.not_applicable("float16")) == {"beta_rounded_bf16"}
+    assert planted.not_applicable("float32") == {}
+
+    def implementation(bug):
+        assert bug != "identity_here", "a bug not applicable on the dtype must not run"
+        return planted.implementation(bug)
+
+    bugs = SimpleNamespace(
+        BUGS={"gate_without_exp": planted.BUGS["gate_without_exp"], "identity_here": ("the identity here", None)},
+        RIGHT_CAUSES={"gate_without_exp": ("gate_without_exp",)},
+        implementation=implementation,
+    )
+    props = [p for name, p in catalogue(Limits(dtype="float32")).items() if name == "matches_reference"]
+    seen = []
+    rows = run_selftest(
+        props, RunSettings(max_examples=10, seed=1, cases_dir=tmp_path), seen.append, bugs, {"identity_here": "why"}
+    )
+    assert [r.bug for r in seen] == ["gate_without_exp", "identity_here"]
+    assert rows[0].caught_by is not None and rows[0].cause_verdict == "right"
+    assert rows[1].caught_by is None and rows[1].not_applicable == "why" and rows[1].cause_verdict == "n/a"
 
 
 def test_every_planted_bug_has_its_right_causes_listed():

@@ -104,8 +104,12 @@ def test_selftest_documents_validate(tmp_path):
             Planted(bug, planted.BUGS[bug][0], r if r.status == "failed" else None, time.perf_counter() - start)
         )
     rows.append(Planted("missed_one", "a bug nobody caught", None, 0.1))
+    rows.append(Planted("no_bug_here", "the identity on these inputs", None, 0.0, not_applicable="why"))
     doc = validate(api.selftest_document(rows, "float32", seed=1))
-    assert doc["kind"] == "selftest" and doc["totals"]["missed"] >= 1 and doc["totals"]["bugs"] == 3
+    totals = doc["totals"]
+    assert doc["kind"] == "selftest" and totals["bugs"] == 4 and totals["not_applicable"] == 1
+    assert totals["missed"] == 3 - totals["caught"] and totals["missed"] >= 1
+    assert doc["bugs"][-1]["not_applicable"] == "why" and doc["bugs"][-1]["cause"] == "n/a"
 
 
 def test_selftest_json_is_written_as_bugs_are_checked(tmp_path):

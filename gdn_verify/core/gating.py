@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 SOFTPLUS_THRESHOLD = 20.0
+# FLA 0.6's in-kernel gate keywords (in_kernel_gates' parameters after g and beta).
+OPTION_NAMES = ("use_gate_in_kernel", "A_log", "dt_bias", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
 
 
 def softplus(x, threshold: float = SOFTPLUS_THRESHOLD) -> np.ndarray:
@@ -66,6 +68,15 @@ def in_kernel_gates(
     if use_beta_sigmoid_in_kernel:
         beta = sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
     return np.asarray(g, np.float64), np.asarray(beta, np.float64)
+
+
+def float32_gates(g, beta, **options) -> tuple:
+    """``(g, beta)`` as a float32 kernel holds them after FLA's in-kernel gate ``options``
+    (:func:`in_kernel_gates`' keywords; rounded to float32); the inputs themselves without one."""
+    if not any(options.get(name) for name in ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")):
+        return g, beta
+    native = in_kernel_gates(g, beta, **options)
+    return native[0].astype(np.float32), native[1].astype(np.float32)
 
 
 def options_from_params(params: dict) -> dict:

@@ -113,7 +113,7 @@ import numpy as np
 from gdn_verify.core import processes, timing
 from gdn_verify.core.adjoint import STAGES, cotangent
 from gdn_verify.core.conventions import L2NORM_EPS, Packed, pack
-from gdn_verify.core.gating import SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
+from gdn_verify.core.gating import OPTION_NAMES, SOFTPLUS_THRESHOLD, in_kernel_gates, sigmoid
 from gdn_verify.core.gradients import problem_gradients
 from gdn_verify.core.implementation import GRADIENTS
 from gdn_verify.core.problem import Problem
@@ -169,7 +169,6 @@ COPY_BUDGET = 1 << 24
 # about one float64 adjoint); beyond it every rounding answers like the inputs (the forward's
 # fallback for problems too large for its probes), and only the input and gate probes run.
 PROBE_BUDGET = 1 << 27
-OPTION_NAMES = ("use_gate_in_kernel", "A_log", "dt_bias", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
 
 
 @dataclass(frozen=True, eq=False)

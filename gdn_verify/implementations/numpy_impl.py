@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gdn_verify.core.gating import in_kernel_gates
+from gdn_verify.core.gating import float32_gates
 from gdn_verify.core.reference import chunk_core, recurrent_core, run_packed
 
 TF32_MANTISSA_BITS = 10
@@ -146,13 +146,15 @@ def _run(
     each one's own signature (what ``Implementation`` reads to know the options it takes).
     ``args``: FLA's other arguments (``reference.run_packed``'s); ``core(p)``: the algorithm (None:
     the oracle's token loop, or its chunked form with ``chunk_size``)."""
-    if use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
-        g, beta = (
-            x.astype(np.float32)
-            for x in in_kernel_gates(
-                g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval
-            )
-        )
+    g, beta = float32_gates(
+        g,
+        beta,
+        use_gate_in_kernel=use_gate_in_kernel,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval,
+    )
     if core is None:
         core = recurrent_core if chunk_size is None else lambda p: chunk_core(p, chunk_size)
     o, final_state = run_packed(core, g=g, beta=beta, **args, dtype=np.float32, pad_to_multiple=chunk_size or 1)

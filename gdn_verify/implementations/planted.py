@@ -13,6 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from gdn_verify.core import gating
 from gdn_verify.core.conventions import export_state, l2norm, pack, unpack_output
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.max_convention import native_form
@@ -22,12 +23,17 @@ from gdn_verify.implementations.speculative import spec_reads_first_slot
 
 
 def _packed(kw: dict, pad: int = 1):
+    """The loops' float32 inputs, FLA's in-kernel gate options applied first (as ``numpy_impl``
+    does): a planted bug differs from a correct kernel by its bug alone under every property. (A
+    loop that ignored the options failed ``in_kernel_gate`` for that instead, which "caught"
+    ``beta_rounded_bf16`` on 16-bit inputs, where the bug is the identity.)"""
+    g, beta = gating.float32_gates(kw["g"], kw["beta"], **{n: kw[n] for n in gating.OPTION_NAMES if n in kw})
     return pack(
         kw["q"],
         kw["k"],
         kw["v"],
-        kw["g"],
-        kw["beta"],
+        g,
+        beta,
         kw.get("scale"),
         kw.get("initial_state"),
         kw.get("use_qk_l2norm_in_kernel", False),
@@ -470,6 +476,21 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "scale_from_value_dim": ("scale_from_value_dim",),
     "safe_exp_as_causal_mask": ("safe_exp_as_causal_mask_c16",),
 }
+
+
+# Bugs that are no bug on some input dtypes: selftest lists them there as not applicable, unrun.
+NOT_A_BUG_ON: dict[str, tuple[tuple[str, ...], str]] = {
+    "beta_rounded_bf16": (
+        ("float16", "bfloat16"),
+        "beta already is 16 bits, so the rounding is the identity; from in-kernel sigmoid logits "
+        "it is one rounding of the inputs' own size (docs/precision.md)",
+    ),
+}
+
+
+def not_applicable(dtype: str) -> dict[str, str]:
+    """The bugs that are no bug on ``dtype`` inputs, with the reason."""
+    return {bug: why for bug, (dtypes, why) in NOT_A_BUG_ON.items() if dtype in dtypes}
 
 
 def implementation(bug: str) -> Implementation:

@@ -8,7 +8,7 @@ default) or ``planted_grad`` (the backward's): ``BUGS`` (name -> description and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,7 +33,8 @@ class Planted:
     """One planted bug's outcome: the first property that failed on it (None: missed).
 
     ``right_causes``: the cause models that name it rightly (None: ``planted.RIGHT_CAUSES``'s);
-    ``impl``: the planted implementation that ran (None: ``planted:BUG``).
+    ``impl``: the planted implementation that ran (None: ``planted:BUG``); ``not_applicable``: why
+    the bug is no bug on this dtype's inputs (then it did not run).
     """
 
     bug: str
@@ -42,10 +43,14 @@ class Planted:
     seconds: float
     right_causes: tuple[str, ...] | None = None
     impl: Implementation | None = None
+    not_applicable: str = ""
 
     @property
     def cause_verdict(self) -> str:
-        """The named cause against the right causes: "right", "wrong", or "none" (silent)."""
+        """The named cause against the right causes: "right", "wrong", "none" (silent), or "n/a"
+        (not applicable: not run)."""
+        if self.not_applicable:
+            return "n/a"
         f = None if self.caught_by is None else self.caught_by.failure
         if f is None or not f.cause_model:
             return "none"
@@ -65,11 +70,20 @@ def run_selftest(
     run: RunSettings,
     on_bug: Callable[[Planted], None] | None = None,
     bugs: PlantedBugs = planted,
+    not_applicable: Mapping[str, str] | None = None,
 ) -> list[Planted]:
     """Check each of ``bugs``' planted bugs against ``properties`` in order, stopping at the first
-    that does not pass (failed, or the bug made the kernel raise or hang)."""
+    that does not pass (failed, or the bug made the kernel raise or hang). ``not_applicable``: the
+    bugs that are no bug on the inputs' dtype, with the reason; they are listed, not run."""
     rows = []
+    skip = not_applicable or {}
     for bug, (description, _) in bugs.BUGS.items():
+        if bug in skip:
+            row = Planted(bug, description, None, 0.0, tuple(bugs.RIGHT_CAUSES.get(bug, ())), not_applicable=skip[bug])
+            rows.append(row)
+            if on_bug is not None:
+                on_bug(row)
+            continue
         impl = bugs.implementation(bug)
         start = time.perf_counter()
         caught = None
