@@ -234,3 +234,17 @@ def test_truncating_tf32_reproduces_fla_float32_on_its_committed_case():
     assert np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o) < 5e-4
     x = np.array([1 + 2**-10 + 2**-11, -(1 + 2**-11), 3.0], np.float32)
     assert truncate_to_tf32(x).tolist() == [1 + 2**-10, -1.0, 3.0]
+
+
+def test_an_output_far_off_gets_its_error_size_without_an_overflow_warning(recwarn):
+    """Relative per-token errors past 1e154 (an output of 1 where the whole reference is 1e-160:
+    a gate far too strong, or too weak) square past float64's range: the RMS is scaled, so the
+    message says how far off the output is (not inf) and no RuntimeWarning of ours is counted as
+    the kernel's."""
+    rng = np.random.default_rng(0)
+    ref = 1e-160 * rng.standard_normal((1, 6, 2, 4))
+    o = ref.copy()
+    o[0, 2:4] = 1.0
+    rms, token, worst = tolerance.output_errors(o, ref, np.array([0, 6]))
+    assert not [w for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
+    assert np.isfinite(rms) and 1e155 < rms <= token < np.inf and worst[0] in (2, 3)

@@ -353,6 +353,16 @@ def token_errors(o: np.ndarray, ref: np.ndarray, bounds: np.ndarray, magnitude: 
     return out
 
 
+def _rms(x: np.ndarray) -> np.ndarray:
+    """Root mean square over axis 0, scaled by the largest value so that errors past 1e154 (a
+    kernel far off, or a 16-bit output against a tiny reference) do not overflow their squares:
+    the size of such an error is reported rather than inf, and no warning of ours is counted
+    among the kernel's."""
+    top = np.max(np.abs(x), axis=0)
+    scale = np.where(np.isfinite(top) & (top > 0), top, 1.0)
+    return scale * np.sqrt(np.mean((x / scale) ** 2, axis=0))
+
+
 def output_errors(
     o: np.ndarray, ref: np.ndarray, bounds: np.ndarray, magnitude: np.ndarray | None = None
 ) -> tuple[float, float, tuple[int, int] | None]:
@@ -365,10 +375,7 @@ def output_errors(
         return float("nan"), float("nan"), (int(t), int(h))
     # Within a block the denominator is constant, so the block's relative RMS error is the
     # RMS of its per-token errors.
-    rms = max(
-        (float(np.max(np.sqrt(np.mean(tok[a:b] ** 2, axis=0)))) for a, b in zip(bounds[:-1], bounds[1:]) if b > a),
-        default=0.0,
-    )
+    rms = max((float(np.max(_rms(tok[a:b]))) for a, b in zip(bounds[:-1], bounds[1:]) if b > a), default=0.0)
     t, h = np.unravel_index(np.argmax(tok), tok.shape)
     return rms, float(tok[t, h]), (int(t), int(h))
 
