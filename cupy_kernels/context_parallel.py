@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from cupy_kernels import tensors as ts
+
 
 def segment_bounds(bounds: np.ndarray, chunk_size: int, segments: int) -> np.ndarray:
     """``[N * segments + 1]`` token offsets splitting each sequence of ``bounds [N + 1]`` into
@@ -58,17 +60,13 @@ def scan_segment_states(M: Any, B: Any, initial: Any, segments: int) -> tuple[An
     return starts, chain[J].reshape(N, HV, K, V)
 
 
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
 def _empty_like(x: Any, shape: tuple, dtype: Any = None) -> Any:
     dtype = x.dtype if dtype is None else dtype
-    return x.new_empty(shape, dtype=dtype) if _is_torch(x) else np.empty(shape, dtype)
+    return x.new_empty(shape, dtype=dtype) if ts.is_torch(x) else np.empty(shape, dtype)
 
 
 def _swap01(x: Any) -> Any:
-    return x.transpose(0, 1) if _is_torch(x) else x.swapaxes(0, 1)
+    return x.transpose(0, 1) if ts.is_torch(x) else x.swapaxes(0, 1)
 
 
 def _segment_major(x: Any, J: int, dtype: Any) -> Any:
@@ -81,7 +79,7 @@ def _segment_major(x: Any, J: int, dtype: Any) -> Any:
 
 def _matmul_add(b: Any, m: Any, s: Any, out: Any) -> None:
     """``out = m @ s + b`` over a batch of matrices, one kernel with torch."""
-    if _is_torch(m):
+    if ts.is_torch(m):
         sys.modules["torch"].baddbmm(b, m, s, out=out)
     else:
         np.matmul(m, s, out=out)

@@ -221,8 +221,7 @@ def _check_cotangents(problem: Problem, do, dht) -> tuple[np.ndarray, np.ndarray
     do_arr = cotangent("do", do, (s["B"], s["T"], s["HV"], s["V"]), np.float64)
     if dht is None:
         return do_arr, None
-    state = (s["N"], s["HV"], s["V"], s["K"]) if problem.state_v_first else (s["N"], s["HV"], s["K"], s["V"])
-    return do_arr, cotangent("dht", dht, state, np.float64)
+    return do_arr, cotangent("dht", dht, problem.state_shape(), np.float64)
 
 
 def _check_options(options) -> dict:

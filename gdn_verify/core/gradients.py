@@ -299,8 +299,7 @@ def cotangents(problem: Problem, seed: int, with_dht: bool = True) -> tuple[np.n
         do[:, int(problem.bounds[-1]) :] = 0.0
     dht = None
     if with_dht:
-        shape = (s["N"], s["HV"], s["V"], s["K"]) if problem.state_v_first else (s["N"], s["HV"], s["K"], s["V"])
-        dht = (rng.standard_normal(shape) / math.sqrt(s["K"] * s["V"])).astype(np.float32)
+        dht = (rng.standard_normal(problem.state_shape()) / math.sqrt(s["K"] * s["V"])).astype(np.float32)
     return do.astype(problem.dtype), dht
 
 

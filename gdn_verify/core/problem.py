@@ -54,6 +54,13 @@ class Problem:
         B, T, H, K = self.q.shape
         return dict(B=B, T=T, H=H, HV=self.v.shape[2], K=K, V=self.v.shape[3], N=self.num_sequences)
 
+    def state_shape(self, v_first: bool | None = None) -> tuple[int, int, int, int]:
+        """The state's shape: ``[N, HV, V, K]`` v-first, else ``[N, HV, K, V]`` (``v_first`` None:
+        the problem's own ``state_v_first``)."""
+        s = self.shape
+        v_first = self.state_v_first if v_first is None else v_first
+        return (s["N"], s["HV"], s["V"], s["K"]) if v_first else (s["N"], s["HV"], s["K"], s["V"])
+
     @property
     def num_sequences(self) -> int:
         return self.q.shape[0] if self.cu_seqlens is None else len(self.cu_seqlens) - 1

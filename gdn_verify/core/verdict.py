@@ -36,7 +36,7 @@ def output_contract_violations(
     if result.o_dtype != np.dtype(problem.dtype).name and not shapes_only:
         problems.append(f"o has dtype {result.o_dtype}, expected the input dtype {np.dtype(problem.dtype).name}")
     if problem.output_final_state:
-        want_s = (s["N"], s["HV"], s["V"], s["K"]) if problem.state_v_first else (s["N"], s["HV"], s["K"], s["V"])
+        want_s = problem.state_shape()
         if result.final_state is None:
             problems.append("final_state is None although output_final_state=True")
         elif tuple(np.shape(result.final_state)) != want_s:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gdn_verify.core.gating import float32_gates
+from gdn_verify.core.gating import OPTION_NAMES, float32_gates
 from gdn_verify.core.reference import chunk_core, recurrent_core, run_packed
 
 TF32_MANTISSA_BITS = 10
@@ -129,32 +129,13 @@ def chunk_fla_core(
     return np.moveaxis(o, 1, 3).reshape(N, L, HV, V), S
 
 
-def _run(
-    *,
-    g,
-    beta,
-    chunk_size: int | None,
-    use_gate_in_kernel,
-    A_log,
-    dt_bias,
-    use_beta_sigmoid_in_kernel,
-    allow_neg_eigval,
-    core=None,
-    **args,
-):
+def _run(*, g, beta, chunk_size: int | None, core=None, **args):
     """The public functions' shared body; they pass their arguments as ``locals()``, which keeps
     each one's own signature (what ``Implementation`` reads to know the options it takes).
-    ``args``: FLA's other arguments (``reference.run_packed``'s); ``core(p)``: the algorithm (None:
-    the oracle's token loop, or its chunked form with ``chunk_size``)."""
-    g, beta = float32_gates(
-        g,
-        beta,
-        use_gate_in_kernel=use_gate_in_kernel,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval,
-    )
+    ``args``: FLA's in-kernel gate options (``gating.OPTION_NAMES``) and its other arguments
+    (``reference.run_packed``'s); ``core(p)``: the algorithm (None: the oracle's token loop, or
+    its chunked form with ``chunk_size``)."""
+    g, beta = float32_gates(g, beta, **{name: args.pop(name) for name in OPTION_NAMES if name in args})
     if core is None:
         core = recurrent_core if chunk_size is None else lambda p: chunk_core(p, chunk_size)
     o, final_state = run_packed(core, g=g, beta=beta, **args, dtype=np.float32, pad_to_multiple=chunk_size or 1)

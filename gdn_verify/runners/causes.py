@@ -818,11 +818,12 @@ def explain(
         from gdn_verify.runners import grad_causes  # imports this module
 
         return grad_causes.explain(impl, problem, params, measurement)
-    if form == "native" and message.startswith("output contract"):
-        return _layout_cause(impl, problem, params, prop)
-    if not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS:
+    contract = form == "native" and message.startswith("output contract")
+    if not contract and (not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS):
         return Cause()
     try:
+        if contract:
+            return _layout_cause(impl, problem, params, prop)
         with np.errstate(all="ignore"):  # models overflow by design (exp(exp(g)), a state without decay)
             return _explain(impl, problem, params, prop, others)
     except Exception:  # noqa: BLE001 - see the docstring
@@ -844,7 +845,7 @@ def _layout_cause(impl: Implementation, problem: Problem, params: dict, prop: st
         except Exception:  # noqa: BLE001 - a raising call is the failure itself, not a layout
             continue
         asked = "v-first (N, HV, V, K)" if p.state_v_first else "k-first (N, HV, K, V)"
-        other = (s["N"], s["HV"], s["K"], s["V"]) if p.state_v_first else (s["N"], s["HV"], s["V"], s["K"])
+        other = p.state_shape(not p.state_v_first)
         if result.final_state is not None and tuple(np.shape(result.final_state)) == other:
             model = next(m for m in MODELS if m.name == "state_layout_ignored")
             text = (

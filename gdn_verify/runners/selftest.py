@@ -78,28 +78,28 @@ def run_selftest(
     rows = []
     skip = not_applicable or {}
     for bug, (description, _) in bugs.BUGS.items():
+        right = tuple(bugs.RIGHT_CAUSES.get(bug, ()))
         if bug in skip:
-            row = Planted(bug, description, None, 0.0, tuple(bugs.RIGHT_CAUSES.get(bug, ())), not_applicable=skip[bug])
-            rows.append(row)
-            if on_bug is not None:
-                on_bug(row)
-            continue
-        impl = bugs.implementation(bug)
-        start = time.perf_counter()
-        caught = None
-        guard = Guard(run.timeout)
-        try:
-            for prop in properties:
-                result = run_property(prop, impl, run, guard=guard)
-                if result.status in ("failed", "error", "timeout"):
-                    caught = result
-                    break
-        finally:
-            guard.close()
-        row = Planted(
-            bug, description, caught, time.perf_counter() - start, tuple(bugs.RIGHT_CAUSES.get(bug, ())), impl
-        )
+            row = Planted(bug, description, None, 0.0, right, not_applicable=skip[bug])
+        else:
+            impl = bugs.implementation(bug)
+            start = time.perf_counter()
+            caught = _first_failure(properties, impl, run)
+            row = Planted(bug, description, caught, time.perf_counter() - start, right, impl)
         rows.append(row)
         if on_bug is not None:
             on_bug(row)
     return rows
+
+
+def _first_failure(properties: list[Property], impl: Implementation, run: RunSettings) -> PropertyResult | None:
+    """The first of ``properties`` that ``impl`` does not pass (failed, raised or hung), or None."""
+    guard = Guard(run.timeout)
+    try:
+        for prop in properties:
+            result = run_property(prop, impl, run, guard=guard)
+            if result.status in ("failed", "error", "timeout"):
+                return result
+        return None
+    finally:
+        guard.close()
