@@ -115,9 +115,10 @@ def test_every_planted_bug_is_caught_and_named_rightly_or_not_at_all(bug, tmp_pa
             f = result.failure
             assert f.case_path.exists()
             right = planted.RIGHT_CAUSES[bug]
-            assert not f.cause_model or f.cause_model in right, f"{bug}: wrong cause {f.cause_model}: {f.cause}"
+            wrong = f"{bug} (seed {SEED}): wrong cause {f.cause_model}: {f.cause}"
+            assert not f.cause_model or f.cause_model in right, wrong
             if right:  # bugs with a numeric cause to name get it (the exact and spec ones have none)
-                assert f.cause_model in right, f"{bug}: no cause named ({f.message})"
+                assert f.cause_model in right, f"{bug} (seed {SEED}): no cause named ({f.message})"
             return
     pytest.fail(f"planted bug {bug} not caught (seed {SEED})")
 
