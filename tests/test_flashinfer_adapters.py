@@ -182,6 +182,22 @@ def test_raw_gates_round_trip_including_the_unrepresentable_extremes():
     assert np.all(np.abs(beta2 - beta) <= 5e-17 + 1e-15 * beta)
 
 
+def test_exact_gates_stay_exact_in_a_float32_kernel():
+    """``g = 0`` and ``beta`` of exactly 0 or 1 as a float32 kernel reads them (vLLM's and
+    FlashInfer's softplus and sigmoid): exact, so a ``beta = 0`` token writes nothing. With the clamp
+    at 40, ``sigmoid(-40) = 4.2e-18`` leaked into a state that ``error_growth``'s retention regime
+    lets decay by ``e^-100`` over 65536 tokens (1e9 times its tolerance, vllm-sigmoid-recurrent)."""
+    a, b = fi.raw_gates(fi.NumpyOps(), np.array([0.0, -0.5]), np.array([0.0, 1.0]))
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    with np.errstate(over="ignore"):
+        sigmoid32 = np.float32(1) / (np.float32(1) + np.exp(-b32))
+    softplus32 = np.log1p(np.exp(a32))
+    assert sigmoid32.dtype == softplus32.dtype == np.float32
+    assert sigmoid32[0] == 0.0 and sigmoid32[1] == 1.0
+    assert softplus32[0] == 0.0 and np.exp(-softplus32[0]) == 1.0
+    assert abs(softplus32[1] - 0.5) <= 2.0**-23
+
+
 def test_float32_problems_pass_the_property_suite_through_both_adapters(tmp_path):
     for name, adapter in (
         ("prefill", fi.prefill_adapter(standin_prefill)),
