@@ -345,8 +345,65 @@ def test_a_cause_must_explain_the_failures_seen_before_shrinking():
     failed = Measurement(1.0, 1e-5)
     alone = causes.explain(impl, shrunk, {}, "matches_reference", "error > tolerance", failed)
     assert alone.model == "beta_twice"
-    confirmed = causes.explain(impl, shrunk, {}, "matches_reference", "error > tolerance", failed, others=[before])
+    confirmed = causes.explain(
+        impl, shrunk, {}, "matches_reference", "error > tolerance", failed, others=[(before, {})]
+    )
     assert confirmed.text == ""
+
+
+def underflowing() -> Problem:
+    """One token with k = 0 and decay exp(-200): any float32 kernel's state underflows to zero where
+    the float64 oracle's is 1e-87 of the initial one, a relative error of 1 that every float32 model,
+    mistake or rounding, reproduces exactly."""
+    return Problem(
+        q=np.ones((1, 1, 1, 2), np.float32),
+        k=np.zeros((1, 1, 1, 2), np.float32),
+        v=np.ones((1, 1, 1, 2), np.float32),
+        g=np.full((1, 1, 1), -200.0, np.float32),
+        beta=np.full((1, 1, 1), 3.0, np.float32),  # a logit
+        initial_state=np.eye(2, dtype=np.float32)[None, None],
+    )
+
+
+NEG_EIGVAL = {"beta_logits": True, "allow_neg_eigval": True}
+
+
+def test_a_mistake_and_a_rounding_that_tie_name_no_cause():
+    # A CI run's minimal example of neg_eigval_ignored: allow_neg_eigval had shrunk to False, so the
+    # kernel ran correctly and failed by the underflow alone; list order named a precision model.
+    impl, shrunk = planted.implementation("neg_eigval_ignored"), {**NEG_EIGVAL, "allow_neg_eigval": False}
+    cause = causes.explain(impl, underflowing(), shrunk, "in_kernel_beta_sigmoid", "error > tolerance", FAILED)
+    assert (cause.text, cause.model) == ("", "")
+
+
+def test_best_names_no_cause_when_a_mistake_and_a_rounding_fit_alike():
+    mistake, rounding = (next(m for m in causes.MODELS if m.name == n) for n in ("beta_twice", "cumsum_float32"))
+    assert (mistake.kind, rounding.kind) == ("logic error", "precision loss")
+
+    def finding(model, reproduction):
+        return causes.Finding(model, "state", reproduction, 1.0, reproduction)
+
+    assert causes._best([finding(rounding, 0.0), finding(mistake, 0.0)]) is None
+    assert causes._best([finding(rounding, 0.1), finding(mistake, 0.1005)]) is None  # within 1%
+    assert causes._best([finding(rounding, 0.1), finding(mistake, 0.0)]).model is mistake  # strictly better
+    assert causes._best([finding(rounding, 0.0), finding(mistake, 0.1)]).model is rounding
+
+
+def test_the_failures_before_shrinking_are_judged_with_their_own_params():
+    # The same minimal example, with the first failing example as drawn: under its own params
+    # (allow_neg_eigval=True) it shows the mistake, which names it; under the minimal one's it ran correctly.
+    impl, shrunk = planted.implementation("neg_eigval_ignored"), {**NEG_EIGVAL, "allow_neg_eigval": False}
+    before = problem(T=20, seed=4)
+    cause = causes.explain(
+        impl,
+        underflowing(),
+        shrunk,
+        "in_kernel_beta_sigmoid",
+        "error > tolerance",
+        FAILED,
+        others=[(before, NEG_EIGVAL)],
+    )
+    assert cause.model == "neg_eigval_ignored"
 
 
 @pytest.mark.parametrize(

@@ -675,13 +675,23 @@ def consistent(model: ErrorModel, obs: Observation) -> bool:
 
 
 def _best(findings: list[Finding]) -> Finding | None:
-    """Pointwise reproductions first (models that coincide named together), then block-wise, then by pattern."""
+    """Pointwise reproductions first (models that coincide named together), then block-wise, then by pattern.
+
+    None when the best pointwise reproductions (within 1%) mix a logic error and a precision loss:
+    the evidence cannot tell a mistake from a rounding, and naming either by list order could be
+    wrong, which is worse than naming none.
+    """
     pointwise = [f for f in findings if f.correlation is None and not f.where]
     if pointwise:
         best = min(pointwise, key=lambda f: f.reproduction)
+        tied = [f for f in pointwise if f.reproduction <= 1.01 * best.reproduction]
+        # E.g. a float32 state that underflows where the float64 oracle's does not: every float32
+        # model, mistake or rounding, reproduces that "failure" exactly.
+        if len({f.model.kind for f in tied}) > 1:
+            return None
         # Mistakes that coincide on this example (dropping the intra-chunk diagonal is reading
         # the state before the update when T = 1) are named together, not picked by list order.
-        same = [f.model.cause for f in pointwise if f is not best and f.reproduction <= 1.01 * best.reproduction]
+        same = [f.model.cause for f in tied if f is not best]
         return dataclasses.replace(best, alike=tuple(dict.fromkeys(c for c in same if c != best.model.cause)))
     local = [f for f in findings if f.where]
     if local:
@@ -803,16 +813,16 @@ def explain(
     message: str,
     measurement: Measurement | None,
     form: str = "native",
-    others: Sequence[Problem] = (),
+    others: Sequence[tuple[Problem, dict]] = (),
 ) -> Cause:
     """The likely cause of a failure of ``prop`` on the minimal ``problem`` (an empty :class:`Cause`
     when none is identified; never raises: finding a cause must not cost the verdict).
 
     A model is a candidate when it explains the minimal example; it is named only when it is also
-    consistent with every evidence example (``others``, the failing examples before shrinking, and
-    :func:`fresh_examples`): it explains each failure there and predicts none where the
-    implementation passes. So a degenerate minimal example (T = 0, all-zero gates), on which a
-    missing ``exp`` and any lost state coincide, cannot pick a model that only coincides there.
+    consistent with every evidence example (``others``, the failing examples before shrinking with
+    their own params, and :func:`fresh_examples`): it explains each failure there and predicts none
+    where the implementation passes. So a degenerate minimal example (T = 0, all-zero gates), on
+    which a missing ``exp`` and any lost state coincide, cannot pick a model that only coincides there.
     """
     if form == BACKWARD_FORM:
         from gdn_verify.runners import grad_causes  # imports this module
@@ -856,7 +866,9 @@ def _layout_cause(impl: Implementation, problem: Problem, params: dict, prop: st
     return Cause()
 
 
-def _explain(impl: Implementation, problem: Problem, params: dict, prop: str, others: Sequence[Problem]) -> Cause:
+def _explain(
+    impl: Implementation, problem: Problem, params: dict, prop: str, others: Sequence[tuple[Problem, dict]]
+) -> Cause:
     first: Observation | None = None
     evidence: list[Observation] | None = None
     for probe in probes(problem, params, prop):
@@ -868,8 +880,11 @@ def _explain(impl: Implementation, problem: Problem, params: dict, prop: str, ot
         if not candidates:
             continue
         if evidence is None:
-            examples = [p for p in others if p.lengths.sum() <= MAX_TOKENS] + fresh_examples(problem, params)
-            evidence = [o for e in examples for p in probes(e, params, prop) if (o := observe(impl, p)) is not None]
+            # Each earlier example with its own params: the minimal one's may not fit its shapes (A_log
+            # per value head) or may have shrunk away the option that made it fail (allow_neg_eigval).
+            examples = [(p, ps) for p, ps in others if p.lengths.sum() <= MAX_TOKENS]
+            examples += [(p, params) for p in fresh_examples(problem, params)]
+            evidence = [o for e, ps in examples for p in probes(e, ps, prop) if (o := observe(impl, p)) is not None]
         confirmed = [f for f in candidates if all(consistent(f.model, e) for e in evidence)]
         best = _best(confirmed)
         if best is not None:

@@ -438,10 +438,10 @@ def _reasons(reasons: Counter[str]) -> str:
     return ", ".join(f"{reason}: {n}" for reason, n in reasons.most_common()) or "no reason given"
 
 
-def _before_shrinking(failures: list[Failure], count: int = 2) -> list[Problem]:
-    """Up to ``count`` failing examples met before the minimal one: the first (as drawn) and one
-    halfway through the shrinking, for a cause to be confirmed on."""
-    earlier = [f.problem for f in failures[:-1] if f.status == "failed" and f.problem is not None]
+def _before_shrinking(failures: list[Failure], count: int = 2) -> list[tuple[Problem, dict]]:
+    """Up to ``count`` failing examples met before the minimal one, each with its own params: the
+    first (as drawn) and one halfway through the shrinking, for a cause to be confirmed on."""
+    earlier = [(f.problem, f.params) for f in failures[:-1] if f.status == "failed" and f.problem is not None]
     picks = sorted({0, len(earlier) // 2}) if earlier else []
     return [earlier[i] for i in picks][:count]
 
