@@ -19,6 +19,13 @@ an NVIDIA H100 80GB HBM3 (2026-11-23): decode against ``reports/2026-11-23-decod
   machine to another of the same kind they moved by 7-10 % for FLA too on the same rows (2026-11-27
   against 2026-11-23), which a ratio taken in one run cancels. Only where FLA's time is missing from
   either run is the row judged on its absolute time against the committed one (the output says so);
+- a row that fails the event-time ratio passes on kernel time when ``OUT/prefill_profile.json``
+  (``scripts/profile_prefill.py``, CUPTI device time of each kernel) is there: ours / FLA summed
+  over their kernels within ``PREFILL_SLOWER`` of the committed kernel breakdown
+  (``reports/2026-11-23-chunk-prefill/kernel-breakdown.json``). Both libraries read ``cu_seqlens``
+  on the host in every call, so a varlen row's event window holds host time, which moved by up
+  to 0.6 ms per call between two H100 machines (FLA 0.53 -> 1.13 ms at 8 x 2048, 2026-11-27) while
+  the kernels' device times stayed within 1 %. Such a row prints both and says what decided it;
 - a prefill accuracy (output and final state relative RMS against the float64 oracle) differs from
   the committed one by more than ``ACCURACY`` relative. The inputs come from torch's seeded CUDA
   generator, so with the same torch version a kernel that did not change gives the same number to
@@ -38,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DECODE_BASE = ROOT / "reports" / "2026-11-23-decode-validation"
 DECODE_RUNS = ("decode_bench.json", "decode_bench_persistent.json", "decode_bench_persistent_run2.json")
 PREFILL_BASE = ROOT / "reports" / "2026-11-23-chunk-prefill" / "bench.json"
+KERNELS_BASE = PREFILL_BASE.with_name("kernel-breakdown.json")
 BASE_DEVICE = "NVIDIA H100 80GB HBM3"
 DECODE_POINTS = 0.03
 PREFILL_SLOWER = 1.05
@@ -94,9 +102,30 @@ def _rounds(row: dict) -> str | None:
     return f"ours/FLA over rounds {spread[0]:.3f}-{spread[1]:.3f}{rounds}; judged on the median"
 
 
-def compare_prefill(new: dict, base: dict) -> list[str]:
+def _kernel_ratios(profile: list[dict]) -> dict[str, float]:
+    """Per shape, ours / FLA of the summed kernel device times of a profile_prefill.py run."""
+    ms = {(r["shape"], r["impl"]): r["kernels_ms"] for r in profile if r.get("kernels_ms")}
+    return {shape: t / ms[shape, "fla"] for (shape, impl), t in ms.items() if impl == "ours" and (shape, "fla") in ms}
+
+
+def _on_kernel_time(shape: str, kernels: tuple[dict, dict] | None) -> bool:
+    """Whether a row that failed on event time is within PREFILL_SLOWER on kernel time (printed)."""
+    new, old = kernels or ({}, {})
+    if shape not in new or shape not in old:
+        return False
+    change = new[shape] / old[shape]
+    verdict = "ok" if change <= PREFILL_SLOWER else "SLOWER"
+    print(
+        f"prefill {shape:10s}   kernel time ours/FLA {new[shape]:.3f}, committed {old[shape]:.3f} "
+        f"({change:.3f}x): {verdict} (the kernels alone; the event window adds host time)"
+    )
+    return change <= PREFILL_SLOWER
+
+
+def compare_prefill(new: dict, base: dict, kernels: tuple[dict, dict] | None = None) -> list[str]:
     """Failure messages (empty: every prefill row within PREFILL_SLOWER of its committed ratio to
-    FLA, the same kernels, the same accuracy)."""
+    FLA, or on kernel time where ``kernels`` (``(this run's, the committed)`` from
+    :func:`_kernel_ratios`) has the row, the same kernels, the same accuracy)."""
     failures = []
     committed = {r["shape"]: r for r in base["prefill"]}
     for row in new.get("prefill", []):
@@ -115,7 +144,7 @@ def compare_prefill(new: dict, base: dict) -> list[str]:
                 print(f"{shape}   {rounds}")
             fla = f"FLA {row['fla_ms']:.3f} ms, committed {old['fla_ms']:.3f} ms ({row['fla_ms'] / old['fla_ms']:.2f}x)"
             print(f"{shape}   absolute, information only: {times}; {fla}")
-            if verdict != "ok":
+            if verdict != "ok" and not _on_kernel_time(row["shape"], kernels):
                 failures.append(
                     f"prefill {row['shape']}: ours/FLA {ratio:.3f} against the committed {old_ratio:.3f} "
                     f"({change:.3f}x, limit {PREFILL_SLOWER})"
@@ -155,7 +184,11 @@ def main(out: Path) -> int:
         return 2
     runs = [_rows(json.loads((DECODE_BASE / name).read_text())) for name in DECODE_RUNS]
     failures = compare_decode(_rows(new_decode), runs)
-    failures += compare_prefill(new_prefill, json.loads(PREFILL_BASE.read_text()))
+    profile = out / "prefill_profile.json"
+    kernels = None
+    if profile.exists():
+        kernels = tuple(_kernel_ratios(json.loads(p.read_text())) for p in (profile, KERNELS_BASE))
+    failures += compare_prefill(new_prefill, json.loads(PREFILL_BASE.read_text()), kernels)
     for failure in failures:
         print("FAIL", failure)
     print(f"compare_kernel_benches: {'FAILED' if failures else 'within the committed numbers'}")

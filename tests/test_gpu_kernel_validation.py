@@ -149,3 +149,26 @@ def test_compare_judges_a_row_timed_in_rounds_on_its_median_ratio(committed_run)
     fails = _fails(result)
     assert len(fails) == 1 and f"prefill {row['shape']}: ours/FLA {committed * 1.06:.3f}" in fails[0], fails
     assert "limit 1.05" in fails[0]
+
+
+def test_compare_judges_a_row_failing_on_event_time_on_its_kernels(committed_run):
+    """Host time inside a varlen row's event window (both libraries read cu_seqlens on the host)
+    moves the ratio; a profile whose kernel device times keep the committed ratio passes the row,
+    one whose kernels got 6 % slower does not."""
+    prefill = json.loads((committed_run / "prefill_bench.json").read_text())
+    row = prefill["prefill"][3]
+    row["ours_ms"] += 0.25  # the same host time added to both: the ratio moves towards 1
+    row["fla_ms"] += 0.25
+    _write_prefill(committed_run, prefill)
+    assert _compare(committed_run).returncode == 1
+    profile = json.loads((ROOT / "reports" / "2026-11-23-chunk-prefill" / "kernel-breakdown.json").read_text())
+    (committed_run / "prefill_profile.json").write_text(json.dumps(profile))
+    result = _compare(committed_run)
+    assert result.returncode == 0, result.stdout
+    assert f"prefill {row['shape']:10s}   kernel time ours/FLA" in result.stdout
+    for entry in profile:
+        if entry["shape"] == row["shape"] and entry["impl"] == "ours":
+            entry["kernels_ms"] *= 1.06
+    (committed_run / "prefill_profile.json").write_text(json.dumps(profile))
+    result = _compare(committed_run)
+    assert result.returncode == 1 and len(_fails(result)) == 1, result.stdout
