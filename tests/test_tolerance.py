@@ -248,3 +248,27 @@ def test_an_output_far_off_gets_its_error_size_without_an_overflow_warning(recwa
     rms, token, worst = tolerance.output_errors(o, ref, np.array([0, 6]))
     assert not [w for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
     assert np.isfinite(rms) and 1e155 < rms <= token < np.inf and worst[0] in (2, 3)
+
+
+@pytest.mark.parametrize("g", [-200.0, -120.0, -95.0])
+@pytest.mark.parametrize("name", ["numpy", "numpy-recurrent", "numpy-chunk"])
+def test_a_state_decayed_past_float32_range_is_judged_on_what_it_decayed_from(name, g):
+    """One token with k = 0: the state is exp(g) S0. In float32 exp(-200) is 0, so a correct kernel
+    returns 0 where the oracle keeps 1e-87 S0, an error of 1 on the remnant's own scale (a CI run's
+    example failed a correct planted kernel so). Judged against 2^-126 of the norm it decayed from,
+    it passes; a kernel that skips the decay still fails."""
+    problem = Problem(
+        q=np.ones((1, 1, 1, 2), np.float32),
+        k=np.zeros((1, 1, 1, 2), np.float32),
+        v=np.ones((1, 1, 1, 2), np.float32),
+        g=np.full((1, 1, 1), g, np.float32),
+        beta=np.full((1, 1, 1), 0.5, np.float32),
+        initial_state=np.eye(2, dtype=np.float32)[None, None],
+        output_final_state=True,
+    )
+    impl = resolve(name)
+    m = check_matches_reference(impl, problem, {})  # raises Violation on a failure
+    assert m.error <= m.bound
+    skipped = numpy_oracle(problem.replace(g=np.zeros_like(problem.g)))  # what a kernel without the decay returns
+    errors = tolerance.measure(*skipped, *numpy_oracle(problem), problem, tolerance.natural_scales(problem))
+    assert errors.output_rms > 1e30 and errors.state > 1e30
