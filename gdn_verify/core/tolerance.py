@@ -454,9 +454,9 @@ def natural_scales(problem: Problem, norms: np.ndarray | None = None) -> Scales 
     # So each scale is at least the smallest normal times the largest norm the state has had so far
     # (plus sqrt(K V) for the elements' own rounding), in float64 for float64 inputs.
     tiny = float(np.finfo(np.float64 if np.dtype(problem.dtype) == np.float64 else np.float32).tiny)
-    so_far = np.maximum.accumulate(np.maximum(norms, initial[:, None]), axis=1)  # [N, L, HV]
-    floor = tiny * (so_far + np.sqrt(K * V))
-    magnitude = p.scale * np.linalg.norm(p.q, axis=-1) * np.maximum(norms, floor) / np.sqrt(K)  # [N, L, HV]
+    peak = np.maximum.accumulate(np.concatenate([initial[:, None], norms], 1), axis=1)  # [N, 1 + L, HV]
+    floor = tiny * (peak + np.sqrt(K * V))  # the initial state as t = -1, as below
+    magnitude = p.scale * np.linalg.norm(p.q, axis=-1) * np.maximum(norms, floor[:, 1:]) / np.sqrt(K)  # [N, L, HV]
     B, T = problem.q.shape[:2]
     flat = np.zeros((B * T, HV))
     valid = p.token_index >= 0
@@ -466,7 +466,7 @@ def natural_scales(problem: Problem, norms: np.ndarray | None = None) -> Scales 
     with np.errstate(divide="ignore"):
         log_norms = np.concatenate([np.log(initial)[:, None], np.log(norms)], 1)
     decay_to_end = np.concatenate([G[:, -1:], G[:, -1:] - G], axis=1)
-    state = np.maximum(np.exp(np.max(log_norms + decay_to_end, axis=1)), floor[:, -1] if L else tiny * initial)
+    state = np.maximum(np.exp(np.max(log_norms + decay_to_end, axis=1)), floor[:, -1])
     return Scales(flat, state, id(problem))
 
 
