@@ -2,7 +2,9 @@
 
 The recurrent kernel uses no shared memory (warp-local, shuffles only); the chunked kernels share
 tiles between warps on both the FP32 and the tensor-core (cp.async pipeline) paths, at every
-chunk size, so each path runs once with a ragged last chunk and an empty sequence:
+chunk size, so each path runs once with a ragged last chunk and an empty sequence; the fused
+bf16 paths (mma.sync at V = 48, wgmma at V = 64) also run with context parallelism forced to three
+segments, whose segment passes and scan share the same tiles:
 
     compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 python3 scripts/sanitize_launches.py
     compute-sanitizer --tool synccheck --error-exitcode 9 python3 scripts/sanitize_launches.py
@@ -17,6 +19,7 @@ import numpy as np
 def main() -> int:
     import cupy as cp
 
+    from cupy_kernels import chunk as chunk_module
     from cupy_kernels.chunk import chunk_gated_delta_rule
     from cupy_kernels.decode import pooled_decode
     from cupy_kernels.recurrent import recurrent_gated_delta_rule
@@ -60,6 +63,32 @@ def main() -> int:
                 chunk_size=C,
                 use_tensor_cores=tc,
             )
+    # The fused paths take bf16 inputs, which go through torch (CuPy has no bfloat16).
+    import torch
+
+    def bf16(x):
+        return torch.as_tensor(x, device="cuda").to(torch.bfloat16)
+
+    cu_t = torch.tensor(cu, dtype=torch.int64, device="cuda")
+    for V_cp, wgmma in ((48, False), (64, None)):
+        v_cp = arr(1, T, HV, V_cp)
+        state_cp = torch.as_tensor(arr(3, HV, K, V_cp), device="cuda")
+        chunk_gated_delta_rule(
+            bf16(q),
+            bf16(k),
+            bf16(v_cp),
+            torch.as_tensor(g, device="cuda"),
+            bf16(beta),
+            initial_state=state_cp,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_t,
+            wgmma=wgmma,
+            context_parallel=3,
+        )
+        # the launch under the sanitizer must be the split one (two chunks per sequence: one run empty)
+        assert chunk_module.last_kernels.endswith("context-parallel x 3"), chunk_module.last_kernels
+    torch.cuda.synchronize()
     cp.cuda.runtime.deviceSynchronize()
     print("racecheck launches done")
     return 0
