@@ -180,6 +180,7 @@ ROUNDING_TEXT = {
 UNDERFLOW_NEGLIGIBLE = 1e-30  # below this half-subnormal (bfloat16 2^-134, float32 2^-150) no term
 assert set(STAGES) == {stage for group in ROUNDINGS.values() for stage in group} - {"qk"}
 STATE_TEXT = "carried state stored in the declared {}"
+STORED_STATE_TEXT = "state loaded from and stored to the declared {} once per call"
 
 
 def unit_roundoff(dtype) -> float:
@@ -190,6 +191,18 @@ def unit_roundoff(dtype) -> float:
 def underflow_unit(dtype) -> float:
     """Half the smallest subnormal: the largest absolute error of rounding a tiny value to ``dtype``."""
     return float(ml_dtypes.finfo(np.dtype(dtype)).smallest_subnormal) / 2
+
+
+class StoredState(str):
+    """A declared state dtype that the kernel rounds only where the state leaves it: the initial
+    state read from a pool of that dtype and the final state written back, once per call, while
+    the carried state stays in float32 in between (MAX's recurrence keeps each state column in
+    registers over the sequence). ``verdict.state_dtype_of`` returns it for an implementation
+    declaring ``extra["state_rounding"] = "stored"``; as a ``str`` it is the dtype's name wherever
+    only the dtype matters. :func:`tolerance` then adds one rounding of the initial and of the final
+    state instead of one after every token (which on long sequences allows any state at all)."""
+
+    __slots__ = ()
 
 
 def narrow_state_dtype(state_dtype) -> str | None:
@@ -251,6 +264,8 @@ class Kappa:
     # underflow_unit (float16 only); None with a declared dtype: too large for the NumPy probe.
     state_dtype: str | None = None
     state_rounding: dict[str, tuple[float, float, float]] | None = None
+    # The declared dtype rounds the state once per call, as it is loaded and stored (StoredState).
+    state_stored: bool = False
 
 
 METRICS = ("output_rms", "output_token", "state")
@@ -680,7 +695,8 @@ def condition_parts(problem: Problem, state_dtype=None) -> tuple[str, ...]:
     Which parts a problem has depends on the problem alone: a part's result is the same wherever it runs.
     """
     affordable = _affordable(problem)
-    parts = ["state_rounding"] if narrow_state_dtype(state_dtype) is not None and affordable else []
+    per_token = not isinstance(state_dtype, StoredState)  # a state rounded once per call needs no probe
+    parts = ["state_rounding"] if narrow_state_dtype(state_dtype) is not None and per_token and affordable else []
     if token_loop(problem):
         parts += ["rounding"] if affordable else []
         return (*parts, "reruns")
@@ -789,6 +805,7 @@ def kappa_of(parts: Sequence[dict], scales: Scales | None, state_dtype=None) -> 
         scales=scales,
         state_dtype=narrow_state_dtype(state_dtype),
         state_rounding=merged.get("state_rounding"),
+        state_stored=isinstance(state_dtype, StoredState),
     )
 
 
@@ -844,7 +861,12 @@ def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
         (ROUNDING_TEXT[name], C_ROUND * (1.0 if name == "underflow" else u_in) * response)
         for name, response in responses.items()
     ]
-    if kappa.state_dtype is not None:  # declared: the carried state rounded to it after every token
+    if kappa.state_dtype is not None and kappa.state_stored:  # rounded where it is loaded and stored
+        # The initial state's rounding reaches the outputs and the final state like the inputs'
+        # (plain); the final state's own rounding adds u to the state metric alone.
+        stored = unit_roundoff(kappa.state_dtype) * (plain + np.array([0.0, 0.0, 1.0]))
+        terms.append((STORED_STATE_TEXT.format(kappa.state_dtype), C_ROUND * stored))
+    elif kappa.state_dtype is not None:  # declared: the carried state rounded to it after every token
         if kappa.state_rounding is None:  # too large for the probe: every rounding felt like the inputs', coherently
             state = {"relative": (int(problem.lengths.max(initial=0)) + 1) * plain}
         else:

@@ -128,8 +128,13 @@ def compare(
 def state_dtype_of(impl: Implementation) -> Any:
     """The dtype ``impl`` declares it carries its state in (``extra["state_dtype"]``); None: float32,
     the default contract. A declared dtype coarser than float32 adds a term to the bound
-    (``tolerance.narrow_state_dtype``, docs/precision.md)."""
-    return impl.extra.get("state_dtype")
+    (``tolerance.narrow_state_dtype``, docs/precision.md): for a state rounded after every token,
+    or, where ``extra["state_rounding"] == "stored"``, only as it is loaded and stored
+    (``tolerance.StoredState``)."""
+    declared = impl.extra.get("state_dtype")
+    if declared is not None and impl.extra.get("state_rounding") == "stored":
+        return tol.StoredState(tol.narrow_state_dtype(declared) or declared)
+    return declared
 
 
 def oracle_and_tolerance(

@@ -169,11 +169,13 @@ def round_mantissa(x: np.ndarray, bits: int) -> np.ndarray:
     return np.where(np.isfinite(x), rounded, x)
 
 
-def stored_state(dtype="bfloat16", mantissa_bits: int | None = None) -> Callable[..., tuple]:
+def stored_state(dtype="bfloat16", mantissa_bits: int | None = None, every_token: bool = True) -> Callable[..., tuple]:
     """A float32 token loop whose carried state lives in ``dtype`` (a bfloat16 state pool, as
     FlashInfer's bf16-state decode): rounded to it as loaded and after every token
     (``numpy_impl.recurrent_stored_state_gated_delta_rule``). ``mantissa_bits``: instead rounded to
-    that many explicit mantissa bits in float32's range (3: bfloat16 16 times coarser)."""
+    that many explicit mantissa bits in float32's range (3: bfloat16 16 times coarser).
+    ``every_token=False``: rounded only as loaded and as the final state is stored, carried in
+    float32 in between (MAX's recurrence on a bfloat16 pool; declared as ``tolerance.StoredState``)."""
     if mantissa_bits is None:
         narrow = np.dtype(dtype)
 
@@ -187,4 +189,10 @@ def stored_state(dtype="bfloat16", mantissa_bits: int | None = None) -> Callable
     def run(**kw):
         return numpy_impl.recurrent_stored_state_gated_delta_rule(**kw, store=store)
 
-    return run
+    def once_per_call(**kw):
+        if kw.get("initial_state") is not None:
+            kw["initial_state"] = store(np.asarray(kw["initial_state"], np.float32))
+        o, final = numpy_impl.recurrent_stored_state_gated_delta_rule(**kw)
+        return o, None if final is None else store(np.asarray(final, np.float32))
+
+    return run if every_token else once_per_call
