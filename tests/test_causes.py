@@ -408,3 +408,13 @@ def test_an_unexplained_failure_is_classed_by_its_size():
     large = causes.explain(plugin(noisy_by(0.3)), problem(), {}, "matches_reference", "error > tolerance", FAILED)
     assert (small.text, small.kind) == ("", "precision loss")  # within what a bfloat16 kernel may make
     assert (large.text, large.kind) == ("", "logic error")
+
+
+def test_a_bfloat16_gate_cumsum_is_named_with_float16_inputs(tmp_path):
+    """cumsum16 rounds the cumsum to the input's 16-bit dtype, float16 here, whose finer digits do
+    not reproduce a bfloat16 cumsum; cumsum_bf16 does (the float16 selftest named no cause before)."""
+    result = check(
+        "planted:gate_cumsum_bf16", dtype="float16", properties=["matches_reference"], seed=3, cases_dir=tmp_path
+    )
+    failure = result["matches_reference"].failure
+    assert failure is not None and failure.cause_model == "cumsum_bf16", failure

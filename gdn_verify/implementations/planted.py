@@ -466,7 +466,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "l2norm_as_rmsnorm": ("l2norm_as_rmsnorm",),
     "qk_l2norm_ignored": ("qk_l2norm_ignored",),
     "beta_rounded_bf16": ("beta16",),
-    "gate_cumsum_bf16": ("cumsum16",),
+    "gate_cumsum_bf16": ("cumsum16", "cumsum_bf16"),
     "log_of_log_gate": ("log_of_log_gate",),
     "initial_state_ignored_varlen": ("initial_state_ignored",),
     "empty_sequence_state_zeroed": ("empty_sequence_state_zeroed",),
