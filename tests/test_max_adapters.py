@@ -18,6 +18,8 @@ from gdn_verify.api import check
 from gdn_verify.core import max_convention as mc
 from gdn_verify.core.implementation import ContractError, Implementation
 from gdn_verify.core.oracle import numpy_oracle
+from gdn_verify.core.tolerance import StoredState
+from gdn_verify.core.verdict import state_dtype_of
 from gdn_verify.implementations import ConfigurationError, max_numpy, resolve
 from gdn_verify.implementations import max_kernels as mk
 from tests.test_max_convention import make_problem
@@ -206,6 +208,7 @@ def test_declared_state_dtype_of_the_bfloat16_pool_adapters():
     form = mc.native_form(max_numpy.gated_delta_recurrence, pool_dtype=BF16)
     impl = mk._implementation("max-recurrence-bf16", form, "bf16 pool", BF16)  # noqa: SLF001
     assert impl.extra["state_dtype"] == "bfloat16" and impl.extra["compile_classes"] and impl.array == "torch"
+    assert isinstance(state_dtype_of(impl), StoredState)  # rounded where loaded and stored, not every token
     assert "state_dtype" not in mk._implementation("max-recurrence", form, "f32 pool", np.float32).extra  # noqa: SLF001
 
 
@@ -241,3 +244,67 @@ def test_bfloat16_pools_travel_through_max_buffers_as_their_bits():
     assert back.dtype == BF16 and back.tobytes() == pool.tobytes()
     plain = mk._numpy_out(mk._numpy_in(np.arange(5, dtype=np.uint32), Buffer, DType), CPU, DType)  # noqa: SLF001
     assert plain.dtype == np.uint32 and plain.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_qwen35_shape_classes_at_tensor_parallelism():
+    classes = mk.qwen35_classes("bfloat16", tensor_parallel=8)
+    assert {(c.H, c.HV, c.K, c.V) for c in classes} == {(2, 4, 128, 128), (2, 6, 128, 128), (2, 8, 128, 128)}
+    assert len(classes) == len(mk.qwen35_classes("bfloat16"))
+    for bad in (0, 3, 32):
+        with pytest.raises(ValueError, match="tensor_parallel"):
+            mk.qwen35_classes("bfloat16", tensor_parallel=bad)
+
+
+def test_geometry_graphs_are_what_the_adapters_compile():
+    graphs = list(mk.geometry_graphs(2, 6, 128, 128, BF16))
+    assert graphs[0] == ("recurrence", mk.recurrence_specs(2, 6, 128, 128, BF16))
+    rings = [(op, next(s.shape[2] for s in specs if s.name == "ring")) for op, specs in graphs[1:]]
+    assert rings == [(op, n) for n in mc.RING_LENS for op in ("verify", "fold")]
+    assert graphs[1][1] == mk.verify_specs(2, 6, 128, 128, BF16, mc.RING_LENS[0])
+
+
+def test_a_mef_folder_of_another_max_or_none_at_all_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(mk.importlib.metadata, "version", lambda name: "26.7.0")
+    with pytest.raises(ConfigurationError, match="not a folder of precompile's MEF artifacts"):
+        mk._mef_folder(str(tmp_path))  # noqa: SLF001
+    (tmp_path / mk.VERSIONS_FILE).write_text('{"max": "26.6.0"}')
+    with pytest.raises(ConfigurationError, match="compiled by MAX 26.6.0, this is MAX 26.7.0"):
+        mk._mef_folder(str(tmp_path))  # noqa: SLF001
+    (tmp_path / mk.VERSIONS_FILE).write_text('{"max": "26.7.0"}')
+    assert mk._mef_folder(str(tmp_path)) == str(tmp_path)  # noqa: SLF001
+
+
+def test_a_graph_the_artifacts_lack_is_compiled_by_a_second_session():
+    """The engine's loading rule, with stand-ins for MAX's sessions: artifacts first, a graph
+    missing from them compiled in a session of its own (made once), every model cached."""
+
+    class Missing(RuntimeError):
+        pass
+
+    calls = []
+
+    class Session:
+        def __init__(self, name, lacks=()):
+            self.name, self.lacks = name, lacks
+
+        def load(self, graph):
+            calls.append((self.name, graph))
+            if graph in self.lacks:
+                raise Missing(graph)
+            return f"{self.name}:{graph}"
+
+    class Engine:
+        MissingArtifactError = Missing
+
+        @staticmethod
+        def InferenceSession(devices):  # noqa: N802 - MAX's name
+            return Session("compiling")
+
+    eng = object.__new__(mk.MaxEngine)
+    eng.engine, eng.export, eng.device, eng.models = Engine, None, "gpu", {}
+    eng.session, eng.compiling = Session("artifacts", lacks=("fold",)), None
+    eng.build = lambda op, specs: op
+    assert eng.model("recurrence", ()) == "artifacts:recurrence"
+    assert eng.model("fold", ()) == "compiling:fold"
+    assert eng.model("fold", ()) == "compiling:fold" and eng.model("recurrence", ()) == "artifacts:recurrence"
+    assert calls == [("artifacts", "recurrence"), ("artifacts", "fold"), ("compiling", "fold")]

@@ -23,17 +23,24 @@ uint32 ``input_row_offsets``; the kernels also require ``KD == VD``.
 
 Every call runs one compiled model per geometry (``nk, nv, KD, VD``, pool dtype, and for the ring
 its length and stride), with symbolic token, batch and slot counts; models are compiled on first
-use (about a minute each) and cached for the process. Arrays go through the host: the native
-inputs (torch) are packed in NumPy (``max_convention.to_max``), uploaded as MAX buffers, and the
-output and the mutated pool (and ring) are read back. The pure parts (input layouts, the ring's
+use (about a minute each) and cached for the process. Where ``GDN_VERIFY_MAX_MEFS`` names a folder
+that :func:`precompile` filled on a CPU (MAX's virtual-device mode, ``scripts/max_precompile.py``),
+each model is loaded from its artifact instead (a graph the folder lacks is compiled as before).
+Arrays go through the host: the native inputs (torch) are packed in NumPy
+(``max_convention.to_max``), uploaded as MAX buffers, and the output and the mutated pool (and
+ring) are read back. The pure parts (input layouts, the ring's
 geometry, the verify's arguments and checks) run on CPU with the NumPy kernels of ``max_numpy``
 standing in for MAX's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import importlib.metadata
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -62,6 +69,11 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 QWEN35_KEY_HEADS = 16
 QWEN35_VALUE_HEADS = (32, 48, 64)
 QWEN35_HEAD_DIM = 128
+# A folder of MAX's compiled-graph artifacts (MEF files and MAX's manifest, plus VERSIONS_FILE) that
+# :func:`precompile` made: the engine loads each model from it instead of compiling (1 to 10 minutes
+# per process on a 16-core H100 machine, 2026-11-28, where every check and campaign compiled apart).
+MEFS_ENV = "GDN_VERIFY_MAX_MEFS"
+VERSIONS_FILE = "gdn_verify_max.json"
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,15 @@ def fold_specs(nk: int, nv: int, KD: int, VD: int, pool_dtype: Any, ring_len: in
         InputSpec("num_accepted", "uint32", ("batch_size",)),
         width_spec(),
     )
+
+
+def geometry_graphs(nk: int, nv: int, KD: int, VD: int, pool_dtype: Any) -> Iterator[tuple[str, tuple[InputSpec, ...]]]:
+    """Every ``(op, specs)`` the adapters compile for one geometry and pool dtype: the recurrence,
+    and the verify and the fold at each ring length (the verify's first call loads them all)."""
+    yield "recurrence", recurrence_specs(nk, nv, KD, VD, pool_dtype)
+    for ring_len in RING_LENS:
+        yield "verify", verify_specs(nk, nv, KD, VD, pool_dtype, ring_len)
+        yield "fold", fold_specs(nk, nv, KD, VD, pool_dtype, ring_len)
 
 
 def width_spec() -> InputSpec:
@@ -213,10 +234,25 @@ def _numpy_out(buffer: Any, CPU: Any, DType: Any) -> np.ndarray:
     return host.to_numpy()
 
 
-class MaxEngine:
-    """MAX's graph engine on the first GPU: one compiled model per op and input layout, called on NumPy."""
+def _mef_folder(folder: str) -> str:
+    """``folder`` once it is a :func:`precompile` folder made by the MAX version that will load it."""
+    try:
+        made = json.loads((Path(folder) / VERSIONS_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(MEFS_ENV, f"{folder} is not a folder of precompile's MEF artifacts ({exc})") from None
+    here = importlib.metadata.version("max")
+    if made.get("max") != here:
+        raise ConfigurationError(MEFS_ENV, f"{folder} was compiled by MAX {made.get('max')}, this is MAX {here}")
+    return folder
 
-    def __init__(self) -> None:
+
+class MaxEngine:
+    """MAX's graph engine on the first GPU: one compiled model per op and input layout, called on NumPy.
+
+    ``export``: a folder to compile every model into instead (MAX's virtual-device mode, no GPU:
+    :func:`precompile`); otherwise models are loaded from ``GDN_VERIFY_MAX_MEFS`` where it has them."""
+
+    def __init__(self, export: str | None = None) -> None:
         from max import driver, engine, graph
         from max.dtype import DType
         from max.nn.state_space import (
@@ -234,7 +270,11 @@ class MaxEngine:
             fold=gated_delta_state_fold,
         )
         self.device = driver.Accelerator()
-        self.session = engine.InferenceSession(devices=[self.device])
+        self.engine, self.export = engine, export
+        folder = None if export else os.environ.get(MEFS_ENV)
+        store = dict(export_mefs=export) if export else dict(precompiled_mefs=_mef_folder(folder)) if folder else {}
+        self.session = engine.InferenceSession(devices=[self.device], **store)
+        self.compiling: Any = None if folder else self.session  # for graphs the artifacts lack
         self.models: dict[tuple[str, tuple[InputSpec, ...]], Any] = {}
 
     def build(self, op: str, specs: Sequence[InputSpec]) -> Any:
@@ -254,10 +294,20 @@ class MaxEngine:
         return graph
 
     def model(self, op: str, specs: tuple[InputSpec, ...]) -> Any:
-        """The compiled model of ``op`` on ``specs`` (compiled on first use, then cached)."""
+        """The model of ``op`` on ``specs``: loaded from its artifact or compiled, on first use, then
+        cached (exporting: compiled into the folder, not loaded)."""
         key = (op, specs)
         if key not in self.models:
-            self.models[key] = self.session.load(self.build(op, specs))
+            graph = self.build(op, specs)
+            if self.export:  # a virtual device has nothing to load a model onto
+                self.models[key] = self.session.compile_reusing_mefs(graph)
+            else:
+                try:
+                    self.models[key] = self.session.load(graph)
+                except self.engine.MissingArtifactError:
+                    if self.compiling is None:
+                        self.compiling = self.engine.InferenceSession(devices=[self.device])
+                    self.models[key] = self.compiling.load(graph)
         return self.models[key]
 
     def run(self, op: str, specs: tuple[InputSpec, ...], *inputs: np.ndarray) -> np.ndarray | None:
@@ -288,11 +338,11 @@ class MaxEngine:
 
         def verify(qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width):
             heads = _heads(qkv, pool)
-            for ring_len in RING_LENS:  # every ring length of a geometry in its first call (the
-                # guard's compile allowance): a later, longer window must not compile within a
-                # plain call's timeout
-                self.model("verify", verify_specs(*heads, pool_dtype, ring_len))
-                self.model("fold", fold_specs(*heads, pool_dtype, ring_len))
+            for op, specs in geometry_graphs(*heads, pool_dtype):  # every ring length of a geometry in
+                # its first call (the guard's compile allowance): a later, longer window must not
+                # compile within a plain call's timeout
+                if op != "recurrence":
+                    self.model(op, specs)
             specs = verify_specs(*heads, pool_dtype, ring.shape[2])
             return self.run("verify", specs, qkv, decay, beta, pool, ring, slot_idx, ring_slot_idx, offsets, width)
 
@@ -335,17 +385,59 @@ def max_engine() -> MaxEngine:
     return _ENGINE[0]
 
 
-def qwen35_classes(dtype: str, value_heads: Sequence[int] = QWEN35_VALUE_HEADS) -> tuple[ShapeClass, ...]:
+def precompile(
+    folder: str | Path,
+    classes: Sequence[ShapeClass],
+    arch: str = "sm_90a",
+    cpu: str = "x86-64-v3",
+    progress: Callable[[str], None] | None = None,
+) -> int:
+    """Compile every model the adapters run on ``classes`` (both pool dtypes) into ``folder`` for a
+    GPU of ``arch`` and a host of LLVM CPU ``cpu``, in MAX's virtual-device mode: no GPU needed, so
+    that the GPU machine loads them (``GDN_VERIFY_MAX_MEFS``). Must run in a process that has not
+    opened a device yet. Returns the number of models; ``progress`` hears each one's name."""
+    from max import driver
+
+    driver.set_virtual_cpu_target(cpu)
+    driver.set_virtual_device_api("cuda")
+    driver.set_virtual_device_target_arch(arch)
+    driver.set_virtual_device_count(1)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    engine = MaxEngine(export=str(folder))
+    geometries = sorted({(c.H, c.HV, c.K, c.V) for c in classes})
+    for nk, nv, KD, VD in geometries:
+        for pool_dtype in POOL_DTYPES:
+            for op, specs in geometry_graphs(nk, nv, KD, VD, pool_dtype):
+                if progress:
+                    progress(f"{op} {nk}/{nv} K={KD} V={VD} {pool_dtype.name} pool")
+                engine.model(op, specs)
+    versions = dict(max=importlib.metadata.version("max"), arch=arch, cpu=cpu, geometries=geometries)
+    (Path(folder) / VERSIONS_FILE).write_text(json.dumps(versions, indent=1) + "\n")
+    return len(engine.models)
+
+
+def qwen35_classes(
+    dtype: str, value_heads: Sequence[int] = QWEN35_VALUE_HEADS, tensor_parallel: int = 1
+) -> tuple[ShapeClass, ...]:
     """Shape classes of MAX's Qwen3.5 layers (16 key heads, ``value_heads``, K = V = 128), l2norm
-    on (MAX always normalises): varlen with a state first, then batched without one, per geometry."""
-    K = QWEN35_HEAD_DIM
+    on (MAX always normalises): varlen with a state first, then batched without one, per geometry.
+    ``tensor_parallel``: the heads one GPU holds when the layer is split over that many (8: 2 key
+    heads and 4, 6 or 8 value heads, the float64 oracle 4 to 8 times cheaper than on the whole layer)."""
+    if tensor_parallel < 1 or QWEN35_KEY_HEADS % tensor_parallel or any(nv % tensor_parallel for nv in value_heads):
+        heads = (QWEN35_KEY_HEADS, *value_heads)
+        raise ValueError(f"tensor_parallel: must divide every head count {heads}, got {tensor_parallel}")
+    K, nk = QWEN35_HEAD_DIM, QWEN35_KEY_HEADS // tensor_parallel
     flags = ((True, True, True), (False, False, True))
-    return tuple(ShapeClass(QWEN35_KEY_HEADS, nv, K, K, dtype, *f) for nv in value_heads for f in flags)
+    return tuple(ShapeClass(nk, nv // tensor_parallel, K, K, dtype, *f) for nv in value_heads for f in flags)
 
 
 def _implementation(name: str, form: Callable, what: str, pool_dtype: Any) -> Implementation:
     narrow = np.dtype(pool_dtype) == BF16
-    extra = jit_compiled(state_dtype="bfloat16") if narrow else jit_compiled()
+    # MAX keeps each state column in float32 registers over the whole sequence and rounds it only
+    # where it reads and writes the pool (seed 001): a bfloat16 pool is a state rounded once per
+    # call (tolerance.StoredState). The bfloat16-pool check of 2026-11-27 measured a state error of
+    # 2.38e-3, the 2.3e-3 RMS of one bfloat16 rounding (u / sqrt(3)).
+    extra = jit_compiled(state_dtype="bfloat16", state_rounding="stored") if narrow else jit_compiled()
     return Implementation(name, {"recurrent": form}, "torch", what, "bfloat16", extra=extra)
 
 
@@ -368,8 +460,8 @@ def max_recurrence() -> Implementation:
 
 
 def max_recurrence_bf16() -> Implementation:
-    """The recurrence on a bfloat16 pool: the state is rounded to bfloat16 where it is stored
-    (declared: ``extra["state_dtype"]``)."""
+    """The recurrence on a bfloat16 pool: the state is rounded to bfloat16 where it is loaded and
+    stored, once per call (declared: ``extra["state_dtype"]``, ``extra["state_rounding"]``)."""
     return _recurrence("max-recurrence-bf16", BF16)
 
 
@@ -383,14 +475,17 @@ def max_verify_ring_bf16() -> Implementation:
 
 __all__ = [
     "MAX_INSTALL",
+    "MEFS_ENV",
     "InputSpec",
     "MaxEngine",
     "fold_specs",
+    "geometry_graphs",
     "max_engine",
     "max_recurrence",
     "max_recurrence_bf16",
     "max_verify_ring",
     "max_verify_ring_bf16",
+    "precompile",
     "qwen35_classes",
     "recurrence_specs",
     "same_head_dims",
