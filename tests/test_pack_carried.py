@@ -510,3 +510,23 @@ def test_every_pin_names_a_wheel_of_its_version():
         assert re.fullmatch(r"[0-9a-f]{64}", sha), name
         dist, wheel_version = wheel.split("-")[:2]
         assert re.sub(r"[-_.]+", "-", dist).lower() == name and wheel_version == version, wheel
+
+
+@needs_xz
+def test_max_stage_unpacks_the_precompiled_graphs_carried_with_part_3(tmp_path):
+    whl = _max_parts(tmp_path)
+    graphs = tmp_path / "made" / "mefs"
+    graphs.mkdir(parents=True)
+    (graphs / "gdn_verify_max_recurrence-0123456789ab.mef").write_bytes(b"MEF stand-in")
+    (graphs / "manifest.json").write_text('{"graphs": []}')
+    (whl / "maxmefs").mkdir()
+    subprocess.run(["tar", "-C", str(graphs.parent), "-cJf", str(whl / "maxmefs" / "mefs.tar.xz"), "mefs"], check=True)
+    tree = tmp_path / "checkout"
+    (tree / ".whl").mkdir(parents=True)
+    for d in ("max3", "maxmefs"):  # the third call carries both
+        shutil.copytree(whl / d, tree / ".whl" / d)
+    result = _gpu_max(tree, tmp_path, "stage")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "precompiled graphs: 1 in" in result.stdout
+    staged = tmp_path / "maxparts" / "mefs" / "gdn_verify_max_recurrence-0123456789ab.mef"
+    assert staged.read_bytes() == b"MEF stand-in"
