@@ -91,10 +91,14 @@ def test_a_declared_bfloat16_state_passes_and_undeclared_fails(dtype):
     assert ratio(model(BY_NAME["state16_token"].run), make("retention", dtype)) > 3.0  # forbidden as before
 
 
+@pytest.mark.parametrize("rounded", ["every token", "once per call"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("prop", ["matches_reference", "gate_extremes", "state_continuation", "error_growth"])
-def test_the_declared_model_passes_the_properties(prop, dtype):
-    impl = model(BF16_STATE, "bfloat16")
+@pytest.mark.parametrize(
+    "prop", ["matches_reference", "gate_extremes", "state_continuation", "error_growth", "head_mapping"]
+)
+def test_the_declared_model_passes_the_properties(prop, dtype, rounded):
+    # stored() and BF16_ONCE are defined below, with the once-per-call tests
+    impl = model(BF16_STATE, "bfloat16") if rounded == "every token" else stored(BF16_ONCE)
     limits = Limits(dtype=dtype, max_tokens=512, head_dims=(1, 3, 8, 32, 60))  # 128 costs the probes seconds
     check = catalogue(limits)[prop]
 
