@@ -12,7 +12,10 @@ MAX installed (``scripts/README.md``, "MAX wheels")::
 
 Default geometries: MAX's Qwen3.5 layers whole (16 key heads, 32, 48, 64 value heads) and at
 tensor parallelism 8 (2 key heads, 4, 6, 8 value heads), K = V = 128: the campaign's and the
-check's shape pools in ``scripts/gpu_max.sh``.
+check's shape pools in ``scripts/gpu_max.sh``; and the derived calls the properties make on them
+(``head_mapping`` repeats q and k to as many heads as v: 4/4 to 64/64), which would otherwise
+compile on the GPU machine (the verify ring's ``head_mapping`` spent 468 s in the kernel there on
+2026-11-27, most of it compiling).
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gdn_verify.implementations import max_kernels  # noqa: E402 - after the path above
+from gdn_verify.properties import strategies  # noqa: E402
+
+# The derived calls of the properties (strategies.pool_classes' twins) whose geometry differs.
+TWINS = (strategies.expanded_twin,)
 
 
 def main(argv: list[str]) -> int:
@@ -36,7 +43,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         splits = [int(x) for x in args.tensor_parallel.split(",")]
-        classes = [c for tp in splits for c in max_kernels.qwen35_classes("bfloat16", tensor_parallel=tp)]
+        pools = [c for tp in splits for c in max_kernels.qwen35_classes("bfloat16", tensor_parallel=tp)]
+        classes = pools + [twin(c) for c in pools for twin in TWINS]
     except ValueError as exc:
         parser.error(f"--tensor-parallel: {exc}")
     start = time.perf_counter()
