@@ -461,7 +461,8 @@ def natural_scales(problem: Problem, norms: np.ndarray | None = None) -> Scales 
         norms = np.zeros((N, L, HV))
         recurrent_core(p, norms)
     K, V = p.q.shape[-1], p.v.shape[-1]
-    initial = np.linalg.norm(p.initial_state, axis=(-2, -1))  # [N, HV]
+    # The state's norm from t = -1 (the initial state) to the last token: [N, 1 + L, HV]
+    history = np.concatenate([np.linalg.norm(p.initial_state, axis=(-2, -1))[:, None], norms], 1)
     # Below the smallest normal number a binary format has no relative precision left: a state
     # decayed past it (exp(G) < 2^-126 in float32) is the remnant of a larger one, and a correct
     # kernel's float32 decay carries an absolute error of up to 2^-150 of that larger norm (a
@@ -469,8 +470,7 @@ def natural_scales(problem: Problem, norms: np.ndarray | None = None) -> Scales 
     # So each scale is at least the smallest normal times the largest norm the state has had so far
     # (plus sqrt(K V) for the elements' own rounding), in float64 for float64 inputs.
     tiny = float(np.finfo(np.float64 if np.dtype(problem.dtype) == np.float64 else np.float32).tiny)
-    peak = np.maximum.accumulate(np.concatenate([initial[:, None], norms], 1), axis=1)  # [N, 1 + L, HV]
-    floor = tiny * (peak + np.sqrt(K * V))  # the initial state as t = -1, as below
+    floor = tiny * (np.maximum.accumulate(history, axis=1) + np.sqrt(K * V))  # [N, 1 + L, HV]
     magnitude = p.scale * np.linalg.norm(p.q, axis=-1) * np.maximum(norms, floor[:, 1:]) / np.sqrt(K)  # [N, L, HV]
     B, T = problem.q.shape[:2]
     flat = np.zeros((B * T, HV))
@@ -479,7 +479,7 @@ def natural_scales(problem: Problem, norms: np.ndarray | None = None) -> Scales 
     # The state: max over t of ||S_t|| exp(G_end - G_t), with the initial state as t = -1.
     G = np.cumsum(p.g, axis=1)  # padding has g = 0, so G_end is G at the padded end
     with np.errstate(divide="ignore"):
-        log_norms = np.concatenate([np.log(initial)[:, None], np.log(norms)], 1)
+        log_norms = np.log(history)
     decay_to_end = np.concatenate([G[:, -1:], G[:, -1:] - G], axis=1)
     state = np.maximum(np.exp(np.max(log_norms + decay_to_end, axis=1)), floor[:, -1])
     return Scales(flat, state, id(problem))
