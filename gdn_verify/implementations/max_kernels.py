@@ -271,10 +271,13 @@ class MaxEngine:
         )
         self.device = driver.Accelerator()
         self.engine, self.export = engine, export
-        folder = None if export else os.environ.get(MEFS_ENV)
-        store = dict(export_mefs=export) if export else dict(precompiled_mefs=_mef_folder(folder)) if folder else {}
+        store: dict[str, str] = {}
+        if export:
+            store["export_mefs"] = export
+        elif folder := os.environ.get(MEFS_ENV):
+            store["precompiled_mefs"] = _mef_folder(folder)
         self.session = engine.InferenceSession(devices=[self.device], **store)
-        self.compiling: Any = None if folder else self.session  # for graphs the artifacts lack
+        self.compiling: Any = None  # a session without the artifacts, made for the first graph they lack
         self.models: dict[tuple[str, tuple[InputSpec, ...]], Any] = {}
 
     def build(self, op: str, specs: Sequence[InputSpec]) -> Any:
