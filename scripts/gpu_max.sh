@@ -20,7 +20,7 @@
 #   bash scripts/gpu_max.sh --background          (from /tmp/gdnv) start the driver
 #   bash scripts/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
 # IMPLS, CHECK_IMPLS (the checks' subset of IMPLS), CHECK_PROPERTIES (every property), CHECK_TOKENS (the
-# checks' --max-tokens), CHECK_TP (8), CHECK_EXAMPLES (10), FUZZ_BUDGET (3m),
+# checks' --max-tokens), CHECK_TP (8), CHECK_EXAMPLES (10), CHECK_TIMEOUT (1500 s per check), FUZZ_BUDGET (3m),
 # TIMEOUT (300 s: compiles run inside calls), SMOKE (1) and SIDE_BY_SIDE (0; 1: the campaigns start with the checks,
 # so that their compiles overlap) narrow a rerun. MAX_SITE (/tmp/maxsite) and MAX_PARTS (/tmp/maxparts) move the site and the staged parts.
 set -u -o pipefail
@@ -167,7 +167,7 @@ done
 common=(--dtype bfloat16 --dims 128 --cases "$LOGS/cases" --timeout "${TIMEOUT:-300}")
 for impl in ${CHECK_IMPLS:-$IMPLS}; do
   ( start=$(date +%s)
-    timeout 1500 python3 cli.py check --impl "$impl" "${common[@]}" --plans "$LOGS/plans-check" --seed 1 \
+    timeout "${CHECK_TIMEOUT:-1500}" python3 cli.py check --impl "$impl" "${common[@]}" --plans "$LOGS/plans-check" --seed 1 \
       --max-examples "${CHECK_EXAMPLES:-10}" \
       ${CHECK_PROPERTIES:+--properties "$CHECK_PROPERTIES"} ${CHECK_TOKENS:+--max-tokens "$CHECK_TOKENS"} \
       --json "$LOGS/check-$impl.json" > "$LOGS/check-$impl.log" 2>&1
