@@ -10,6 +10,9 @@ bfloat16 pool through MAX buffers.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -304,7 +307,45 @@ def test_a_graph_the_artifacts_lack_is_compiled_by_a_second_session():
     eng.engine, eng.export, eng.device, eng.models = Engine, None, "gpu", {}
     eng.session, eng.compiling = Session("artifacts", lacks=("fold",)), None
     eng.build = lambda op, specs: op
+    eng.mlir = contextlib.nullcontext
     assert eng.model("recurrence", ()) == "artifacts:recurrence"
     assert eng.model("fold", ()) == "compiling:fold"
     assert eng.model("fold", ()) == "compiling:fold" and eng.model("recurrence", ()) == "artifacts:recurrence"
     assert calls == [("artifacts", "recurrence"), ("artifacts", "fold"), ("compiling", "fold")]
+
+
+def test_graphs_are_built_and_loaded_inside_maxs_mlir_context_on_any_thread():
+    """MAX enters its (thread-local) MLIR context on the main thread only, and the checks call
+    kernels from a worker thread: there MAX 26.7.0's artifact lookup raised "No active MLIR
+    context" (H100, 2026-11-28). MaxEngine must build and load each graph inside the scope it got
+    from MAX, whichever thread asks."""
+    from gdn_verify.implementations import max_kernels as mk
+
+    scope = threading.local()
+    seen = []
+
+    @contextlib.contextmanager
+    def mlir():
+        scope.entered = True
+        try:
+            yield
+        finally:
+            scope.entered = False
+
+    def inside(what):
+        seen.append((what, threading.current_thread() is not threading.main_thread(), getattr(scope, "entered", False)))
+        return what
+
+    class Session:
+        @staticmethod
+        def load(graph):
+            return inside(f"load {graph}")
+
+    eng = object.__new__(mk.MaxEngine)
+    eng.export, eng.models, eng.compiling, eng.session, eng.mlir = None, {}, None, Session, mlir
+    eng.build = lambda op, specs: inside(op)
+    worker = threading.Thread(target=eng.model, args=("verify", ()))
+    worker.start()
+    worker.join()
+    assert seen == [("verify", True, True), ("load verify", True, True)]
+    assert eng.models == {("verify", ()): "load verify"}

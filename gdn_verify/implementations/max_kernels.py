@@ -35,10 +35,12 @@ standing in for MAX's.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,6 +236,16 @@ def _numpy_out(buffer: Any, CPU: Any, DType: Any) -> np.ndarray:
     return host.to_numpy()
 
 
+def _mlir_scope() -> Callable[[], AbstractContextManager]:
+    """MAX's ``ensure_default_mlir_context`` (enters its MLIR context on a thread that has none),
+    or a no-op scope where a MAX version lacks that (private) helper."""
+    try:
+        from max._mlir_context import ensure_default_mlir_context
+    except ImportError:
+        return contextlib.nullcontext
+    return ensure_default_mlir_context
+
+
 def _mef_folder(folder: str) -> str:
     """``folder`` once it is a :func:`precompile` folder made by the MAX version that will load it."""
     try:
@@ -271,6 +283,7 @@ class MaxEngine:
         )
         self.device = driver.Accelerator()
         self.engine, self.export = engine, export
+        self.mlir = _mlir_scope()
         store: dict[str, str] = {}
         if export:
             store["export_mefs"] = export
@@ -300,7 +313,13 @@ class MaxEngine:
         """The model of ``op`` on ``specs``: loaded from its artifact or compiled, on first use, then
         cached (exporting: compiled into the folder, not loaded)."""
         key = (op, specs)
-        if key not in self.models:
+        if key in self.models:
+            return self.models[key]
+        # MAX's MLIR context is thread-local and entered on the main thread only; the checks call
+        # kernels from a worker thread (their timeout), where MAX 26.7.0's precompiled-artifact
+        # lookup reads the graph's input types outside any context ("No active MLIR context", H100
+        # 2026-11-28). Building and loading inside the default context works on any thread.
+        with self.mlir():
             graph = self.build(op, specs)
             if self.export:  # a virtual device has nothing to load a model onto
                 self.models[key] = self.session.compile_reusing_mefs(graph)
