@@ -19,7 +19,7 @@
 #   bash scripts/gpu_max.sh copy                  the checkout (less .whl) to /tmp/gdnv, where the driver runs
 #   bash scripts/gpu_max.sh --background          (from /tmp/gdnv) start the driver
 #   bash scripts/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
-# IMPLS, CHECK_IMPLS (the checks' subset of IMPLS), CHECK_PROPERTIES (every property), CHECK_TOKENS (the
+# IMPLS, CHECK_IMPLS (the checks' subset of IMPLS), FUZZ_IMPLS (the campaigns'; empty: none), CHECK_PROPERTIES (every property), CHECK_TOKENS (the
 # checks' --max-tokens), CHECK_TP (8), CHECK_EXAMPLES (10), CHECK_TIMEOUT (1500 s per check), FUZZ_BUDGET (3m),
 # TIMEOUT (300 s: compiles run inside calls), SMOKE (1) and SIDE_BY_SIDE (0; 1: the campaigns start with the checks,
 # so that their compiles overlap) narrow a rerun. MAX_SITE (/tmp/maxsite) and MAX_PARTS (/tmp/maxparts) move the site and the staged parts.
@@ -174,7 +174,7 @@ for impl in ${CHECK_IMPLS:-$IMPLS}; do
     echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/check-$impl.log" ) &
 done
 [ "${SIDE_BY_SIDE:-0}" = 1 ] || wait
-for impl in $IMPLS; do
+for impl in ${FUZZ_IMPLS-$IMPLS}; do
   ( start=$(date +%s)
     timeout 1500 python3 cli.py fuzz --impl "$impl" "${common[@]}" --plans "$LOGS/plans-fuzz" --seed 2 \
       --budget "${FUZZ_BUDGET:-3m}" \
