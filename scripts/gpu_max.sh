@@ -20,7 +20,8 @@
 #   bash scripts/gpu_max.sh --background          (from /tmp/gdnv) start the driver
 #   bash scripts/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
 # IMPLS, CHECK_IMPLS (the checks' subset of IMPLS), FUZZ_IMPLS (the campaigns'; empty: none), CHECK_PROPERTIES (every property), CHECK_TOKENS (the
-# checks' --max-tokens), CHECK_TP (8), CHECK_EXAMPLES (10), CHECK_TIMEOUT (1500 s per check), FUZZ_BUDGET (3m),
+# checks' --max-tokens, 4096: error_growth's default sweep for a GPU adapter goes to 65536 tokens, where our
+# float64 oracle on the CPU took over 300 s per example, H100 2026-11-28), CHECK_TP (8), CHECK_EXAMPLES (10), CHECK_TIMEOUT (1500 s per check), FUZZ_BUDGET (3m),
 # TIMEOUT (300 s: compiles run inside calls), SMOKE (1) and SIDE_BY_SIDE (0; 1: the campaigns start with the checks,
 # so that their compiles overlap) narrow a rerun. MAX_SITE (/tmp/maxsite) and MAX_PARTS (/tmp/maxparts) move the site and the staged parts.
 set -u -o pipefail
@@ -169,7 +170,7 @@ for impl in ${CHECK_IMPLS:-$IMPLS}; do
   ( start=$(date +%s)
     timeout "${CHECK_TIMEOUT:-1500}" python3 cli.py check --impl "$impl" "${common[@]}" --plans "$LOGS/plans-check" --seed 1 \
       --max-examples "${CHECK_EXAMPLES:-10}" \
-      ${CHECK_PROPERTIES:+--properties "$CHECK_PROPERTIES"} ${CHECK_TOKENS:+--max-tokens "$CHECK_TOKENS"} \
+      ${CHECK_PROPERTIES:+--properties "$CHECK_PROPERTIES"} --max-tokens "${CHECK_TOKENS:-4096}" \
       --json "$LOGS/check-$impl.json" > "$LOGS/check-$impl.log" 2>&1
     echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/check-$impl.log" ) &
 done
