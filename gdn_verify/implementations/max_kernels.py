@@ -40,7 +40,6 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,7 +235,7 @@ def _numpy_out(buffer: Any, CPU: Any, DType: Any) -> np.ndarray:
     return host.to_numpy()
 
 
-def _mlir_scope() -> Callable[[], AbstractContextManager]:
+def _mlir_scope() -> Callable[[], contextlib.AbstractContextManager]:
     """MAX's ``ensure_default_mlir_context`` (enters its MLIR context on a thread that has none),
     or a no-op scope where a MAX version lacks that (private) helper."""
     try:
