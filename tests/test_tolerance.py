@@ -279,8 +279,9 @@ def test_a_problem_past_the_probe_budget_keeps_its_scales(monkeypatch):
     the state norms, so the blocks keep their natural scales. Judged on its own near-zero output
     instead, one one-token block whose query is orthogonal to its key set bounds of 1.1 and 5.4
     (relative RMS) on Qwen3.5's whole layers (H100 campaigns, 2026-11-28), where a correct float32
-    kernel errs 2.4e-3: 311 times the bound within the budget on this problem, against the probes'
-    own fallback (every rounding answering like the inputs), a few percent here."""
+    kernel errs 2.4e-3. On this problem that made the bound past the budget 311 times the bound
+    within it; what remains is the probes' own fallback (every rounding answering like the
+    inputs): a few percent here."""
     from gdn_verify.core import verdict
     from gdn_verify.core.problem import DTYPES
 
