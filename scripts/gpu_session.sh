@@ -36,9 +36,6 @@
 #   site_part2       unpack .whl/gpu2 into /tmp/site: the site is complete (same warm machine)
 #   adapters_check   check every adapter in ADAPTERS side by side (bf16, --dims 128, CHECK_EXAMPLES
 #                    examples, seed 15) -> adapters_check_summary.log, adapters-check.tar.gz (8.5 min)
-#   peers_start      scripts/bench_peers.py detached from a copy (PEERS_NAME: site, PEERS, PEERS_ROWS;
-#                    the same name again continues with --resume) -> /tmp/peers/NAME
-#   peers_collect    wait up to PEERS_WAIT (300) s for PEERS_NAME, then -> peers.tar.gz (every run)
 #   adapters_fuzz    fuzz every adapter side by side (FUZZ_BUDGET, default 8m) -> campaigns.json,
 #                    adapters_fuzz_summary.log, adapters-fuzz.tar.gz (9.5 min)
 set -u -o pipefail
@@ -148,30 +145,6 @@ for phase in $phases; do
       for _ in $(seq "${FUZZ_WAIT:-120}"); do pgrep -f "cli.py fuzz" > /dev/null || break; sleep 5; done
       pgrep -af "cli.py fuzz"; tail -n 4 /tmp/fuzz/*.log
       tar -czf "$OUT/fuzz.tar.gz" -C /tmp fuzz ;;
-    peers_start)
-      # The prefill bench beside every peer of the site (section "The peer prefill bench" of
-      # scripts/README.md), detached from a copy of the checkout (a later call that does not carry
-      # .whl/vllm_fla removes it here), so that it outlives this call while the machine stays warm.
-      # PEERS_NAME names the run (/tmp/peers/NAME), PEERS and PEERS_ROWS pick peers and rows; a
-      # run of the same name continues with --resume.
-      need_site || continue
-      name=${PEERS_NAME:-site}; mkdir -p /tmp/peers
-      copy=/tmp/gdnp-$name; rm -rf "$copy" && cp -r "$PWD" "$copy" || continue
-      resume=(); [ -f "/tmp/peers/$name/prefill_peers.json" ] && resume=(--resume)
-      # the copy, not this checkout, first on the path and as vLLM's files (common.sh named this one)
-      ( cd "$copy" || exit 1
-        export PYTHONPATH="$copy:${PYTHONPATH#*:}" GDN_VERIFY_VLLM_OPS="$copy/.whl/vllm_fla" FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws
-        setsid nohup python3 scripts/bench_peers.py "/tmp/peers/$name" \
-          --peers "${PEERS:-ours,ours-cp-off,fla,flashinfer,flashinfer-cp,vllm}" ${PEERS_ROWS:+--rows "$PEERS_ROWS"} \
-          "${resume[@]}" >> "/tmp/peers/$name.log" 2>&1 < /dev/null &
-        echo $! > "/tmp/peers/$name.pid" )
-      echo "peers $name started (pid $(cat "/tmp/peers/$name.pid"))" ;;
-    peers_collect)
-      # Waits up to PEERS_WAIT seconds for the run PEERS_NAME, then packs every run's files into $OUT.
-      name=${PEERS_NAME:-site}
-      for _ in $(seq "${PEERS_WAIT:-300}"); do kill -0 "$(cat "/tmp/peers/$name.pid" 2>/dev/null)" 2>/dev/null || break; sleep 1; done
-      tail -n 3 "/tmp/peers/$name.log"
-      tar -czf "$OUT/peers.tar.gz" -C /tmp peers ;;
     fuzz_scaling)
       # Every worker count starts from the same cache: all candidate classes compiled once, then a copy
       # per worker count, so that what one run compiles cannot help the other. The kill limit leaves

@@ -30,7 +30,7 @@ def test_validation_calls_only_existing_session_phases():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
-@pytest.mark.parametrize("script", ["gpu_kernel_validation.sh", "gpu_session.sh"])
+@pytest.mark.parametrize("script", ["gpu_kernel_validation.sh", "gpu_session.sh", "gpu_peers.sh"])
 def test_scripts_parse(script):
     result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
