@@ -579,11 +579,12 @@ def test_a_failing_oracle_leaves_the_times(standins, monkeypatch):
 
 
 def _cell(ms, ratio, run=0, **extra):
-    return dict(
+    cell = dict(
         ms=ms, rounds=[ms] * 3, ratio=ratio, ratio_rounds=[ratio] * 3, ratio_spread=[ratio, ratio], ours_ms=ms / ratio,
         floor_ratio=ms / 0.5, floor_copy_ratio=ms / 0.6, peak_bytes=3 * 2**20, o_rel_rms=1.7e-3, state_rel_rms=2e-6,
-        kernels=None, run=run, **extra,
+        kernels=None, run=run,
     )  # fmt: skip
+    return {**cell, **extra}
 
 
 def _row(key, index, cells, run=0):
@@ -641,7 +642,7 @@ def test_markdown_shows_times_failures_and_peers_that_did_not_load():
     text = peer_table.render(doc)
     assert [r["key"] for r in doc["rows"]] == ["16/32 1x4096", "2/8 1x4096"]  # plan order
     tables = _tables(text)
-    assert len(tables) == 3  # runs, summary, detail
+    assert len(tables) == 4  # runs, summary, goal, detail
     for table in tables:
         assert len({line.count("|") for line in table}) == 1, table  # every line has the header's columns
     summary = tables[1]
@@ -656,10 +657,42 @@ def test_markdown_shows_times_failures_and_peers_that_did_not_load():
         f"| 16/32 | 1 x 4096 | 4096 | {fl['flop'] / 1e9:.1f} | {fl['bytes'] / 1e9:.3f} | "
         f"{fl['datasheet']['floor_ms']:.3f} | {fl['datasheet']['bound']} | {fl['copy']['floor_ms']:.3f} |"
     )
-    detail = [line for line in tables[2] if "| fla |" in line and "16/32" in line][0]
+    detail = [line for line in tables[3] if "| fla |" in line and "16/32" in line][0]
     assert "| 3.00 (3.00-3.00) |" in detail and "| 1.8x |" in detail and "| 3 MiB |" in detail
     line = peer_table.format_row(doc["rows"][1], ["ours", "fla"])
     assert "fla first call: ValueError: unsupported layout" in line and "ours 0.400" in line
+
+
+def test_the_goal_takes_the_fastest_other_peer_and_names_each_shortfall():
+    fast = dict(o_rel_rms=3e-3, state_rel_rms=2e-3)
+    doc = _doc(
+        _run(["ours", "ours-cp-off", "fla", "flashinfer"]),
+        [
+            # ours-cp-off is ours: never the fastest peer; flashinfer is 2x faster with a third of the memory
+            _row("16/32 1x4096", 0, {
+                "ours": _cell(0.4, 1.0, peak_bytes=90), "ours-cp-off": _cell(0.1, 0.25, peak_bytes=10),
+                "fla": _cell(0.6, 1.5, peak_bytes=60), "flashinfer": _cell(0.2, 0.5, peak_bytes=30, **fast),
+            }),
+            # ours is the fastest and smallest; met
+            _row("2/8 1x4096", 1, {"ours": _cell(0.2, 1.0, peak_bytes=10), "fla": _cell(0.3, 1.5, peak_bytes=20)}),
+            # faster, but the state error is past the goal's 1e-4
+            _row("4/8 1x4096", 2, {"ours": _cell(0.2, 1.0, state_rel_rms=2e-4), "fla": _cell(0.3, 1.5)}),
+            # a failed peer is not the fastest
+            _row("8/16 1x4096", 3, {"ours": _cell(0.2, 1.0), "flashinfer": {"error": "E", "stage": "first call"}}),
+        ],
+    )  # fmt: skip
+    goal = {g["key"]: g for g in peer_table.goal_rows(doc)}
+    first = goal["16/32 1x4096"]
+    assert first["fastest"] == "flashinfer" and first["ours_over_fastest"] == pytest.approx(2.0)
+    assert first["memory_ratio"] == pytest.approx(3.0) and not first["met"] and first["accurate"]
+    assert not first["fastest_accurate"]
+    assert goal["2/8 1x4096"]["met"] and goal["2/8 1x4096"]["ours_over_fastest"] == pytest.approx(1 / 1.5)
+    assert not goal["4/8 1x4096"]["met"] and not goal["4/8 1x4096"]["accurate"]
+    assert goal["8/16 1x4096"]["fastest"] is None and goal["8/16 1x4096"]["met"]
+    text = peer_table.render(doc)
+    assert "Met on 2 of 4 rows; the fastest peer itself is within those errors on 2." in text
+    assert "| flashinfer | 0.200 | 2.00x | 3.00x |" in text and "| short: time 2.00x, memory 3.00x |" in text
+    assert "| short: accuracy |" in text
 
 
 def test_merging_two_partial_files_joins_rows_by_key():

@@ -23,6 +23,12 @@ JSON_NAME = "prefill_peers.json"
 MD_NAME = "prefill_peers.md"
 # Table order of the peers (gdn_verify.bench.peers.PEERS plus the optional one); others after, by name.
 ORDER = ("ours", "ours-cp-off", "fla", "flashinfer", "flashinfer-cp", "flashinfer-cp-on", "flashqla", "vllm")
+# Issue 29's goal for our prefill (bfloat16 inputs): at most the fastest peer's time, at no more extra
+# memory, with the output and final state at most these relative RMS errors against the float64 oracle.
+GOAL_RATIO = 1.0
+GOAL_O_REL_RMS = 2e-3
+GOAL_STATE_REL_RMS = 1e-4
+OURS = ("ours", "ours-cp-off")  # our own variants: never "the fastest peer"
 
 
 def new_document() -> dict:
@@ -139,6 +145,76 @@ def format_row(row: dict, names: Sequence[str]) -> str:
     return head + ": " + " | ".join(parts) + f" [{row.get('wall_s', '?')} s]"
 
 
+def _accurate(cell: dict) -> bool:
+    o, state = cell.get("o_rel_rms"), cell.get("state_rel_rms")
+    return o is not None and state is not None and o <= GOAL_O_REL_RMS and state <= GOAL_STATE_REL_RMS
+
+
+def goal_rows(doc: dict) -> list[dict]:
+    """Per row, ours (the default call) against the fastest peer that ran: ``key``, ``ours_ms``,
+    ``fastest`` (its name, None where no peer ran), ``fastest_ms``, ``ours_over_fastest`` (from the
+    peer's in-run ratio: ours' time over the peer's, above 1: ours slower), ``memory_ratio`` (ours'
+    extra memory over the peer's), ``accurate`` (ours within the goal's errors), the fastest peer's
+    errors and whether they are within the goal (``fastest_accurate``), and ``met``."""
+    out = []
+    for r in doc["rows"]:
+        ours = r["cells"].get("ours")
+        if ours is None or _failed(ours):
+            continue
+        peers = [(n, c) for n, c in r["cells"].items() if n not in OURS and not _failed(c) and c.get("ratio")]
+        name, best = min(peers, key=lambda p: p[1]["ratio"], default=(None, None))
+        o, state = ours.get("o_rel_rms"), ours.get("state_rel_rms")
+        accurate = _accurate(ours)
+        ratio = None if best is None else 1.0 / best["ratio"]
+        mem = None
+        if best is not None and ours.get("peak_bytes") is not None and best.get("peak_bytes"):
+            mem = ours["peak_bytes"] / best["peak_bytes"]
+        met = accurate and (best is None or (ratio <= GOAL_RATIO and mem is not None and mem <= 1.0))
+        out.append(
+            dict(key=r["key"], layout=r["layout"], sequences=r["sequences"], length=r["length"],
+                 ours_ms=ours.get("ms"), fastest=name, fastest_ms=best and best.get("ms"),
+                 ours_over_fastest=ratio, memory_ratio=mem, o_rel_rms=o, state_rel_rms=state,
+                 accurate=accurate, fastest_o_rel_rms=best and best.get("o_rel_rms"),
+                 fastest_state_rel_rms=best and best.get("state_rel_rms"),
+                 fastest_accurate=best is not None and _accurate(best), met=met)
+        )  # fmt: skip
+    return out
+
+
+def _goal_table(doc: dict) -> list[str]:
+    rows = goal_rows(doc)
+    met = sum(g["met"] for g in rows)
+    fast_ok = sum(g["fastest_accurate"] for g in rows)
+    lines = [
+        f"Ours (the default call) against the fastest other peer on each row: the goal is at most "
+        f"{GOAL_RATIO:.1f}x its time, at no more extra memory, with the output within {GOAL_O_REL_RMS:.0e} "
+        f"and the final state within {GOAL_STATE_REL_RMS:.0e} relative RMS of the float64 oracle. "
+        f"Met on {met} of {len(rows)} rows; the fastest peer itself is within those errors on {fast_ok}. "
+        "`ours / fastest` is the inverse of the peer's in-run ratio.",
+        "",
+        "| layout | sequences x length | ours ms | fastest peer | its ms | ours / fastest | extra memory ours / its "
+        "| ours o / state rel RMS | its o / state rel RMS | goal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for g in rows:
+        short = []
+        if g["ours_over_fastest"] is not None and g["ours_over_fastest"] > GOAL_RATIO:
+            short.append(f"time {g['ours_over_fastest']:.2f}x")
+        if g["memory_ratio"] is not None and g["memory_ratio"] > 1.0:
+            short.append(f"memory {g['memory_ratio']:.2f}x")
+        if not g["accurate"]:
+            short.append("accuracy")
+        lines.append(
+            f"| {g['layout']} | {g['sequences']} x {g['length']} | {_num(g['ours_ms'], '.3f')} | "
+            f"{g['fastest'] or '-'} | {_num(g['fastest_ms'], '.3f')} | {_num(g['ours_over_fastest'], '.2f', 'x')} | "
+            f"{_num(g['memory_ratio'], '.2f', 'x')} | "
+            f"{_num(g['o_rel_rms'], '.2e')} / {_num(g['state_rel_rms'], '.2e')} | "
+            f"{_num(g['fastest_o_rel_rms'], '.2e')} / {_num(g['fastest_state_rel_rms'], '.2e')} | "
+            f"{'met' if g['met'] else 'short: ' + ', '.join(short)} |"
+        )
+    return lines
+
+
 def _runs_table(doc: dict) -> list[str]:
     lines = [
         "| run | date | started (UTC) | device | torch | triton | CuPy | CUDA | copy GB/s | peers run "
@@ -210,6 +286,7 @@ def render(doc: dict) -> str:
             f"{fl['bound'] if fl else 'n/a'} | {_num(cp and cp['floor_ms'], '.3f')} | "
         )
         lines.append(shape + " | ".join(_cell(n, r["cells"].get(n)) for n in names) + " |")
+    lines += ["", "## Against the goal", "", *_goal_table(doc)]
     lines += [
         "",
         "## Detail",
