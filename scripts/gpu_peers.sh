@@ -17,6 +17,9 @@
 #              has failed past 2^31 elements: a lost CUDA context voids a row for every peer);
 #   fqla-long  ours and flashqla on them
 #   cp         bench_context_parallel.py: the context-parallel cost model's measurements
+#   ncu        scripts/profile_peers_ncu.py: host and device time per prefill peer (NCU_ROWS), then
+#              Nsight Compute of each prefill peer (NCU_PEERS, space-separated) on those rows and of the float32-state
+#              decode of ours and FlashInfer (NCU_DECODE), one ncu run per peer -> ncu/*.log
 # A step whose prefill_peers.json exists continues with --resume. The timed runs are one at a time:
 # the machine is otherwise idle.
 set -u -o pipefail
@@ -70,6 +73,22 @@ for step in ${STEPS:-site decode fqla long long-vllm fqla-long cp}; do
       echo "$(date -u +%T) cp"
       PYTHONPATH=$PWD python3 scripts/bench_context_parallel.py "$LOGS/cp" > "$LOGS/cp.log" 2>&1
       echo "$(date -u +%T) cp: exit $?" ;;
+    ncu)
+      mkdir -p "$LOGS/ncu"; echo "$(date -u +%T) ncu"
+      rows=${NCU_ROWS:-16/32 8x2048\$,2/8 1x65536\$} peers=${NCU_PEERS:-ours ours-cp-off flashinfer flashinfer-cp}
+      PYTHONPATH=$FI_PATH python3 scripts/profile_peers_ncu.py --rows "$rows" --peers "$(echo $peers | tr ' ' ,)" \
+        --decode '' --calls 0 > "$LOGS/ncu/host.log" 2>&1
+      metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+      profile() {  # LOG ARGS...: one ncu run
+        local log=$1; shift
+        PYTHONPATH=$FI_PATH timeout "${NCU_TIMEOUT:-300}" ncu --profile-from-start off --clock-control none \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section SchedulerStats --metrics "$metrics" \
+          python3 scripts/profile_peers_ncu.py "$@" > "$LOGS/ncu/$log.log" 2>&1
+        echo "$(date -u +%T) ncu $log: exit $?"
+      }
+      for p in $peers; do profile "prefill-$p" --rows "$rows" --peers "$p" --decode ''; done
+      for p in ours flashinfer; do profile "decode-$p" --rows '' --decode "${NCU_DECODE:-16/32:1024}" --decode-peers "$p"; done ;;
     *) echo "unknown step $step" ;;
   esac
 done
