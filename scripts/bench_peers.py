@@ -43,7 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="keep OUT's finished rows and run the others")
     parser.add_argument("--list", action="store_true", help="print the row plan and the peers, run nothing")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=peers.prefill.REPS)
     parser.add_argument("--rounds", type=int, default=peers.prefill.ROUNDS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-inference-mode", action="store_true", help="call the kernels outside inference mode")

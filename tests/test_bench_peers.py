@@ -216,7 +216,28 @@ def test_n_peers_interleave_in_order_each_round():
     log = []
     timers = {n: fixed([1.0] * 3, log, n) for n in ("ours", "fla", "vllm")}
     prefill.interleave(timers, rounds=3, reference="ours")
-    assert log == [(n, i) for i in range(3) for n in ("ours", "fla", "vllm")]
+    forward = ("ours", "fla", "vllm")
+    assert log == [(n, i) for i in range(3) for n in (forward if i % 2 == 0 else forward[::-1])]
+
+
+def test_a_bias_of_position_cancels_over_alternating_rounds():
+    """Whichever kernel runs second in a round is 10 % faster (say, a warm L2): with the order
+    alternating over an even number of rounds, two equal kernels come out equal, where a fixed
+    order would report 0.9 (what the peer bench of 2026-11-28 showed for two identical calls)."""
+    position = []
+
+    def timer(name):
+        def time(i):
+            position.append(name)
+            second = len(position) % 2 == 0
+            return 0.9 if second else 1.0
+
+        return time
+
+    cells = prefill.interleave({"a": timer("a"), "b": timer("b")}, rounds=prefill.ROUNDS, reference="a")
+    assert prefill.ROUNDS % 2 == 0
+    assert cells["b"]["ratio"] == pytest.approx(1.0, abs=0.06)
+    assert sorted(cells["b"]["ratio_rounds"]) == pytest.approx([0.9] * 3 + [1 / 0.9] * 3)
 
 
 def test_n_peer_medians_and_ratios_to_the_reference():

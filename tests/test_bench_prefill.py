@@ -38,7 +38,7 @@ def test_the_reported_ratio_is_the_median_of_the_per_round_ratios():
     assert row["ratio_spread"] == [0.25, 1.5]
 
 
-def test_rounds_interleave_ours_then_fla():
+def test_rounds_interleave_ours_and_fla_in_alternating_order():
     log = []
 
     def timer(name):
@@ -49,7 +49,7 @@ def test_rounds_interleave_ours_then_fla():
         return time
 
     prefill.interleaved_rounds(timer("ours"), timer("fla"), rounds=3)
-    assert log == [("ours", 0), ("fla", 0), ("ours", 1), ("fla", 1), ("ours", 2), ("fla", 2)]
+    assert log == [("ours", 0), ("fla", 0), ("fla", 1), ("ours", 1), ("ours", 2), ("fla", 2)]
 
 
 def test_a_host_drifting_each_round_leaves_the_ratio_steady():

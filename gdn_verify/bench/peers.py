@@ -470,7 +470,7 @@ def measure_row(
     torch,
     floor_row: dict,
     warmup: int = 3,
-    reps: int = 10,
+    reps: int = prefill.REPS,
     rounds: int = prefill.ROUNDS,
     seed: int = 0,
 ) -> tuple[dict[str, dict], str | None]:
@@ -561,7 +561,7 @@ def bench(
     progress: Callable[[str], Any] | None = print,
     skip: frozenset[str] = frozenset(),
     warmup: int = 3,
-    reps: int = 10,
+    reps: int = prefill.REPS,
     rounds: int = prefill.ROUNDS,
     seed: int = 0,
     inference_mode: bool = True,

@@ -4,7 +4,7 @@ Both run on identical bf16 torch inputs, varlen-packed with ``B = 1`` and ``cu_s
 serving (no ``cu_seqlens`` for a single sequence), with the final state written. Per row:
 
 - time: CUDA-event medians after warm-up, device time of the whole call including launches, taken
-  in :data:`ROUNDS` interleaved rounds (ours, FLA, ours, FLA, ...; :func:`interleaved_rounds`): each
+  in :data:`ROUNDS` interleaved rounds (ours, FLA, FLA, ours, ...; :func:`interleaved_rounds`): each
   time is the median over rounds of each round's median, and the ratio ours / FLA the median of the
   per-round ratios, with their spread. Both kernels read ``cu_seqlens`` on the host once per call,
   inside the timed window, so the varlen rows time host latency too, which drifts over a run (our
@@ -36,9 +36,12 @@ from gdn_verify.core.reference import chunk_gated_delta_rule as oracle
 CASES = ((1, 4096), (1, 16384), (1, 65536), (8, 2048), (64, 512))
 # The accuracy shape of the issue: H = 4, HV = 8, K = V = 128, one sequence of 8192 tokens.
 ACCURACY_SHAPE = dict(H=4, HV=8, K=128, V=128, T=8192)
-# Interleaved timing rounds per row; the repetitions are split across them (10 reps: 2 a round), with
-# one untimed call before each round after the first: 17 calls of each kernel a row (13 before the rounds).
-ROUNDS = 5
+# Interleaved timing rounds per row, in alternating order (a, b, c, then c, b, a): an even count, so
+# that each kernel runs as often before a peer as after it. The repetitions are split across them
+# (12 reps: 2 a round), after 3 untimed calls before the first round and one before each later
+# round (:func:`_round_timer`): 20 calls of each kernel a row.
+ROUNDS = 6
+REPS = 12
 
 
 def _time_ms(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, reps: int) -> float:
@@ -72,8 +75,13 @@ def interleave(
     reference: str | None = None,
     catch: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Time every timer in turn in each of ``rounds`` rounds (in ``timers``' order: a, b, c, a, b,
-    c, ...), each taking the round's index and returning that round's time in ms. Pure: no GPU.
+    """Time every timer in turn in each of ``rounds`` rounds, in ``timers``' order in even rounds
+    and in reverse in odd ones (a, b, c, c, b, a, a, b, c, ...), each taking the round's index and
+    returning that round's time in ms. The alternation gives a kernel that runs after another (a
+    warm L2, a GPU clock that follows the last kernel's load) as many rounds before it as after it,
+    so a bias of position cancels in the median of the per-round ratios over an even number of
+    rounds; on 2026-11-28 two calls of the same kernels a fixed order apart differed by 2-11 %
+    (``reports/2026-11-28-peer-benches/``). Pure: no GPU.
 
     Returns per name ``ms`` (the median over rounds), ``rounds`` (the per-round times, in order),
     and against ``reference`` (a name in ``timers``): ``ratio`` (the median over rounds of the
@@ -86,8 +94,10 @@ def interleave(
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     times: dict[str, list[float]] = {name: [] for name in timers}
     errors: dict[str, str] = {}
+    order = list(timers)
     for i in range(rounds):
-        for name, timer in timers.items():
+        for name in order if i % 2 == 0 else order[::-1]:
+            timer = timers[name]
             if name in errors:
                 continue
             try:
@@ -114,7 +124,7 @@ def interleave(
 def interleaved_rounds(
     time_ours: Callable[[int], float], time_fla: Callable[[int], float] | None, rounds: int = ROUNDS
 ) -> dict[str, Any]:
-    """Time ours and FLA alternately in ``rounds`` rounds (ours, FLA, ours, FLA, ...), each callable
+    """Time ours and FLA alternately in ``rounds`` rounds (ours, FLA, FLA, ours, ...), each callable
     taking the round's index and returning that round's time in ms; without FLA (``time_fla`` None),
     ours alone in rounds (:func:`interleave` of the two).
 
@@ -250,7 +260,7 @@ def prefill_bench(
     V: int = 128,
     progress: Callable[[str], Any] | None = print,
     warmup: int = 3,
-    reps: int = 10,
+    reps: int = REPS,
     seed: int = 0,
     rounds: int = ROUNDS,
 ) -> list[dict]:
