@@ -35,7 +35,7 @@ LAYOUTS = ((2, 8), (8, 16), (16, 32))
 TOKENS = (8192, 16384, 32768, 65536, 131072)
 MODES: tuple[bool | int | None, ...] = (False, 2, 4, 8, 16, 32, None)
 K = V = 128
-WARMUP, REPS = 2, 9
+WARMUP, REPS = 2, 12  # REPS split over prefill.ROUNDS interleaved rounds
 
 
 def parse_layouts(text: str) -> tuple[tuple[int, int], ...]:
@@ -106,8 +106,9 @@ def render(doc: dict[str, Any]) -> str:
         "# Context parallelism: time against the segment count J",
         "",
         f"{doc.get('device', 'device not recorded')}; {doc.get('date', 'date not recorded')}; {versions}.",
-        f"bfloat16, K = V = {K}, one sequence of T tokens; ms per call, median of {REPS} CUDA-event "
-        f"timings after {WARMUP} warm-up calls. off: `context_parallel=False`; J: forced J segments; "
+        f"bfloat16, K = V = {K}, one sequence of T tokens; ms per call, the median over interleaved rounds "
+        f"in alternating order of each mode's CUDA-event timings ({REPS} in all, {WARMUP} warm-up calls "
+        "before the first round, one before each later one). off: `context_parallel=False`; J: forced J segments; "
         "auto: `context_parallel=None`, its J from `chunk.last_kernels`; auto / off: its time over the "
         "plain call's.",
         "",
@@ -148,23 +149,32 @@ def inputs(torch: Any, H: int, HV: int, T: int) -> dict[str, Any]:
 
 
 def measure_row(torch: Any, chunk: Any, H: int, HV: int, T: int) -> dict[str, Any]:
-    """One row: the median ms of each mode in :data:`MODES` (key ``str(mode)``) and the auto call's label."""
+    """One row: the median ms of each mode in :data:`MODES` (key ``str(mode)``) and the auto call's
+    label. The modes are timed in interleaved rounds of alternating order (``prefill.interleave``):
+    timed one after another, the first mode of a row ran on a GPU still clocking up from the row's
+    set-up, which put ``off`` 45 % above the identical auto call on 2026-11-28."""
     from gdn_verify.bench import prefill
 
     x = inputs(torch, H, HV, T)
     row: dict[str, Any] = dict(H=H, HV=HV, T=T)
+    calls = {}
     for mode in MODES:
 
         def call(mode: bool | int | None = mode) -> Any:
             return chunk.chunk_gated_delta_rule(**x, output_final_state=True, context_parallel=mode)
 
         try:
-            ms = prefill._time_ms(call, torch.cuda.synchronize, WARMUP, REPS)
+            call()
         except ValueError:  # a J the launcher refuses for this shape
             continue
-        row[str(mode)] = round(ms, 4)
         if mode is None:
             row["auto_label"] = chunk.last_kernels
+        calls[str(mode)] = call
+    torch.cuda.synchronize()
+    per_round = max(1, REPS // prefill.ROUNDS)
+    timers = {name: prefill._round_timer(c, torch.cuda.synchronize, WARMUP, per_round) for name, c in calls.items()}
+    for name, cell in prefill.interleave(timers, prefill.ROUNDS).items():
+        row[name] = round(cell["ms"], 4)
     return row
 
 

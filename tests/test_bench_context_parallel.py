@@ -63,3 +63,40 @@ def test_no_device_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no CUDA device visible" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_row_times_its_modes_in_alternating_rounds_and_skips_a_refused_j(monkeypatch):
+    """Fake launcher and clock: J = 32 is refused (left out of the row), every other mode is timed
+    in each round, in forward order in even rounds and reversed in odd ones, and the auto call's
+    label is kept."""
+    from types import SimpleNamespace
+
+    from gdn_verify.bench import prefill
+
+    script = _script()
+    order = []
+
+    def launch(context_parallel, **_):
+        if context_parallel == 32:
+            raise ValueError("context_parallel: too many segments")
+        chunk.last_kernels = "fused wgmma sm_90a" + (", context-parallel x 8" if context_parallel is None else "")
+        order.append(context_parallel)
+
+    chunk = SimpleNamespace(chunk_gated_delta_rule=launch, last_kernels=None)
+    torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
+    monkeypatch.setattr(script, "inputs", lambda torch, H, HV, T: {})
+
+    def fake_time_ms(fn, sync, warmup, reps):
+        fn()
+        return {False: 2.0, None: 1.0}.get(order[-1], 1.5)
+
+    monkeypatch.setattr(prefill, "_time_ms", fake_time_ms)
+    row = script.measure_row(torch, chunk, 2, 8, 8192)
+    timed = [m for m in script.MODES if m != 32]
+    assert set(row) == {"H", "HV", "T", "auto_label", *(str(m) for m in timed)}
+    assert row["False"] == 2.0 and row["None"] == 1.0 and row["2"] == 1.5
+    assert row["auto_label"].endswith("context-parallel x 8")
+    rounds = order[len(timed) :]  # after one first call of each mode
+    assert len(rounds) == prefill.ROUNDS * len(timed)
+    for i in range(prefill.ROUNDS):
+        assert rounds[i * len(timed) : (i + 1) * len(timed)] == (timed if i % 2 == 0 else timed[::-1])
