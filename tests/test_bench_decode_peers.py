@@ -33,7 +33,9 @@ def test_table_has_a_cell_per_peer_and_says_why_a_peer_is_missing():
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1 and len(table) == 4
     assert "NVIDIA H100 80GB HBM3, 2026-11-27" in text
-    assert "| 2/8 | 1 | 4.0 | 5.7 (" in text and "| n/a |" in table[2]
+    assert "| 2/8 | 1 | 4.0 | n/a | 5.7 (" in text and "| n/a |" in table[2]  # no in-place time recorded
+    rows[0]["inplace_us"] = 3.8
+    assert "| 2/8 | 1 | 4.0 | 3.8 | 5.7 (" in format_peers_table(rows)
     assert "400.0 (" in table[3] and " eager" in table[3] and "| error |" in table[3]
     assert "- flashinfer: not installed" in text and "- fla at 16/64 B=1024: RuntimeError: boom" in text
     assert format_peers_table([]) == "(no rows)\n"
