@@ -46,6 +46,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=peers.prefill.REPS)
     parser.add_argument("--rounds", type=int, default=peers.prefill.ROUNDS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--gates", choices=peers.prefill.GATES, default="fast", help="the gate regime of the inputs (prefill.GATES)"
+    )
     parser.add_argument("--no-inference-mode", action="store_true", help="call the kernels outside inference mode")
     return parser.parse_args(argv)
 
@@ -98,6 +101,7 @@ def main(argv: list[str]) -> int:
                 rounds=args.rounds,
                 seed=args.seed,
                 inference_mode=not args.no_inference_mode,
+                gates=args.gates,
             )
             status = 3 if meta.get("stopped") else 0
         except KeyboardInterrupt as exc:

@@ -17,6 +17,8 @@
 #              has failed past 2^31 elements: a lost CUDA context voids a row for every peer);
 #   fqla-long  ours and flashqla on them
 #   cp         bench_context_parallel.py: the context-parallel cost model's measurements
+#   slow, fqla-slow  the prefill peers (FlashQLA apart) on SLOW_ROWS with slow gates
+#              (bench_peers.py --gates slow: the state remembers thousands of tokens), named only
 #   ncu        scripts/profile_peers_ncu.py: host and device time per prefill peer (NCU_ROWS), then
 #              Nsight Compute of each prefill peer (NCU_PEERS, space-separated) on those rows and of the float32-state
 #              decode of ours and FlashInfer (NCU_DECODE), one ncu run per peer -> ncu/*.log
@@ -41,12 +43,13 @@ QLA_PATH="$PWD:/tmp/fqsite"
 [ -f "$SITE/.gdnv-site-complete" ] || { echo "site missing: run gpu_session.sh site_part1, site_part2 first"; exit 3; }
 export GDN_VERIFY_VLLM_OPS=$PWD/.whl/vllm_fla
 LONG=262144
-prefill() {  # NAME PYTHONPATH PEERS [ROWS]: one bench_peers.py run
-  local name=$1 path=$2 list=$3 rows=${4:-} resume=()
+SLOW_ROWS=${SLOW_ROWS:-1x65536\$,^16/32 64x512\$}  # the slow-gate rows: where CP and decay truncation matter, and one many-sequence row
+prefill() {  # NAME PYTHONPATH PEERS [ROWS [GATES]]: one bench_peers.py run
+  local name=$1 path=$2 list=$3 rows=${4:-} gates=${5:-fast} resume=()
   [ -f "$LOGS/$name/prefill_peers.json" ] && resume=(--resume)
-  echo "$(date -u +%T) $name: $list${rows:+, rows $rows}"
+  echo "$(date -u +%T) $name: $list${rows:+, rows $rows}, $gates gates"
   PYTHONPATH=$path python3 scripts/bench_peers.py "$LOGS/$name" --peers "$list" ${rows:+--rows "$rows"} \
-    "${resume[@]}" >> "$LOGS/$name.log" 2>&1
+    --gates "$gates" "${resume[@]}" >> "$LOGS/$name.log" 2>&1
   echo "$(date -u +%T) $name: exit $?"
 }
 fqla_site() {  # installs FlashQLA's site once; waits for the carried bundle
@@ -67,6 +70,8 @@ for step in ${STEPS:-site decode fqla long long-vllm fqla-long cp}; do
     fqla | fqla-long)
       rows="^(?!.*$LONG)"; [ "$step" = fqla-long ] && rows=$LONG
       fqla_site && prefill "$step" "$QLA_PATH" ours,flashqla "$rows" ;;
+    slow) prefill slow "$FI_PATH" ours,ours-cp-off,fla,flashinfer,flashinfer-cp "$SLOW_ROWS" slow ;;
+    fqla-slow) fqla_site && prefill fqla-slow "$QLA_PATH" ours,flashqla "$SLOW_ROWS" slow ;;
     long) prefill long "$FI_PATH" ours,ours-cp-off,fla,flashinfer,flashinfer-cp "$LONG" ;;
     long-vllm) prefill long-vllm "$FI_PATH" ours,vllm "$LONG" ;;
     cp)

@@ -627,7 +627,7 @@ def _run(peers_run, not_loaded=None, device="NVIDIA H100 80GB HBM3"):
         not_loaded=not_loaded or {}, copy={"gbps": 3000.0},
         peak=dict(name="H100 SXM", flops=989.4e12, bandwidth=3.35e12),
         settings=dict(dtype="bfloat16", K=128, V=128, cu_seqlens="every call", inference_mode=True, warmup=3, reps=10,
-                      rounds=5),
+                      rounds=5, gates="fast"),
     )  # fmt: skip
 
 
@@ -714,6 +714,17 @@ def test_the_goal_takes_the_fastest_other_peer_and_names_each_shortfall():
     assert "Met on 2 of 4 rows; the fastest peer itself is within those errors on 2." in text
     assert "| flashinfer | 0.200 | 2.00x | 3.00x |" in text and "| short: time 2.00x, memory 3.00x |" in text
     assert "| short: accuracy |" in text
+
+
+def test_runs_of_different_gate_regimes_are_not_merged():
+    row = _row("2/8 1x4096", 5, {"ours": _cell(0.4, 1.0)})
+    fast, slow, before = (_run(["ours"]) for _ in range(3))
+    fast["settings"]["gates"], slow["settings"]["gates"] = "fast", "slow"
+    del before["settings"]["gates"]  # a file from before the setting: fast gates
+    assert len(peer_table.merge(_doc(before, [row]), _doc(fast, [row]))["runs"]) == 2
+    with pytest.raises(ValueError, match="different gate regimes"):
+        peer_table.merge(_doc(fast, [row]), _doc(slow, [row]))
+    assert "(slow gates:" in peer_table.render(_doc(slow, [row]))
 
 
 def test_merging_two_partial_files_joins_rows_by_key():

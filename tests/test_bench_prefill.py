@@ -151,3 +151,20 @@ def test_bench_rows_carry_the_rounds_on_a_gpu(cp):
         assert len(row["ratio_rounds"]) == 5
         assert row["ratio"] == statistics.median(row["ratio_rounds"])
         assert row["ratio_spread"] == [min(row["ratio_rounds"]), max(row["ratio_rounds"])]
+
+
+def test_the_two_gate_regimes():
+    """fast: logsigmoid(U(0, 1)) in [-0.69, -0.31], about -30 a 64-token chunk; slow: log-uniform
+    magnitudes in [1e-3, 1e-1], median 1e-2, about -1 a chunk; any other name is refused before
+    the inputs are made."""
+    torch = pytest.importorskip("torch")
+    u = torch.rand(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    fast, slow = prefill.log_decay(torch, u, "fast"), prefill.log_decay(torch, u, "slow")
+    assert -0.70 < float(fast.min()) and float(fast.max()) < -0.31 and 64 * float(fast.mean()) < -25
+    assert -0.1 <= float(slow.min()) and float(slow.max()) <= -1e-3
+    assert float(slow.median()) == pytest.approx(-1e-2, rel=0.02)
+    assert -2.0 < 64 * float(slow.mean()) < -1.0
+    with pytest.raises(ValueError, match="gates: expected one of fast, slow"):
+        prefill.log_decay(torch, u, "medium")
+    with pytest.raises(ValueError, match="gates"):
+        prefill._inputs(None, 1, 64, 1, 1, 16, 16, 0, None, gates="medium")

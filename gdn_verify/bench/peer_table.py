@@ -54,6 +54,11 @@ def _failed(cell: dict) -> bool:
     return "error" in cell
 
 
+def gates(run: dict) -> str:
+    """A run's gate regime (``prefill.GATES``); runs from before the setting existed used "fast"."""
+    return run.get("settings", {}).get("gates", "fast")
+
+
 def merge(base: dict, other: dict) -> dict:
     """``base`` with ``other``'s runs appended and its rows joined in by key: a peer's cell from
     ``other`` is added where ``base``'s row has none, or has only an error; a row only ``other`` has
@@ -64,6 +69,9 @@ def merge(base: dict, other: dict) -> dict:
     devices = {r.get("device") for r in base["runs"] + other["runs"]}
     if len(devices) > 1:
         raise ValueError(f"runs on different devices cannot share a table: {sorted(map(str, devices))}")
+    regimes = {gates(r) for r in base["runs"] + other["runs"]}
+    if len(regimes) > 1:
+        raise ValueError(f"runs on different gate regimes cannot share a table: {sorted(regimes)}")
     out = copy.deepcopy(base)
     shift = len(out["runs"])
     out["runs"] += copy.deepcopy(other["runs"])
@@ -244,7 +252,8 @@ def render(doc: dict) -> str:
     s = runs[0].get("settings", {})
     peak = runs[0].get("peak")
     lines += [
-        f"Device **{runs[0].get('device')}**; {s.get('dtype')} q, k, v and beta, float32 g, K = V = {s.get('K')}, "
+        f"Device **{runs[0].get('device')}**; {s.get('dtype')} q, k, v and beta, float32 g ({gates(runs[0])} gates: "
+        f"`gdn_verify/bench/prefill.py`, GATES), K = V = {s.get('K')}, "
         f"final state written, `cu_seqlens` on {s.get('cu_seqlens')}; "
         f"{'under' if s.get('inference_mode') else 'outside'} `torch.inference_mode()`. Time: CUDA-event medians "
         f"over {s.get('rounds')} interleaved rounds of {max(1, (s.get('reps') or 0) // max(1, s.get('rounds') or 1))} "

@@ -473,6 +473,7 @@ def measure_row(
     reps: int = prefill.REPS,
     rounds: int = prefill.ROUNDS,
     seed: int = 0,
+    gates: str = "fast",
 ) -> tuple[dict[str, dict], str | None]:
     """Every peer on ``row``: ``({peer: cell}, None)``, or with the reason the CUDA context was lost
     (the cells of the peers not run then say so). A cell: ``ms``, ``rounds``, ``ratio`` (peer /
@@ -480,7 +481,7 @@ def measure_row(
     ``floor_ratio`` and ``floor_copy_ratio`` (time / floor), ``peak_bytes``, ``o_rel_rms``,
     ``state_rel_rms``, ``kernels``, ``hints``, ``warnings``, ``memory_error`` / ``accuracy_error``
     (where that step raised); or ``error`` and ``stage`` (``"first call"``, ``"timing"``) alone."""
-    x = prefill._inputs(torch, row.sequences, row.length, row.H, row.HV, row.K, row.V, seed, torch.bfloat16)
+    x = prefill._inputs(torch, row.sequences, row.length, row.H, row.HV, row.K, row.V, seed, torch.bfloat16, gates)
     cells: dict[str, dict] = {name: {"hints": list(peer.hints)} if peer.hints else {} for name, peer in peers.items()}
     calls: dict[str, Callable[[], Any]] = {}
 
@@ -565,6 +566,7 @@ def bench(
     rounds: int = prefill.ROUNDS,
     seed: int = 0,
     inference_mode: bool = True,
+    gates: str = "fast",
 ) -> dict:
     """Run ``peer_names`` on every row of ``plan`` whose key is not in ``skip``; returns the run's
     ``meta`` (device, date, versions, the peers loaded and why the others did not, the copy
@@ -615,6 +617,7 @@ def bench(
             reps=reps,
             rounds=rounds,
             seed=seed,
+            gates=gates,
             oracle_token_heads=ORACLE_TOKEN_HEADS,
         ),
         env={k: os.environ.get(k) for k in ("FLA_FLASH_QLA", "FLA_INTRACARD_CP", "TRITON_CACHE_AUTOTUNING")},
@@ -632,7 +635,7 @@ def bench(
         floor_row = floor.row_floor(row.lengths, row.H, row.HV, row.K, row.V, device, copy["gbps"])
         heads, note = oracle_heads(row)
         with torch.inference_mode(inference_mode):
-            cells, lost = measure_row(row, peers, torch, floor_row, warmup, reps, rounds, seed)
+            cells, lost = measure_row(row, peers, torch, floor_row, warmup, reps, rounds, seed, gates)
         for cell in cells.values():
             cell["run"] = run
         record = dict(

@@ -24,6 +24,7 @@ Nothing GPU-related is imported until a function runs.
 from __future__ import annotations
 
 import datetime
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -151,8 +152,31 @@ def _round_timer(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, r
     return lambda i: _time_ms(fn, sync, warmup if i == 0 else 1, reps)
 
 
-def _inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed: int, dtype) -> dict:
-    """Serving-like inputs: unit-norm keys, g = logsigmoid(U(0, 1)), beta = sigmoid(U(0, 1)); g stays fp32."""
+# Gate regimes of the bench inputs (log-decay per token and value head, float32):
+# "fast": logsigmoid(U(0, 1)), about -0.47 a token, -30 a 64-token chunk: the state forgets within
+#   a chunk, so long rows are numerically short and a decay-truncated context-parallel pre-pass
+#   (FlashQLA's, threshold -10) costs one chunk per segment;
+# "slow": -exp(U(ln 1e-3, ln 1e-1)), about -0.02 a token, log-uniform like the range of softplus(dt)
+#   at Qwen3-Next's dt_bias initialisation: the state remembers thousands of tokens.
+GATES = ("fast", "slow")
+
+
+def log_decay(torch, u, gates: str):
+    """The gates of regime ``gates`` (:data:`GATES`) from ``u`` ~ U(0, 1), a tensor of any shape."""
+    if gates == "fast":
+        return torch.nn.functional.logsigmoid(u)
+    if gates == "slow":
+        return -torch.exp(math.log(1e-3) + u * math.log(100.0))
+    raise ValueError(f"gates: expected one of {', '.join(GATES)}, got {gates!r}")
+
+
+def _inputs(
+    torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed: int, dtype, gates: str = "fast"
+) -> dict:
+    """Serving-like inputs: unit-norm keys, g in the regime ``gates`` (:data:`GATES`), beta =
+    sigmoid(U(0, 1)); g stays fp32."""
+    if gates not in GATES:  # before any device work
+        raise ValueError(f"gates: expected one of {', '.join(GATES)}, got {gates!r}")
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T = seqs * length
 
@@ -160,7 +184,7 @@ def _inputs(torch, seqs: int, length: int, H: int, HV: int, K: int, V: int, seed
         return torch.randn(*shape, generator=gen, device="cuda")
 
     k = torch.nn.functional.normalize(randn(1, T, H, K), dim=-1)
-    g = torch.nn.functional.logsigmoid(torch.rand(1, T, HV, generator=gen, device="cuda"))
+    g = log_decay(torch, torch.rand(1, T, HV, generator=gen, device="cuda"), gates)
     beta = torch.rand(1, T, HV, generator=gen, device="cuda").sigmoid()
     cu = torch.arange(seqs + 1, device="cuda", dtype=torch.int64) * length
     return dict(
