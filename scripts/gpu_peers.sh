@@ -21,7 +21,8 @@
 #              (bench_peers.py --gates slow: the state remembers thousands of tokens), named only
 #   ncu        scripts/profile_peers_ncu.py: host and device time per prefill peer (NCU_ROWS), then
 #              Nsight Compute of each prefill peer (NCU_PEERS, space-separated) on those rows and of the float32-state
-#              decode of ours and FlashInfer (NCU_DECODE), one ncu run per peer -> ncu/*.log
+#              decode of ours and FlashInfer (NCU_DECODE), one ncu run per peer -> ncu/*.log, and
+#              scripts/ncu_summary.py's tables of them -> ncu/summary.md, ncu/summary.json
 # A step whose prefill_peers.json exists continues with --resume. The timed runs are one at a time:
 # the machine is otherwise idle.
 set -u -o pipefail
@@ -93,7 +94,8 @@ for step in ${STEPS:-site decode fqla long long-vllm fqla-long cp}; do
         echo "$(date -u +%T) ncu $log: exit $?"
       }
       for p in $peers; do profile "prefill-$p" --rows "$rows" --peers "$p" --decode ''; done
-      for p in ours flashinfer; do profile "decode-$p" --rows '' --decode "${NCU_DECODE:-16/32:1024}" --decode-peers "$p"; done ;;
+      for p in ours flashinfer; do profile "decode-$p" --rows '' --decode "${NCU_DECODE:-16/32:1024}" --decode-peers "$p"; done
+      python3 scripts/ncu_summary.py "$LOGS/ncu/summary" "$LOGS"/ncu/prefill-*.log "$LOGS"/ncu/decode-*.log ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -42,6 +42,7 @@ def _profiled(torch, label: str, call, calls: int) -> None:
     if calls < 1:
         return
     torch.cuda.synchronize()
+    print(f"range: {label}", flush=True)  # names the launches after it in ncu's log (gdn_verify.bench.ncu_text)
     torch.cuda.nvtx.range_push(label)
     torch.cuda.profiler.start()
     for _ in range(calls):
