@@ -171,9 +171,7 @@ def measure_row(torch: Any, chunk: Any, H: int, HV: int, T: int) -> dict[str, An
             row["auto_label"] = chunk.last_kernels
         calls[str(mode)] = call
     torch.cuda.synchronize()
-    per_round = max(1, REPS // prefill.ROUNDS)
-    timers = {name: prefill._round_timer(c, torch.cuda.synchronize, WARMUP, per_round) for name, c in calls.items()}
-    for name, cell in prefill.interleave(timers, prefill.ROUNDS).items():
+    for name, cell in prefill.interleave_calls(calls, torch.cuda.synchronize, WARMUP, REPS).items():
         row[name] = round(cell["ms"], 4)
     return row
 

@@ -511,9 +511,8 @@ def measure_row(
                     cells[name]["warnings"] = _warnings(caught)
             except Exception as exc:  # noqa: BLE001 - this peer's cell only
                 failed(name, "first call", one_line(exc))
-        per_round = max(1, reps // rounds)
-        timers = {n: prefill._round_timer(c, torch.cuda.synchronize, warmup, per_round) for n, c in calls.items()}
-        timing = prefill.interleave(timers, rounds, REFERENCE if REFERENCE in timers else None, catch=True)
+        reference = REFERENCE if REFERENCE in calls else None
+        timing = prefill.interleave_calls(calls, torch.cuda.synchronize, warmup, reps, rounds, reference, catch=True)
         ours_ms = timing.get(REFERENCE, {}).get("ms")
         datasheet, copy = floor_row.get("datasheet"), floor_row.get("copy")
         for name, t in timing.items():

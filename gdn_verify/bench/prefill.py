@@ -152,6 +152,23 @@ def _round_timer(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, r
     return lambda i: _time_ms(fn, sync, warmup if i == 0 else 1, reps)
 
 
+def interleave_calls(
+    calls: Mapping[str, Callable[[], Any]],
+    sync: Callable[[], None],
+    warmup: int,
+    reps: int,
+    rounds: int = ROUNDS,
+    reference: str | None = None,
+    catch: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """:func:`interleave` of zero-argument ``calls``: ``reps`` CUDA-event timings of each split
+    over ``rounds`` (at least one a round), ``warmup`` calls before the first round and one before
+    each later one (:func:`_round_timer`)."""
+    per_round = max(1, reps // rounds)
+    timers = {name: _round_timer(call, sync, warmup, per_round) for name, call in calls.items()}
+    return interleave(timers, rounds, reference, catch)
+
+
 # Gate regimes of the bench inputs (log-decay per token and value head, float32):
 # "fast": logsigmoid(U(0, 1)), about -0.47 a token, -30 a 64-token chunk: the state forgets within
 #   a chunk, so long rows are numerically short and a decay-truncated context-parallel pre-pass
@@ -161,13 +178,17 @@ def _round_timer(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, r
 GATES = ("fast", "slow")
 
 
+def _check_gates(gates: str) -> None:
+    if gates not in GATES:
+        raise ValueError(f"gates: expected one of {', '.join(GATES)}, got {gates!r}")
+
+
 def log_decay(torch, u, gates: str):
     """The gates of regime ``gates`` (:data:`GATES`) from ``u`` ~ U(0, 1), a tensor of any shape."""
+    _check_gates(gates)
     if gates == "fast":
         return torch.nn.functional.logsigmoid(u)
-    if gates == "slow":
-        return -torch.exp(math.log(1e-3) + u * math.log(100.0))
-    raise ValueError(f"gates: expected one of {', '.join(GATES)}, got {gates!r}")
+    return -torch.exp(math.log(1e-3) + u * math.log(100.0))
 
 
 def _inputs(
@@ -175,8 +196,7 @@ def _inputs(
 ) -> dict:
     """Serving-like inputs: unit-norm keys, g in the regime ``gates`` (:data:`GATES`), beta =
     sigmoid(U(0, 1)); g stays fp32."""
-    if gates not in GATES:  # before any device work
-        raise ValueError(f"gates: expected one of {', '.join(GATES)}, got {gates!r}")
+    _check_gates(gates)  # before any device work
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T = seqs * length
 
