@@ -6,8 +6,8 @@
 #   bash scripts/gpu_peers.sh --background        start the driver (STEPS, default below)
 #   bash scripts/gpu_peers.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
 # Steps, in STEPS order (each writes /tmp/peers/STEP/ and /tmp/peers/STEP.log):
-#   site       bench_peers.py: ours, ours-cp-off, fla, flashinfer, flashinfer-cp, vllm; every row
-#              below 262144 tokens
+#   site       bench_peers.py: SITE_PEERS (default ours, ours-cp-off, fla, flashinfer, flashinfer-cp,
+#              vllm); every row below 262144 tokens
 #   decode     bench_decode.py --peers: ours, DecodeStep, FLA, FlashInfer fp32/bf16 state, the copy
 #   fqla       bench_peers.py: ours, flashqla (below 262144 tokens), in FlashQLA's site /tmp/fqsite,
 #              which never shares a process with /tmp/site (two tvm-ffi versions); installed from
@@ -20,9 +20,12 @@
 #   slow, fqla-slow  the prefill peers (FlashQLA apart) on SLOW_ROWS with slow gates
 #              (bench_peers.py --gates slow: the state remembers thousands of tokens), named only
 #   ncu        scripts/profile_peers_ncu.py: host and device time per prefill peer (NCU_ROWS), then
-#              Nsight Compute of each prefill peer (NCU_PEERS, space-separated) on those rows and of the float32-state
-#              decode of ours and FlashInfer (NCU_DECODE), one ncu run per peer -> ncu/*.log, and
+#              Nsight Compute of each prefill peer (NCU_PEERS, space-separated) on those rows and of the
+#              float32-state decode of ours and FlashInfer (NCU_DECODE, comma-separated H/HV:B), one ncu
+#              run per peer and NCU_CALLS (default 1) profiled calls per row -> ncu/*.log, and
 #              scripts/ncu_summary.py's tables of them -> ncu/summary.md, ncu/summary.json
+#   fqla-ncu   the same for flashqla in its site: host times, then ncu on NCU_ROWS -> ncu/prefill-flashqla.log,
+#              and the summary again over every log in ncu/
 # A step whose prefill_peers.json exists continues with --resume. The timed runs are one at a time:
 # the machine is otherwise idle.
 set -u -o pipefail
@@ -61,9 +64,21 @@ fqla_site() {  # installs FlashQLA's site once; waits for the carried bundle
   SITE=/tmp/fqsite bash "$bundle/install.sh" && python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --target /tmp/fqsite .whl/*.whl
 }
+NCU_ROWS=${NCU_ROWS:-16/32 8x2048\$,2/8 1x65536\$} NCU_PEERS=${NCU_PEERS:-ours ours-cp-off flashinfer flashinfer-cp}
+NCU_DECODE=${NCU_DECODE:-16/32:1024}
+profile() {  # PYTHONPATH LOG ARGS...: one ncu run of profile_peers_ncu.py -> ncu/LOG.log
+  local path=$1 log=$2; shift 2
+  PYTHONPATH=$path timeout "${NCU_TIMEOUT:-300}" ncu --profile-from-start off --clock-control none \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    python3 scripts/profile_peers_ncu.py "$@" --calls "${NCU_CALLS:-1}" > "$LOGS/ncu/$log.log" 2>&1
+  echo "$(date -u +%T) ncu $log: exit $?"
+}
+summarize() { python3 scripts/ncu_summary.py "$LOGS/ncu/summary" "$LOGS"/ncu/prefill-*.log "$LOGS"/ncu/decode-*.log; }
 for step in ${STEPS:-site decode fqla long long-vllm fqla-long cp}; do
   case $step in
-    site) prefill site "$FI_PATH" ours,ours-cp-off,fla,flashinfer,flashinfer-cp,vllm "^(?!.*$LONG)" ;;
+    site) prefill site "$FI_PATH" "${SITE_PEERS:-ours,ours-cp-off,fla,flashinfer,flashinfer-cp,vllm}" "^(?!.*$LONG)" ;;
     decode)
       mkdir -p "$LOGS/decode"; echo "$(date -u +%T) decode"
       PYTHONPATH=$FI_PATH python3 scripts/bench_decode.py "$LOGS/decode" --peers > "$LOGS/decode.log" 2>&1
@@ -81,21 +96,16 @@ for step in ${STEPS:-site decode fqla long long-vllm fqla-long cp}; do
       echo "$(date -u +%T) cp: exit $?" ;;
     ncu)
       mkdir -p "$LOGS/ncu"; echo "$(date -u +%T) ncu"
-      rows=${NCU_ROWS:-16/32 8x2048\$,2/8 1x65536\$} peers=${NCU_PEERS:-ours ours-cp-off flashinfer flashinfer-cp}
-      PYTHONPATH=$FI_PATH python3 scripts/profile_peers_ncu.py --rows "$rows" --peers "$(echo $peers | tr ' ' ,)" \
+      PYTHONPATH=$FI_PATH python3 scripts/profile_peers_ncu.py --rows "$NCU_ROWS" --peers "$(echo $NCU_PEERS | tr ' ' ,)" \
         --decode '' --calls 0 > "$LOGS/ncu/host.log" 2>&1
-      metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
-      profile() {  # LOG ARGS...: one ncu run
-        local log=$1; shift
-        PYTHONPATH=$FI_PATH timeout "${NCU_TIMEOUT:-300}" ncu --profile-from-start off --clock-control none \
-          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-          --section WarpStateStats --section SchedulerStats --metrics "$metrics" \
-          python3 scripts/profile_peers_ncu.py "$@" > "$LOGS/ncu/$log.log" 2>&1
-        echo "$(date -u +%T) ncu $log: exit $?"
-      }
-      for p in $peers; do profile "prefill-$p" --rows "$rows" --peers "$p" --decode ''; done
-      for p in ours flashinfer; do profile "decode-$p" --rows '' --decode "${NCU_DECODE:-16/32:1024}" --decode-peers "$p"; done
-      python3 scripts/ncu_summary.py "$LOGS/ncu/summary" "$LOGS"/ncu/prefill-*.log "$LOGS"/ncu/decode-*.log ;;
+      for p in $NCU_PEERS; do profile "$FI_PATH" "prefill-$p" --rows "$NCU_ROWS" --peers "$p" --decode ''; done
+      for p in ours flashinfer; do profile "$FI_PATH" "decode-$p" --rows '' --decode "$NCU_DECODE" --decode-peers "$p"; done
+      summarize ;;
+    fqla-ncu)
+      mkdir -p "$LOGS/ncu"; echo "$(date -u +%T) fqla-ncu"
+      fqla_site && PYTHONPATH=$QLA_PATH python3 scripts/profile_peers_ncu.py --rows "$NCU_ROWS" --peers flashqla \
+        --decode '' --calls 0 > "$LOGS/ncu/host-flashqla.log" 2>&1 &&
+        profile "$QLA_PATH" prefill-flashqla --rows "$NCU_ROWS" --peers flashqla --decode '' && summarize ;;
     *) echo "unknown step $step" ;;
   esac
 done

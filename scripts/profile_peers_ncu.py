@@ -10,7 +10,7 @@ device time, so that a host-side cost shows apart from kernel time. Usage (GPU, 
 
     ncu --profile-from-start off --nvtx ... python3 scripts/profile_peers_ncu.py \\
         [--rows '16/32 8x2048$,2/8 1x65536$'] [--peers ours,ours-cp-off,flashinfer,flashinfer-cp] \\
-        [--decode 16/32:1024] [--decode-peers ours,flashinfer] [--calls 2]
+        [--decode 16/32:1024,16/32:1] [--decode-peers ours,flashinfer] [--calls 2]
     python3 scripts/profile_peers_ncu.py --calls 0 --decode ''     # host and device times alone
 """
 
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="profile_peers_ncu.py")
     parser.add_argument("--rows", default="16/32 8x2048$,2/8 1x65536$", help="comma-separated row regexes ('' none)")
     parser.add_argument("--peers", default="ours,ours-cp-off,flashinfer,flashinfer-cp")
-    parser.add_argument("--decode", default="16/32:1024", help="H/HV:B of the decode launches ('' none)")
+    parser.add_argument("--decode", default="16/32:1024", help="H/HV:B, comma-separated ('' none)")
     parser.add_argument("--decode-peers", default="ours,flashinfer", help="of ours, flashinfer")
     parser.add_argument("--calls", type=int, default=2, help="profiled calls per peer (0: host times only)")
     args = parser.parse_args(argv)
@@ -107,8 +107,8 @@ def main(argv: list[str]) -> int:
 
     if args.rows:
         prefill_rows(torch, args.rows.split(","), peers.peer_names(args.peers), args.calls)
-    if args.decode:
-        decode_layout(torch, args.decode, args.decode_peers.split(","), args.calls)
+    for spec in filter(None, args.decode.split(",")):
+        decode_layout(torch, spec, args.decode_peers.split(","), args.calls)
     return 0
 
 
