@@ -36,6 +36,49 @@ def test_a_real_log_gives_every_launch_with_its_figures_and_range():
     assert big["duration_us"] == pytest.approx(1690.0) and big["dram_read_mb"] == pytest.approx(2160.0)
 
 
+STATE_LAUNCH = """\
+range: ours/16/32 1x4096
+==PROF== Profiling "gdn_fused_state_sm90_k128": 0%....50%....100% - 40 passes
+  gdn_fused_state_sm90_k128 (2, 32, 1)x(192, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    Duration                         us       161.34
+    L1/TEX Cache Throughput           %        35.40
+    ----------------------- ----------- ------------
+    Section: Scheduler Statistics
+    ---------------------------- ----------- ------------
+    Issued Warp Per Scheduler                        0.30
+    No Eligible                            %        69.55
+    ---------------------------- ----------- ------------
+    Section: Launch Statistics
+    -------------------------------- --------------- ---------------
+    Registers Per Thread             register/thread             255
+    Driver Shared Memory Per Block       Kbyte/block            1.02
+    Dynamic Shared Memory Per Block      Kbyte/block          160.77
+    -------------------------------- --------------- ---------------
+    Section: Occupancy
+    ------------------------------- ----------- ------------
+    Theoretical Occupancy                     %         9.38
+    Achieved Occupancy                        %         9.26
+    ------------------------------- ----------- ------------
+"""
+
+
+def test_a_per_block_unit_scales_as_its_quantity_and_the_stall_figures_are_read():
+    """Launch statistics give shared memory in ``Kbyte/block``; read as a bare unit it was divided
+    by 1e3 once too often (160.77 KB printed as 0.2). Lines from the H200 log of 2026-11-28."""
+    report = ncu_text.summary(ncu_text.parse(STATE_LAUNCH))
+    (launch,) = report["launches"]
+    assert launch["range"] == "ours/16/32 1x4096" and launch["registers"] == 255
+    assert launch["dynamic_smem_kb"] == pytest.approx(160.77)
+    assert launch["theoretical_occupancy_pct"] == pytest.approx(9.38)
+    assert launch["achieved_occupancy_pct"] == pytest.approx(9.26)
+    assert launch["no_eligible_pct"] == pytest.approx(69.55) and launch["l1tex_pct"] == pytest.approx(35.40)
+    assert "| 9.3 (9.4) | 255 | 160.8 | 0.30 | 69.5 |" in ncu_text.markdown(report)
+
+
 LOG_BEFORE = """\
 ==PROF== Connected to process 1 (/usr/bin/python3)
 range: ours/16/32 8x2048$

@@ -97,7 +97,7 @@ def _scaled(launch: dict, name: str, to: float) -> float | None:
     unit, value = _metric(launch, name)
     if not isinstance(value, float):
         return None
-    return value * _SCALE.get(unit, 1.0) / to
+    return value * _SCALE.get(unit.split("/")[0], 1.0) / to  # "Kbyte/block" scales as Kbyte
 
 
 def short_name(kernel: str) -> str:
@@ -117,7 +117,9 @@ def summary(launches: list[dict[str, Any]]) -> dict[str, Any]:
     """Per launch the comparison's figures: ``range``, ``kernel`` (short name), ``grid``,
     ``block``, ``duration_us``, ``dram_read_mb``, ``dram_write_mb`` (the ``--metrics`` counters,
     where collected), ``dram_pct``, ``memory_pct``, ``compute_pct``, ``achieved_occupancy_pct``,
-    ``registers``, ``dynamic_smem_kb``, ``issued_per_scheduler``; and per range (in order of first
+    ``theoretical_occupancy_pct``, ``registers``, ``dynamic_smem_kb``, ``issued_per_scheduler``,
+    ``no_eligible_pct`` (cycles a scheduler had no warp to issue), ``l1tex_pct`` (the L1 / shared
+    memory pipe's throughput); and per range (in order of first
     appearance) ``launches``, ``duration_us`` and the DRAM bytes summed."""
     rows = []
     for launch in launches:
@@ -134,9 +136,12 @@ def summary(launches: list[dict[str, Any]]) -> dict[str, Any]:
                 memory_pct=_metric(launch, "Memory Throughput", ("GPU Speed Of Light Throughput",))[1],
                 compute_pct=_metric(launch, "Compute (SM) Throughput")[1],
                 achieved_occupancy_pct=_metric(launch, "Achieved Occupancy")[1],
+                theoretical_occupancy_pct=_metric(launch, "Theoretical Occupancy")[1],
                 registers=_metric(launch, "Registers Per Thread")[1],
                 dynamic_smem_kb=_scaled(launch, "Dynamic Shared Memory Per Block", 1e3),
                 issued_per_scheduler=_metric(launch, "Issued Warp Per Scheduler")[1],
+                no_eligible_pct=_metric(launch, "No Eligible")[1],
+                l1tex_pct=_metric(launch, "L1/TEX Cache Throughput")[1],
             )
         )
     ranges: dict[str | None, dict[str, Any]] = {}
@@ -157,18 +162,19 @@ def _cell(x: Any, spec: str) -> str:
 def markdown(report: dict[str, Any]) -> str:
     """The launches of :func:`summary` as one Markdown table, then the per-range totals."""
     lines = [
-        "| range | kernel | grid | block | us | DRAM read MB | DRAM write MB | DRAM % | SM % | occupancy % "
-        "| registers | dyn. smem KB | issued / scheduler |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| range | kernel | grid | block | us | DRAM read MB | DRAM write MB | DRAM % | L1/TEX % | SM % "
+        "| occupancy % (theoretical) | registers | dyn. smem KB | issued / scheduler | no eligible % |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in report["launches"]:
         lines.append(
             f"| {r['range'] or '-'} | `{r['kernel']}` | {r['grid']} | {r['block']} | "
             f"{_cell(r['duration_us'], '.1f')} | "
             f"{_cell(r['dram_read_mb'], '.1f')} | {_cell(r['dram_write_mb'], '.1f')} | {_cell(r['dram_pct'], '.1f')} | "
-            f"{_cell(r['compute_pct'], '.1f')} | {_cell(r['achieved_occupancy_pct'], '.1f')} | "
+            f"{_cell(r['l1tex_pct'], '.1f')} | {_cell(r['compute_pct'], '.1f')} | "
+            f"{_cell(r['achieved_occupancy_pct'], '.1f')} ({_cell(r['theoretical_occupancy_pct'], '.1f')}) | "
             f"{_cell(r['registers'], '.0f')} | {_cell(r['dynamic_smem_kb'], '.1f')} | "
-            f"{_cell(r['issued_per_scheduler'], '.2f')} |"
+            f"{_cell(r['issued_per_scheduler'], '.2f')} | {_cell(r['no_eligible_pct'], '.1f')} |"
         )
     lines += ["", "| range | launches | us | DRAM read MB | DRAM write MB |", "| --- | ---: | ---: | ---: | ---: |"]
     for r in report["ranges"]:
