@@ -3,9 +3,10 @@
 
 A thin layer over ``gdn_verify.api``: it parses flags, shows progress and results, and maps
 library errors (which name the argument) to flags. Exit status: 0 every property holds, 1 a
-property is violated (failed, timeout, error), 2 misuse (a one-line message), 130 interrupted.
+property is violated (failed, timeout, error), 2 misuse (a one-line message), 130 interrupted
+(Ctrl-C), 143 terminated (SIGTERM: ``timeout``, a cancelled CI job, a batch scheduler).
 ``--json PATH`` is checked for writability before the run, rewritten after each property and
-written on Ctrl-C (status ``interrupted``).
+written on Ctrl-C or SIGTERM (status ``interrupted``).
 """
 
 from __future__ import annotations
@@ -66,19 +67,24 @@ def json_path(args: argparse.Namespace) -> Path | None:
 
 
 class CtrlC:
-    """Ctrl-C, remembered until a progress callback acts on it.
+    """Ctrl-C (or SIGTERM), remembered until a progress callback acts on it.
 
     Python raises KeyboardInterrupt wherever the main thread happens to be. Inside a garbage
     collector callback (Hypothesis registers one) it is printed as "Exception ignored" and lost:
     CI saw a check run to completion after its Ctrl-C. The handler remembers it, and every progress
     callback and the end of each run raise it again; the "Exception ignored" traceback is not shown.
+    SIGTERM takes the same path, so that ``timeout`` or a cancelled job still leaves the partial
+    results saved as ``interrupted``, and exits 143 rather than 130.
     """
 
     seen = False
+    signum = signal.SIGINT
 
     @classmethod
     def install(cls) -> None:
-        cls.seen = False
+        cls.seen, cls.signum = False, signal.SIGINT
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # an ignored or handled SIGTERM stays so
+            signal.signal(signal.SIGTERM, cls._handler)
         # Only where Python's own handler is in place: a SIGINT the parent ignores stays ignored.
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, cls._handler)
@@ -92,7 +98,7 @@ class CtrlC:
 
     @classmethod
     def _handler(cls, signum: int, frame: object) -> None:
-        cls.seen = True
+        cls.seen, cls.signum = True, signal.Signals(signum)
         raise KeyboardInterrupt
 
     @classmethod
@@ -667,8 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; a Ctrl-C anywhere in it, start-up included, is one line and exit 130 (the
-    commands themselves save their partial results first)."""
+    """Run one command; a Ctrl-C anywhere in it, start-up included, is one line and exit 130, a
+    SIGTERM after start-up exit 143 (the commands themselves save their partial results first)."""
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
@@ -678,8 +684,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {flag(exc.field)}: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
-        return 130
+        terminated = CtrlC.seen and CtrlC.signum == signal.SIGTERM
+        print(INTERRUPTED + (" (SIGTERM)" if terminated else ""), file=sys.stderr)
+        return 143 if terminated else 130
 
 
 def run(argv: list[str] | None = None) -> int:
