@@ -292,7 +292,9 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
+def _check_stopped_by(sig: int, tmp_path: Path) -> tuple[int, str, dict]:
+    """A numpy check with --json, sent ``sig`` once its first property's verdict is out: the
+    exit status, stderr and the JSON document it left."""
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
         [sys.executable, "-u", str(ROOT / "cli.py"), "check", "--impl", "numpy", "--seed", "1", "--max-examples",
@@ -306,13 +308,18 @@ def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
                 break
         else:
             pytest.fail("no property line before the end")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 130, rest + err
-    assert "interrupted" in err and "Traceback" not in err
-    doc = validate(json.loads(out.read_text()))
+    assert "Traceback" not in err, rest + err
+    return proc.returncode, err, validate(json.loads(out.read_text()))
+
+
+def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
+    code, err, doc = _check_stopped_by(signal.SIGINT, tmp_path)
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == "gdn-verify: interrupted"
     assert doc["status"] == "interrupted" and doc["kind"] == "check"
     assert [r["name"] for r in doc["results"]][:1] == ["determinism"] and doc["totals"]["passed"] >= 1
 
@@ -320,26 +327,9 @@ def test_ctrl_c_during_check_leaves_a_valid_partial_json(tmp_path):
 def test_sigterm_during_check_saves_the_partial_json_and_exits_143(tmp_path):
     """``timeout``, a cancelled CI job or a batch scheduler stops a run with SIGTERM; before, the
     process died where it stood and its JSON said ``running`` (seen on an H200, 2026-11-28)."""
-    out = tmp_path / "r.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-u", str(ROOT / "cli.py"), "check", "--impl", "numpy", "--seed", "1", "--max-examples",
-         "400", "--properties", "determinism,matches_reference,varlen_equals_separate", "--json", str(out)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("  determinism") and "passed" in line:
-                break
-        else:
-            pytest.fail("no property line before the end")
-        proc.send_signal(signal.SIGTERM)
-        rest, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, rest + err
-    assert err.strip().splitlines()[-1] == "gdn-verify: interrupted (SIGTERM)" and "Traceback" not in err
-    doc = validate(json.loads(out.read_text()))
+    code, err, doc = _check_stopped_by(signal.SIGTERM, tmp_path)
+    assert code == 143, err
+    assert err.strip().splitlines()[-1] == "gdn-verify: interrupted (SIGTERM)"
     assert doc["status"] == "interrupted" and doc["totals"]["passed"] >= 1
 
 
