@@ -134,11 +134,16 @@ def interleaved_rounds(
     ``ratio_spread`` (``[min, max]`` of them); FLA's keys are None without FLA. Pure: no GPU.
     """
     timers = {"ours": time_ours} if time_fla is None else {"ours": time_ours, "fla": time_fla}
-    cells = interleave(timers, rounds, reference=None if time_fla is None else "fla")
+    return _ours_and_fla(interleave(timers, rounds, reference=None if time_fla is None else "fla"))
+
+
+def _ours_and_fla(cells: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """:func:`interleave`'s cells of ``ours`` (and ``fla``, where timed, as the reference) in
+    :func:`interleaved_rounds`' row shape."""
     ours = cells["ours"]
     return dict(
         ours_ms=ours["ms"],
-        fla_ms=cells["fla"]["ms"] if time_fla is not None else None,
+        fla_ms=cells["fla"]["ms"] if "fla" in cells else None,
         ratio=ours["ratio"],
         ratio_rounds=ours["ratio_rounds"],
         ratio_spread=ours["ratio_spread"],
@@ -328,7 +333,6 @@ def prefill_bench(
     say = progress or (lambda _msg: None)
     device, today = torch.cuda.get_device_name(), datetime.date.today().isoformat()
     heads = sorted({0, HV - 1})
-    per_round = max(1, reps // rounds)
     rows = []
     for seqs, length in cases:
         x = _inputs(torch, seqs, length, H, HV, K, V, seed, torch.bfloat16)
@@ -341,15 +345,15 @@ def prefill_bench(
         row: dict[str, Any] = dict(
             shape=f"{seqs} x {length}", sequences=seqs, length=length, tokens=seqs * length, dtype="bfloat16"
         )
-        time_fla = None
+        calls = {"ours": run_ours}
         if fla is not None:
 
             def run_fla(args=args, cu=cu):
                 return fla(*args, output_final_state=True, cu_seqlens=cu)
 
-            time_fla = _round_timer(run_fla, torch.cuda.synchronize, warmup, per_round)
-        time_ours = _round_timer(run_ours, torch.cuda.synchronize, warmup, per_round)
-        row.update(interleaved_rounds(time_ours, time_fla, rounds))
+            calls["fla"] = run_fla
+        reference = "fla" if fla is not None else None
+        row.update(_ours_and_fla(interleave_calls(calls, torch.cuda.synchronize, warmup, reps, rounds, reference)))
         row["ours_kernels"] = chunk.last_kernels
         row["ours_peak_bytes"] = _peak_bytes(torch, run_ours)
         outs = {"ours": run_ours()}
