@@ -1,6 +1,6 @@
 """The launches for Nsight Compute of our kernels beside the fastest peers' (issue 29's causes): each
 prefill peer on the chosen rows of ``gdn_verify.bench.peers`` and the float32-state decode of ours
-and FlashInfer at one layout and batch, each inside an NVTX range named ``peer/row`` and between
+and FlashInfer at the chosen layouts and batches, each inside an NVTX range named ``peer/row`` and between
 ``cudaProfilerStart`` / ``Stop``, after warm-up calls outside them (compiles and autotuning are not
 profiled). One ``ncu`` run per peer keeps each log to one peer's kernels. Before the profiled
 calls it prints each prefill peer's host time (``perf_counter`` around
@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,7 +73,9 @@ def prefill_rows(torch, patterns: list[str], names: list[str], calls: int) -> No
         del x
 
 
-def decode_layout(torch, spec: str, names: list[str], calls: int) -> None:
+def decode_layout(torch, spec: str, names: list[str], calls: int, flashinfer: Callable | None) -> None:
+    """The float32-state decode of the peers in ``names`` at ``spec`` (``H/HV:B``); ``flashinfer``:
+    FlashInfer's kernel, loaded once for every layout (None: not loaded)."""
     import cupy
 
     from cupy_kernels.recurrent import recurrent_gated_delta_rule as ours
@@ -81,15 +84,12 @@ def decode_layout(torch, spec: str, names: list[str], calls: int) -> None:
     H, HV = map(int, layout.split("/"))
     B = int(batch)
     d = decode._inputs(cupy, torch, B, H, HV, 128, 128, 0)
-    steps = {"ours": lambda: ours(**d, output_final_state=True, use_qk_l2norm_in_kernel=True)}
-    decoders, reason = decode._flashinfer_decoders()
-    if decoders.get("flashinfer") is not None:
-        steps["flashinfer"] = decode._flashinfer_step(torch, decoders["flashinfer"], d, torch.float32)
-    else:
-        print(f"flashinfer decode: not loaded: {reason}")
+    steps = {}
+    if "ours" in names:
+        steps["ours"] = lambda: ours(**d, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    if "flashinfer" in names and flashinfer is not None:
+        steps["flashinfer"] = decode._flashinfer_step(torch, flashinfer, d, torch.float32)
     for name, step in steps.items():
-        if name not in names:
-            continue
         for _ in range(3):
             step()
         _profiled(torch, f"decode-{name}/{spec}", step, calls)
@@ -107,8 +107,15 @@ def main(argv: list[str]) -> int:
 
     if args.rows:
         prefill_rows(torch, args.rows.split(","), peers.peer_names(args.peers), args.calls)
-    for spec in filter(None, args.decode.split(",")):
-        decode_layout(torch, spec, args.decode_peers.split(","), args.calls)
+    specs, decode_peers = [x for x in args.decode.split(",") if x], args.decode_peers.split(",")
+    flashinfer = None
+    if specs and "flashinfer" in decode_peers:  # FlashInfer loads only where its decode is asked for
+        decoders, reason = decode._flashinfer_decoders()
+        flashinfer = decoders.get("flashinfer")
+        if flashinfer is None:
+            print(f"flashinfer decode: not loaded: {reason}")
+    for spec in specs:
+        decode_layout(torch, spec, decode_peers, args.calls, flashinfer)
     return 0
 
 
