@@ -18,7 +18,7 @@ same file). FlashQLA's site (``/tmp/fqsite``) cannot share a process with FlashI
 its ratios, and ``--merge`` joins that file's rows into this one by key (a cell this file has
 wins, unless it is an error). Exit status: 0, 3 when the run stopped early (a CUDA context lost),
 130 when interrupted (Ctrl-C, SIGTERM from ``timeout``). Commands for the GPU machine:
-``scripts/README.md``.
+``scripts/gpu-machine/README.md``.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 # Installs the FlashQLA site carried in .whl/fqla/ (FlashQLA, TileLang, apache-tvm-ffi and the
 # dependencies the GPU image lacks; its README.txt lists them) into ${SITE:-/tmp/fqsite}, on the
 # GPU machine, with no network and no xz: copied to .whl/fqla/install.sh by
-# `bash scripts/pack_carried.sh fqla` from scripts/carried/fqla_install.sh. scripts/gpu_grad.sh runs
+# `bash scripts/gpu-machine/pack_carried.sh fqla` from scripts/gpu-machine/carried/fqla_install.sh. scripts/gpu-machine/gpu_grad.sh runs
 #   SITE=/tmp/fqsite bash .whl/fqla/install.sh
 # It checks the carried files against SHA256SUMS, unpacks fqla-site.tar.xz with Python's tarfile
 # and lzma into a fresh folder beside $SITE, checks every unpacked file against site.sha256 (no file
-# missing, none extra, each sha256 equal: the bundle's site_check.py, from scripts/carried/), moves
+# missing, none extra, each sha256 equal: the bundle's site_check.py, from scripts/gpu-machine/carried/), moves
 # that folder to $SITE and only then touches $SITE/.fqla-site-complete. A $SITE that exists without the marker is refused, never overwritten;
 # so is /tmp/site (FlashInfer's site there has another tvm_ffi). Exit 0: complete; 3: refused.
 set -euo pipefail
@@ -24,7 +24,7 @@ if [ -e "$SITE" ] && [ -n "$(ls -A "$SITE" 2>/dev/null)" ]; then
   die "$SITE exists without $MARKER (an earlier install that failed?): remove it, then run this again"
 fi
 for f in SHA256SUMS fqla-site.tar.xz site.sha256 site_check.py; do
-  [ -f "$BUNDLE/$f" ] || die "$BUNDLE/$f missing: carry .whl/fqla whole (bash scripts/pack_carried.sh fqla)"
+  [ -f "$BUNDLE/$f" ] || die "$BUNDLE/$f missing: carry .whl/fqla whole (bash scripts/gpu-machine/pack_carried.sh fqla)"
 done
 (cd "$BUNDLE" && sha256sum --quiet --strict -c SHA256SUMS) \
   || die "a carried file does not match $BUNDLE/SHA256SUMS: pack and carry .whl/fqla again"

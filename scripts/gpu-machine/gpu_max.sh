@@ -8,17 +8,17 @@
 # checks did not finish in 25 minutes, H100 2026-11-28). Every graph is compiled here beforehand
 # (`mefs`, MAX's virtual-device mode) and loaded there, so that no device time goes to compiling.
 # MAX 26.7.0 is 243 MB of wheels: it travels as one xz-compressed site in three parts of at most
-# 56 MiB, one per device call (scripts/README.md, "MAX wheels"), which `bash scripts/pack_carried.sh max`
+# 56 MiB, one per device call (scripts/gpu-machine/README.md, "MAX wheels"), which `bash scripts/gpu-machine/pack_carried.sh max`
 # builds here from wheels pinned by version and sha256. Detached, so that the work outlives one
 # device call while the machine stays warm:
-#   bash scripts/gpu_max.sh pack                  here, once: runs `bash scripts/pack_carried.sh max` (.whl/max1 .whl/max2 .whl/max3)
-#   bash scripts/gpu_max.sh mefs                  here, after each change to the adapters' graphs: compiles them into
+#   bash scripts/gpu-machine/gpu_max.sh pack                  here, once: runs `bash scripts/gpu-machine/pack_carried.sh max` (.whl/max1 .whl/max2 .whl/max3)
+#   bash scripts/gpu-machine/gpu_max.sh mefs                  here, after each change to the adapters' graphs: compiles them into
 #                                                 .whl/maxmefs/mefs.tar.xz (needs MAX 26.7.0 for this Python: MAX_HERE, a site)
-#   bash scripts/gpu_max.sh stage                 on the GPU machine, once per carried part (calls 1-3)
-#   bash scripts/gpu_max.sh install               after the third: check the parts, unpack /tmp/maxsite, check every file
-#   bash scripts/gpu_max.sh copy                  the checkout (less .whl) to /tmp/gdnv, where the driver runs
-#   bash scripts/gpu_max.sh --background          (from /tmp/gdnv) start the driver
-#   bash scripts/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
+#   bash scripts/gpu-machine/gpu_max.sh stage                 on the GPU machine, once per carried part (calls 1-3)
+#   bash scripts/gpu-machine/gpu_max.sh install               after the third: check the parts, unpack /tmp/maxsite, check every file
+#   bash scripts/gpu-machine/gpu_max.sh copy                  the checkout (less .whl) to /tmp/gdnv, where the driver runs
+#   bash scripts/gpu-machine/gpu_max.sh --background          (from /tmp/gdnv) start the driver
+#   bash scripts/gpu-machine/gpu_max.sh --collect SECONDS     wait up to SECONDS for it, then pack $OUT
 # IMPLS, CHECK_IMPLS (the checks' subset of IMPLS), FUZZ_IMPLS (the campaigns'; empty: none), CHECK_PROPERTIES (every property), CHECK_TOKENS (the
 # checks' --max-tokens, 4096: error_growth's default sweep for a GPU adapter goes to 65536 tokens, where our
 # float64 oracle on the CPU took over 300 s per example, H100 2026-11-28), CHECK_TP (8), CHECK_EXAMPLES (10), CHECK_TIMEOUT (1500 s per check), FUZZ_BUDGET (3m),
@@ -35,11 +35,11 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # install cds into $PARTS
 
 MEFS=$PARTS/mefs  # the precompiled graphs on the GPU machine
 case ${1:-} in
-  pack)  # here (network): one way to pack, scripts/pack_carried.sh max
+  pack)  # here (network): one way to pack, scripts/gpu-machine/pack_carried.sh max
     exec bash "$HERE/pack_carried.sh" max ;;
   mefs)  # here (no GPU): every graph of both shape pools, compiled for sm_90a, as one small archive, carried with part 3
     [ -n "${MAX_HERE:-}" ] || { echo "MAX_HERE: a site with max==26.7.0 for $(python3 -V) (pip install --target)"; exit 2; }
-    rm -rf .whl/mefs && PYTHONPATH="$PWD:$MAX_HERE" python3 "$HERE/max_precompile.py" .whl/mefs --tensor-parallel "1,${CHECK_TP:-8}" \
+    rm -rf .whl/mefs && PYTHONPATH="$PWD:$MAX_HERE" python3 "$HERE/../max_precompile.py" .whl/mefs --tensor-parallel "1,${CHECK_TP:-8}" \
       && mkdir -p .whl/maxmefs && tar -C .whl -cJf .whl/maxmefs/mefs.tar.xz mefs && rm -rf .whl/mefs && ls -l .whl/maxmefs/mefs.tar.xz
     exit $? ;;
   stage)  # on the GPU machine: keep the carried part outside the synced checkout (max3 brings SHA256SUMS and site.sha256)
@@ -56,7 +56,7 @@ if [ "${1:-}" = install ]; then
   cd "$PARTS" || exit 3
   for i in 0 1 2; do [ -f "$ARCHIVE.part$i" ] || { echo "part $i missing: stage all three"; exit 3; }; done
   if ! { [ -f SHA256SUMS ] && [ -f site.sha256 ] && grep -qxE "[0-9a-f]{64}  site\.sha256" SHA256SUMS; }; then
-    echo "SHA256SUMS or site.sha256 missing (both come with .whl/max3 of bash scripts/pack_carried.sh max): stage it"; exit 3
+    echo "SHA256SUMS or site.sha256 missing (both come with .whl/max3 of bash scripts/gpu-machine/pack_carried.sh max): stage it"; exit 3
   fi
   rm -f "$ARCHIVE"  # an earlier join
   sha256sum -c --ignore-missing SHA256SUMS || { echo "a part is damaged: carry it again"; exit 3; }

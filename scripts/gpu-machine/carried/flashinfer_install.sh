@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs part @PART@ of the FlashInfer site (FlashInfer, apache-tvm-ffi, CuTe DSL; README.txt lists
 # the wheels) into ${SITE:-/tmp/site}, on the GPU machine, with no network and no xz. Written by
-# `bash scripts/pack_carried.sh flashinfer` from scripts/carried/flashinfer_install.sh, as
+# `bash scripts/gpu-machine/pack_carried.sh flashinfer` from scripts/gpu-machine/carried/flashinfer_install.sh, as
 # .whl/gpu1/install1.sh (part 1: CuTe DSL's 193 MB _cutlass_ir.cu13 library alone) and
 # .whl/gpu2/install.sh (part 2: the rest); the two parts travel in two device calls to one warm
-# machine (scripts/gpu_session.sh phases site_part1, then site_part2).
+# machine (scripts/gpu-machine/gpu_session.sh phases site_part1, then site_part2).
 # It checks the carried files against SHA256SUMS, unpacks this part (*.tar.xz with Python's tarfile,
 # each lone NAME.xz with lzma) into a fresh folder beside $SITE and checks every file against
 # site.sha256 before anything in $SITE changes. Files of the site found in $SITE already (part 1's,
@@ -13,7 +13,7 @@
 # part 1 writes $SITE/.gdnv-site-part1 (the id of the whole site); part 2 refuses without that mark
 # of the same site, checks that the site's folders hold exactly the files of site.sha256 (part 1's
 # included) and only then touches $SITE/.gdnv-site-complete. Other folders in $SITE (FLA's, which
-# scripts/common.sh installs there) are left alone. Exit 0: done; 3: refused.
+# scripts/gpu-machine/common.sh installs there) are left alone. Exit 0: done; 3: refused.
 set -euo pipefail
 BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SITE=${SITE:-/tmp/site}
@@ -36,7 +36,7 @@ if [ "$PART" = 2 ] && [ "$mark" != "$SITE_ID" ]; then
   die "part 1 in $SITE is of another pack (site id $mark): remove $SITE, then install both parts of one pack"
 fi
 for f in SHA256SUMS site.sha256 site_check.py; do
-  [ -f "$BUNDLE/$f" ] || die "$BUNDLE/$f missing: carry the folder whole (bash scripts/pack_carried.sh flashinfer)"
+  [ -f "$BUNDLE/$f" ] || die "$BUNDLE/$f missing: carry the folder whole (bash scripts/gpu-machine/pack_carried.sh flashinfer)"
 done
 (cd "$BUNDLE" && sha256sum --quiet --strict -c SHA256SUMS) \
   || die "a carried file does not match $BUNDLE/SHA256SUMS: pack and carry it again"
@@ -54,7 +54,7 @@ import tarfile
 
 part, bundle, site, tmp, *lone = sys.argv[1:]
 sys.path.insert(0, bundle)
-from site_check import read_manifest, sha256  # noqa: E402 - the bundle's copy of scripts/carried/site_check.py
+from site_check import read_manifest, sha256  # noqa: E402 - the bundle's copy of scripts/gpu-machine/carried/site_check.py
 
 
 def say(text):

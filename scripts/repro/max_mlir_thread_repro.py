@@ -5,7 +5,7 @@ context is thread-local and entered at import on the main thread only, so on any
 read raises ``RuntimeError: No active MLIR context`` (H100, 2026-11-28: every property of a check,
 whose kernel calls run on a worker thread). Inside ``ensure_default_mlir_context()`` it works.
 
-    PYTHONPATH=SITE python3 scripts/max_mlir_thread_repro.py    # SITE: max==26.7.0 installed
+    PYTHONPATH=SITE python3 scripts/repro/max_mlir_thread_repro.py    # SITE: max==26.7.0 installed
 """
 
 from __future__ import annotations

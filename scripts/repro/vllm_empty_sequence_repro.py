@@ -4,7 +4,7 @@ Outside the properties: vLLM's own function on plain torch tensors (its files lo
 ``gdn_verify.implementations.vllm.load_ops``, nothing else of ours), judged against (1) the same
 sequences without the empty one, (2) FLA 0.6's chunk_gated_delta_rule on the same call, and (3) a
 float64 token loop written here. Also prints vLLM's and FLA's ``prepare_chunk_indices`` for the
-same ``cu_seqlens``. Usage: ``GDN_VERIFY_VLLM_OPS=.whl/vllm_fla python scripts/vllm_empty_sequence_repro.py``.
+same ``cu_seqlens``. Usage: ``GDN_VERIFY_VLLM_OPS=.whl/vllm_fla python scripts/repro/vllm_empty_sequence_repro.py``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 # command again), the same for vllm-chunk, then a cProfile of a warm matches_reference. Each run's
 # JSON carries the split (compile, kernel, oracle, causes, ours). Detached, so that the work outlives
 # one device call while the machine stays warm. Run from a copy outside the synced checkout (/tmp):
-#   bash scripts/gpu_check_timing.sh --background      start the driver
-#   bash scripts/gpu_check_timing.sh --collect SECONDS wait up to SECONDS for it, then pack $OUT
+#   bash scripts/gpu-machine/gpu_check_timing.sh --background      start the driver
+#   bash scripts/gpu-machine/gpu_check_timing.sh --collect SECONDS wait up to SECONDS for it, then pack $OUT
 # AFTER_WARM: a command the driver starts once fla-chunk's warm run is done (the next GPU job, so
 # that it does not share the machine with the timed runs); VLLM=0 stops after it. Carried: .whl/*.whl (FLA), .whl/vllm_fla.
 set -u -o pipefail

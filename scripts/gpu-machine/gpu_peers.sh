@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every peer bench on one warm H100/H200, one run after another in a detached driver, so that the
-# queue outlives each device call and a lost turn costs no run (scripts/README.md, "The peer
+# queue outlives each device call and a lost turn costs no run (scripts/gpu-machine/README.md, "The peer
 # prefill bench"). Run from a copy outside the synced checkout (/tmp), after site_part1 and
 # site_part2 of gpu_session.sh (FlashInfer's site, FLA installed into it):
-#   bash scripts/gpu_peers.sh --background        start the driver (STEPS, default below)
-#   bash scripts/gpu_peers.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
+#   bash scripts/gpu-machine/gpu_peers.sh --background        start the driver (STEPS, default below)
+#   bash scripts/gpu-machine/gpu_peers.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
 # Steps, in STEPS order (each writes /tmp/peers/STEP/ and /tmp/peers/STEP.log):
 #   site       bench_peers.py: SITE_PEERS (default ours, ours-cp-off, fla, flashinfer, flashinfer-cp,
 #              vllm); every row below 262144 tokens

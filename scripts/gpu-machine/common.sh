@@ -1,12 +1,12 @@
 # Sourced (not run) by the GPU scripts that run from the repository root on the device machine
-# (gpu_session.sh, gpu_checks.sh). After `. scripts/common.sh`:
+# (gpu_session.sh, gpu_checks.sh). After `. scripts/gpu-machine/common.sh`:
 # - PYTHONPATH names the checkout, then $SITE (default /tmp/site) where it exists, and CuTe DSL's
 #   package folder when a FlashInfer site is unpacked there (`--target` installs run no .pth files);
 # - carried wheels (.whl/*.whl, .whl/fla/*.whl: FLA) are installed into $SITE once per machine
 #   (skipped when $SITE/fla exists, so that phases running side by side do not install twice);
 # - GDN_VERIFY_VLLM_OPS names .whl/vllm_fla (vLLM's kernel files) when it was carried;
 # - describe_machine prints the date, the GPU and the library versions (for a report's header).
-# scripts/README.md says how the .whl/ bundles are built (scripts/pack_carried.sh fla, fqla, flashinfer, vllm).
+# scripts/gpu-machine/README.md says how the .whl/ bundles are built (scripts/gpu-machine/pack_carried.sh fla, fqla, flashinfer, vllm).
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SITE=${SITE:-/tmp/site}
 install_wheels() {

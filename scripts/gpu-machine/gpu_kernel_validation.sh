@@ -2,8 +2,8 @@
 # The GPU runs a change to cupy_kernels/ must pass before it merges (the kernel split of issue 28
 # was verified by nvcc, NVRTC-built SASS and CPU tests only). On the device machine, from the
 # repository root, one step per device call (each stays under the 10-minute limit):
-#   bash scripts/gpu_kernel_validation.sh [STEP ...]     (default: every step, in order)
-# Logs and results go to $OUT (default ./gpu_logs), through scripts/gpu_session.sh's phases.
+#   bash scripts/gpu-machine/gpu_kernel_validation.sh [STEP ...]     (default: every step, in order)
+# Logs and results go to $OUT (default ./gpu_logs), through scripts/gpu-machine/gpu_session.sh's phases.
 #
 #   tests      env, then every GPU test: pytest -m gpu over tests/ (recurrent, decode, DecodeGraph,
 #              chunk on all three paths incl. the wgmma probe, gates, bad-input corpus). Must end
@@ -53,9 +53,9 @@ for step in $steps; do
       timeout "${BENCH_TIMEOUT:-300}" python3 cli.py bench --what prefill --json "$OUT/prefill_bench.json" \
         --out "$OUT/prefill_bench.md" > "$OUT/prefill_bench.log" 2>&1 || { echo "prefill bench failed"; status=1; }
       # device time per kernel, for the rows whose event window holds host time (compare_kernel_benches.py)
-      timeout 300 python3 "$here/profile_prefill.py" > "$OUT/profile_prefill.log" 2>&1 \
+      timeout 300 python3 "$here/../profile_prefill.py" > "$OUT/profile_prefill.log" 2>&1 \
         || echo "profile_prefill failed: varlen rows judged on event time only"
-      python3 "$here/compare_kernel_benches.py" "$OUT" | tee "$OUT/compare_benches.log" || status=1 ;;
+      python3 "$here/../compare_kernel_benches.py" "$OUT" | tee "$OUT/compare_benches.log" || status=1 ;;
     *) echo "unknown step $step (see the list at the top of $0)" >&2; exit 2 ;;
   esac
   echo "== step $step: $([ $status -eq 0 ] && echo ok || echo FAILED so far)"

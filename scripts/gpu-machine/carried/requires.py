@@ -1,6 +1,6 @@
 """Checks that a set of wheels carried to the GPU machine is exactly what its roots need there.
 
-    python3 scripts/carried/requires.py --image scripts/carried/gpu_image_packages.txt \
+    python3 scripts/gpu-machine/carried/requires.py --image scripts/gpu-machine/carried/gpu_image_packages.txt \
         --roots NAME[EXTRA,...] [...] [--missing-ok NAME ...] -- WHEEL [WHEEL ...]
 
 Reads each wheel's ``Requires-Dist`` (markers evaluated for CPython 3.12 on Linux x86_64, with the
@@ -12,7 +12,7 @@ when a carried wheel is neither a root nor required by another carried wheel. A 
 ``--missing-ok`` name that neither meets is reported (in its wheel's line and as a note), not
 failed; a ``--missing-ok`` name that no requirement misses is a problem, so that the list stays
 exact. Prints one line per wheel: name, version, why it travels, and where each of its
-requirements is met (scripts/pack_carried.sh writes these into the bundle's README.txt). Standard
+requirements is met (scripts/gpu-machine/pack_carried.sh writes these into the bundle's README.txt). Standard
 library only, plus ``packaging`` (pip's copy where no other is installed).
 """
 

@@ -1,8 +1,8 @@
 """Every file of a carried site against its manifest (``site.sha256``: ``<sha256>  <path>`` lines).
 
 Standard library only: it runs on the GPU machine (no network, no ``xz``), carried in each site
-bundle by ``scripts/pack_carried.sh`` (``seal``) and run from the checkout by
-``scripts/gpu_max.sh install``. As a command, ``python3 site_check.py LABEL ARCHIVE MANIFEST DEST``
+bundle by ``scripts/gpu-machine/pack_carried.sh`` (``seal``) and run from the checkout by
+``scripts/gpu-machine/gpu_max.sh install``. As a command, ``python3 site_check.py LABEL ARCHIVE MANIFEST DEST``
 unpacks the ``.tar.xz`` ARCHIVE into DEST (a fresh folder) and checks that DEST holds exactly the
 manifest's files, each with its sha256: exit 0 (a line saying so), or 1 with the problems on
 stderr, each line prefixed ``LABEL install:``. The FlashInfer installer imports

@@ -4,10 +4,10 @@
 # through FLA's dispatch. Detached, so that the work outlives one device call while the machine
 # stays warm. AFTER_WARM: a command started once the timed cold and warm runs are done (the next
 # GPU job, kept off the timed runs). Run from a copy outside the synced checkout (/tmp), as
-#   bash scripts/gpu_grad.sh --background        start the driver
-#   bash scripts/gpu_grad.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
+#   bash scripts/gpu-machine/gpu_grad.sh --background        start the driver
+#   bash scripts/gpu-machine/gpu_grad.sh --collect SECONDS   wait up to SECONDS for it, then pack $OUT
 # Needs .whl/fqla (FlashQLA 0.1.3, TileLang 0.1.15 and their deps) and the FLA wheels .whl/*.whl,
-# both built here by `bash scripts/pack_carried.sh fla fqla` (scripts/README.md, "FLA and FlashQLA")
+# both built here by `bash scripts/gpu-machine/pack_carried.sh fla fqla` (scripts/gpu-machine/README.md, "FLA and FlashQLA")
 # and installed into /tmp/fqsite: FLA 0.6.0 refuses its backward on Hopper
 # with Triton < 3.7.1 unless TileLang is importable (it then runs chunk_bwd_dqkwg in TileLang),
 # and TileLang's tvm-ffi cannot share a process with FlashInfer's site.
@@ -38,12 +38,12 @@ check() {  # NAME ARGS...: one check --grad, its log and JSON
     > "$LOGS/$name.log" 2>&1
   echo "exit $? after $(( $(date +%s) - start )) s" >> "$LOGS/$name.log"
 }
-# The independent repro of what the checks reported (scripts/fla_grad_repro.py: float64 torch
+# The independent repro of what the checks reported (scripts/repro/fla_grad_repro.py: float64 torch
 # autograd of the token loop, each kernel call in a subprocess of its own), beside the checks;
 # REPRO=late starts it after the timed runs (it compiles FLA's kernels too), REPRO=0 not at all;
 # REPRO_CASES (comma-separated, run in that order) picks its cases.
 repro() {
-  ( timeout 1500 python3 scripts/fla_grad_repro.py "$LOGS/repro.json" ${REPRO_CASES:-} > "$LOGS/repro.log" 2>&1
+  ( timeout 1500 python3 scripts/repro/fla_grad_repro.py "$LOGS/repro.json" ${REPRO_CASES:-} > "$LOGS/repro.log" 2>&1
     echo "exit $?" >> "$LOGS/repro.log" ) &
 }
 [ "${REPRO:-1}" = 1 ] && repro

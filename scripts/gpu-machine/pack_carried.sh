@@ -3,43 +3,43 @@
 # from pinned wheels whose sha256 is checked after every download, so that each session carries the
 # same bytes. Here, from the repository root, with PyPI reachable (any python3 with pip; xz and GNU
 # tar for fqla, flashinfer and max):
-#   bash scripts/pack_carried.sh fla        FLA 0.6.0's two wheels into .whl/ (1.4 MiB), installed on the
-#                                           GPU machine by scripts/common.sh (/tmp/site) or scripts/gpu_grad.sh
+#   bash scripts/gpu-machine/pack_carried.sh fla        FLA 0.6.0's two wheels into .whl/ (1.4 MiB), installed on the
+#                                           GPU machine by scripts/gpu-machine/common.sh (/tmp/site) or scripts/gpu-machine/gpu_grad.sh
 #                                           (/tmp/fqsite)
-#   bash scripts/pack_carried.sh fqla       .whl/fqla/ (39 MiB): FlashQLA 0.1.3, TileLang 0.1.15, apache-tvm-ffi
+#   bash scripts/gpu-machine/pack_carried.sh fqla       .whl/fqla/ (39 MiB): FlashQLA 0.1.3, TileLang 0.1.15, apache-tvm-ffi
 #                                           0.1.12 and what they need that the GPU image lacks, laid out as
 #                                           `pip install --target` lays them out for CPython 3.12 and xz-compressed
-#                                           as one fqla-site.tar.xz; install.sh (scripts/carried/fqla_install.sh),
+#                                           as one fqla-site.tar.xz; install.sh (scripts/gpu-machine/carried/fqla_install.sh),
 #                                           SHA256SUMS, site.sha256 (every file of the site) and README.txt
-#   bash scripts/pack_carried.sh flashinfer .whl/gpu1/ and .whl/gpu2/: FlashInfer 0.7.2.post1, apache-tvm-ffi
+#   bash scripts/gpu-machine/pack_carried.sh flashinfer .whl/gpu1/ and .whl/gpu2/: FlashInfer 0.7.2.post1, apache-tvm-ffi
 #                                           0.1.15.post2 and CuTe DSL 4.8.1 as one site (FlashInfer's data/ left
 #                                           out) in two parts, one device call each: gpu1 holds CuTe DSL's 193 MB
 #                                           _cutlass_ir.cu13 library alone, xz-compressed (45 MiB), gpu2 the rest
 #                                           (site-rest.tar.xz, libcute_dsl_runtime.so.xz); install1.sh and
-#                                           install.sh (scripts/carried/flashinfer_install.sh), SHA256SUMS,
+#                                           install.sh (scripts/gpu-machine/carried/flashinfer_install.sh), SHA256SUMS,
 #                                           site.sha256, README.txt in each
-#   bash scripts/pack_carried.sh vllm       .whl/vllm_fla/: the 13 kernel files of vllm 0.33.0's
+#   bash scripts/gpu-machine/pack_carried.sh vllm       .whl/vllm_fla/: the 13 kernel files of vllm 0.33.0's
 #                                           third_party/flash_linear_attention/ops/ (each checked against the
 #                                           wheel's RECORD) and MANIFEST.txt; the 336 MB wheel stays in the cache
-#   bash scripts/pack_carried.sh max        .whl/max1/, .whl/max2/, .whl/max3/: Modular MAX 26.7.0 (max, max-core,
+#   bash scripts/gpu-machine/pack_carried.sh max        .whl/max1/, .whl/max2/, .whl/max3/: Modular MAX 26.7.0 (max, max-core,
 #                                           the Mojo compiler and kernel libraries, msgspec, exceptiongroup,
 #                                           taskgroup; 626 MB installed) as one site, xz-compressed as
 #                                           max-site.tar.xz (132 MiB) and cut in three equal parts of 44 MiB,
 #                                           one device call each (max-site.tar.xz.part0, part1, part2); max3 also holds
 #                                           SHA256SUMS (the whole, the parts, site.sha256), site.sha256 and
-#                                           README.txt. scripts/gpu_max.sh stage and install take them in.
-#   bash scripts/pack_carried.sh verify     what is in .whl/ already, against the pins (no network)
+#                                           README.txt. scripts/gpu-machine/gpu_max.sh stage and install take them in.
+#   bash scripts/gpu-machine/pack_carried.sh verify     what is in .whl/ already, against the pins (no network)
 # Subcommands run in the order given (`fla fqla flashinfer vllm max`). About 5 minutes each for fqla
 # and flashinfer, 10 for max, on 2 cores (xz -9e); two packs of the same pins give the same archives.
 # A site bundle is installed into a scratch folder with its own install scripts (max: gpu_max.sh
 # stage, then install) before it replaces the one in .whl/. Downloads stay in $PACK_CACHE
 # (~/.cache/gdn-verify/wheels).
-# The wheels' requirements are checked by scripts/carried/requires.py against the GPU image's
-# distributions (scripts/carried/gpu_image_packages.txt): the pack fails on a requirement met by
+# The wheels' requirements are checked by scripts/gpu-machine/carried/requires.py against the GPU image's
+# distributions (scripts/gpu-machine/carried/gpu_image_packages.txt): the pack fails on a requirement met by
 # neither that is not listed with its reason (FI_MISSING_OK), and on a carried wheel nothing needs.
-# scripts/README.md ("Carried wheels") says what travels in which device call.
+# scripts/gpu-machine/README.md ("Carried wheels") says what travels in which device call.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
 PYTHON=${PYTHON:-python3}
 WHL=.whl
@@ -103,7 +103,7 @@ VLLM_PINS=(
 VLLM_SRC=vllm/third_party/flash_linear_attention
 VLLM_FILES=(chunk chunk_delta_h chunk_o chunk_scaled_dot_kkt cumsum fused_recurrent fused_sigmoid_gating index l2norm op
   solve_tril utils wy_fast)
-# Modular MAX for the max-* adapters (scripts/gpu_max.sh). Its wheels are manylinux_2_34 (glibc 2.34),
+# Modular MAX for the max-* adapters (scripts/gpu-machine/gpu_max.sh). Its wheels are manylinux_2_34 (glibc 2.34),
 # so MAX's pip calls take MAX_TARGET for TARGET. max requires click, numpy, psutil, rich and
 # typing-extensions beside these, all in the GPU image; nothing is missing.
 MAX_ROOTS=(max)
@@ -120,7 +120,7 @@ MAX_PINS=(
   "exceptiongroup 1.3.2 exceptiongroup-1.3.2-py3-none-any.whl 41c6a70dfec22050d3d8b43386b059a4dc0bca3f3d40a40971cb206fff1785af"
   "taskgroup 0.2.2 taskgroup-0.2.2-py2.py3-none-any.whl e2c53121609f4ae97303e9ea1524304b4de6faf9eb2c9280c7f87976479a52fb"
 )
-MAX_DIRS=(max1 max2 max3)  # .whl/max1 .. max3: the parts that scripts/gpu_max.sh stage copies (part0 in max1, ...)
+MAX_DIRS=(max1 max2 max3)  # .whl/max1 .. max3: the parts that scripts/gpu-machine/gpu_max.sh stage copies (part0 in max1, ...)
 MAX_ARCHIVE=max-site.tar.xz
 
 ignored_check() {  # a .whl/ that git does not ignore would travel whole with every device call
@@ -159,7 +159,7 @@ files() {  # DIR PIN...: the pinned wheel paths
 }
 
 requires() {  # --roots NAME[EXTRA]... [--missing-ok NAME...] -- WHEEL...: exactly what the roots need beside the GPU image
-  "$PYTHON" scripts/carried/requires.py --image scripts/carried/gpu_image_packages.txt "$@" \
+  "$PYTHON" scripts/gpu-machine/carried/requires.py --image scripts/gpu-machine/carried/gpu_image_packages.txt "$@" \
     || die "the wheels' requirements are not met by the carried wheels and the GPU image (above)"
 }
 
@@ -241,7 +241,7 @@ seal() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: DIR/INSTALLER from TEMPLATE a
   shift 3
   render "$template" "$@" > "$dir/$installer"
   ! grep -nE '@[A-Z0-9_]+@' "$dir/$installer" || die "$template: a placeholder left unset (above)"
-  cp scripts/carried/site_check.py "$dir/"  # the installers' manifest check
+  cp scripts/gpu-machine/carried/site_check.py "$dir/"  # the installers' manifest check
   local sums
   sums=$(cd "$dir" && find . -maxdepth 1 -type f ! -name SHA256SUMS ! -name README.txt -printf '%P\n' | LC_ALL=C sort \
     | xargs sha256sum)
@@ -284,7 +284,7 @@ $(for pin in "$@"; do
   done)
 
 Why each travels, and where each requirement is met (Requires-Dist for CPython 3.12 on Linux x86_64,
-with the extras asked for; "GPU image": a distribution of the GPU machine, scripts/carried/gpu_image_packages.txt):
+with the extras asked for; "GPU image": a distribution of the GPU machine, scripts/gpu-machine/carried/gpu_image_packages.txt):
   ${table//$'\n'/$'\n'  }
 
 $notes
@@ -311,7 +311,7 @@ pack_fqla() {
   manifest "$site" > "$new/site.sha256"
   echo "fqla: $(wc -l < "$new/site.sha256") files, $(du -sh "$site" | cut -f1) installed; xz -9e (about 4 min on 2 cores)"
   tar_xz "$site" "$new/fqla-site.tar.xz"
-  seal "$new" scripts/carried/fqla_install.sh install.sh
+  seal "$new" scripts/gpu-machine/carried/fqla_install.sh install.sh
   readme "$new" "$cache" "$table" "$(fqla_intro)" "$(fqla_archive "$new" "$site")" "$(fqla_notes)" "${FQLA_PINS[@]}" > "$new/README.txt"
   fits "$new"
   try_install "$SCRATCH/try-fqsite" bash "$new/install.sh"
@@ -320,8 +320,8 @@ pack_fqla() {
 
 fqla_intro() {
   cat <<EOF
-.whl/fqla/: the FlashQLA site for scripts/gpu_grad.sh, carried to the GPU machine (no network there).
-Built $(date -u +%Y-%m-%d) by \`bash scripts/pack_carried.sh fqla\` (the repository's scripts/pack_carried.sh,
+.whl/fqla/: the FlashQLA site for scripts/gpu-machine/gpu_grad.sh, carried to the GPU machine (no network there).
+Built $(date -u +%Y-%m-%d) by \`bash scripts/gpu-machine/pack_carried.sh fqla\` (the repository's scripts/gpu-machine/pack_carried.sh,
 which pins every wheel below by version and sha256); rebuild it with that command rather than by hand.
 
 Install (GPU machine, from the checkout's root; needs python3 with tarfile/lzma and sha256sum, no xz):
@@ -361,7 +361,7 @@ raises) and reads torch.cuda.get_device_properties(), so it imports only where a
 EOF
 }
 
-fi_render() {  # PART GPU2_SITE_SHA256: the KEY=VALUE words that make .whl/gpuPART's installer of scripts/carried/flashinfer_install.sh
+fi_render() {  # PART GPU2_SITE_SHA256: the KEY=VALUE words that make .whl/gpuPART's installer of scripts/gpu-machine/carried/flashinfer_install.sh
   local part=$1 site_sha256=$2 lone=$FI_LONE2
   [ "$part" = 1 ] && lone=$FI_LONE1
   echo "PART=$part" "SITE_ID=$(sha256sum < "$site_sha256" | cut -d' ' -f1)" "LONE=$lone"
@@ -379,9 +379,9 @@ fi_parts() {  # SITE NEW1 NEW2: the two parts of the site in NEW1 and NEW2 (SITE
   tar_xz "$site" "$new2/site-rest.tar.xz"  # the site without the two files compressed alone
   wait "$part1" || die "part 1's xz failed"
   # shellcheck disable=SC2046  # fi_render's KEY=VALUE words
-  seal "$new1" scripts/carried/flashinfer_install.sh install1.sh $(fi_render 1 "$new2/site.sha256")
+  seal "$new1" scripts/gpu-machine/carried/flashinfer_install.sh install1.sh $(fi_render 1 "$new2/site.sha256")
   # shellcheck disable=SC2046
-  seal "$new2" scripts/carried/flashinfer_install.sh install.sh $(fi_render 2 "$new2/site.sha256")
+  seal "$new2" scripts/gpu-machine/carried/flashinfer_install.sh install.sh $(fi_render 2 "$new2/site.sha256")
 }
 
 pack_flashinfer() {
@@ -414,10 +414,10 @@ fi_intro() {  # PART
   local this=".whl/gpu1/: part 1 of 2" install=install1.sh
   [ "$1" = 2 ] && this=".whl/gpu2/: part 2 of 2" install=install.sh
   cat <<EOF
-$this of the FlashInfer site (scripts/gpu_session.sh phases site_part1, site_part2), carried to
+$this of the FlashInfer site (scripts/gpu-machine/gpu_session.sh phases site_part1, site_part2), carried to
 the GPU machine (no network there) in two device calls to one warm machine: the site is 163 MB of
-wheels, more than one call carries. Built $(date -u +%Y-%m-%d) by \`bash scripts/pack_carried.sh flashinfer\` (the
-repository's scripts/pack_carried.sh, which pins every wheel below by version and sha256); rebuild
+wheels, more than one call carries. Built $(date -u +%Y-%m-%d) by \`bash scripts/gpu-machine/pack_carried.sh flashinfer\` (the
+repository's scripts/gpu-machine/pack_carried.sh, which pins every wheel below by version and sha256); rebuild
 it with that command rather than by hand.
 
 Install (GPU machine, from the checkout's root; needs python3 with tarfile/lzma and sha256sum, no xz):
@@ -427,7 +427,7 @@ This folder's $install checks SHA256SUMS, unpacks this part into a fresh folder 
 each file against site.sha256 and the site's files already in \$SITE too, and only then moves them
 in; part 1 writes \$SITE/.gdnv-site-part1, part 2 touches \$SITE/.gdnv-site-complete once the site's
 folders hold exactly the files of its site.sha256. Then PYTHONPATH=\$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages
-(scripts/common.sh sets it: \`--target\` installs run no .pth files).
+(scripts/gpu-machine/common.sh sets it: \`--target\` installs run no .pth files).
 EOF
 }
 
@@ -527,7 +527,7 @@ max_parts() {  # SITE NEW...: SITE as MAX_ARCHIVE cut in equal parts, part I in 
   tar_xz "$site" "$whole"
   split -n $# -d -a 1 "$whole" "$whole.part"
   for new in "$@"; do mv "$whole.part$i" "$new/" && i=$((i + 1)); done
-  # Bare names, as scripts/gpu_max.sh install finds them in its parts folder: the whole, each part, site.sha256.
+  # Bare names, as scripts/gpu-machine/gpu_max.sh install finds them in its parts folder: the whole, each part, site.sha256.
   { (cd "$SCRATCH" && sha256sum "$MAX_ARCHIVE")
     for new in "$@"; do (cd "$new" && sha256sum "$MAX_ARCHIVE".part*); done
     (cd "$last" && sha256sum site.sha256); } > "$SCRATCH/max-sums"
@@ -535,16 +535,16 @@ max_parts() {  # SITE NEW...: SITE as MAX_ARCHIVE cut in equal parts, part I in 
   rm -f "$whole"
 }
 
-max_try() {  # NEW...: scripts/gpu_max.sh as on the GPU machine, into $SITE: stage, one call per part, then install
+max_try() {  # NEW...: scripts/gpu-machine/gpu_max.sh as on the GPU machine, into $SITE: stage, one call per part, then install
   local tree=$SCRATCH/try-tree parts=$SCRATCH/try-maxparts site=${SITE:?try_install sets it} i=0 new
   rm -rf "$parts"
   for new in "$@"; do
     i=$((i + 1))
     rm -rf "$tree" && mkdir -p "$tree/.whl" && ln -s "$(realpath "$new")" "$tree/.whl/max$i"  # a call carries its part alone
     if [ "$i" -lt $# ]; then
-      (cd "$tree" && MAX_PARTS=$parts bash "$ROOT/scripts/gpu_max.sh" stage) || return 1
+      (cd "$tree" && MAX_PARTS=$parts bash "$ROOT/scripts/gpu-machine/gpu_max.sh" stage) || return 1
     else
-      (cd "$tree" && MAX_PARTS=$parts MAX_SITE=$site bash "$ROOT/scripts/gpu_max.sh" stage install) || return 1
+      (cd "$tree" && MAX_PARTS=$parts MAX_SITE=$site bash "$ROOT/scripts/gpu-machine/gpu_max.sh" stage install) || return 1
     fi
   done
   rm -rf "$tree" "$parts"
@@ -553,10 +553,10 @@ max_try() {  # NEW...: scripts/gpu_max.sh as on the GPU machine, into $SITE: sta
 max_intro() {  # NEW...: the parts
   local i=0 new
   cat <<EOF
-.whl/max3/: the last of three parts of Modular MAX 26.7.0's site for scripts/gpu_max.sh (the max-*
+.whl/max3/: the last of three parts of Modular MAX 26.7.0's site for scripts/gpu-machine/gpu_max.sh (the max-*
 adapters), carried to the GPU machine (no network there) in three device calls to one warm machine:
-the site is more than one call carries. Built $(date -u +%Y-%m-%d) by \`bash scripts/pack_carried.sh max\` (the
-repository's scripts/pack_carried.sh, which pins every wheel below by version and sha256); rebuild
+the site is more than one call carries. Built $(date -u +%Y-%m-%d) by \`bash scripts/gpu-machine/pack_carried.sh max\` (the
+repository's scripts/gpu-machine/pack_carried.sh, which pins every wheel below by version and sha256); rebuild
 it with that command rather than by hand.
 
 The parts, $MAX_ARCHIVE cut in three:
@@ -566,8 +566,8 @@ $(for new in "$@"; do
   done)
 
 Install (GPU machine, from the checkout's root; needs python3 with tarfile/lzma and sha256sum, no xz):
-  bash scripts/gpu_max.sh stage            (call 1 carrying .whl/max1, call 2 carrying .whl/max2)
-  bash scripts/gpu_max.sh stage install    (call 3 carrying .whl/max3, the same warm machine)
+  bash scripts/gpu-machine/gpu_max.sh stage            (call 1 carrying .whl/max1, call 2 carrying .whl/max2)
+  bash scripts/gpu-machine/gpu_max.sh stage install    (call 3 carrying .whl/max3, the same warm machine)
 stage copies the carried part (and, from max3, SHA256SUMS and site.sha256) out of the checkout into
 /tmp/maxparts; install checks each part and the joined archive against SHA256SUMS, unpacks it with
 Python's tarfile into a fresh folder beside /tmp/maxsite, checks every file against site.sha256,
@@ -630,8 +630,8 @@ verify_site() {  # DIR TEMPLATE INSTALLER [KEY=VALUE...]: a site bundle against 
   (cd "$dir" && sha256sum --strict --quiet -c SHA256SUMS) || ok=1
   render "$template" "$@" | cmp -s - "$dir/$installer" \
     || { echo "$dir/$installer differs from what $template makes now: pack again"; ok=1; }
-  cmp -s scripts/carried/site_check.py "$dir/site_check.py" \
-    || { echo "$dir/site_check.py differs from scripts/carried/site_check.py: pack again"; ok=1; }
+  cmp -s scripts/gpu-machine/carried/site_check.py "$dir/site_check.py" \
+    || { echo "$dir/site_check.py differs from scripts/gpu-machine/carried/site_check.py: pack again"; ok=1; }
   echo "$(basename "$dir"): $(mib "$(bytes "$dir"/*)") MiB in $dir/$([ $ok = 0 ] && echo ", as its SHA256SUMS says")"
   return $ok
 }
@@ -642,22 +642,22 @@ verify() {  # no network: the pinned wheels present, and each bundle against its
   if [ -n "$have" ]; then
     sums "$WHL" "${FLA_PINS[@]}" | grep -F -f <(echo "$have") | sha256sum --strict -c - || ok=0
   else
-    echo "fla: no pinned wheel in $WHL/ (bash scripts/pack_carried.sh fla)"
+    echo "fla: no pinned wheel in $WHL/ (bash scripts/gpu-machine/pack_carried.sh fla)"
   fi
   if [ -f "$WHL/fqla/SHA256SUMS" ]; then
-    verify_site "$WHL/fqla" scripts/carried/fqla_install.sh install.sh || ok=0
+    verify_site "$WHL/fqla" scripts/gpu-machine/carried/fqla_install.sh install.sh || ok=0
   else
-    echo "fqla: no $WHL/fqla/SHA256SUMS (bash scripts/pack_carried.sh fqla)"
+    echo "fqla: no $WHL/fqla/SHA256SUMS (bash scripts/gpu-machine/pack_carried.sh fqla)"
   fi
   if [ -f "$WHL/gpu1/SHA256SUMS" ] && [ -f "$WHL/gpu2/SHA256SUMS" ]; then
     # shellcheck disable=SC2046  # fi_render's KEY=VALUE words
-    verify_site "$WHL/gpu1" scripts/carried/flashinfer_install.sh install1.sh $(fi_render 1 "$WHL/gpu2/site.sha256") || ok=0
+    verify_site "$WHL/gpu1" scripts/gpu-machine/carried/flashinfer_install.sh install1.sh $(fi_render 1 "$WHL/gpu2/site.sha256") || ok=0
     # shellcheck disable=SC2046
-    verify_site "$WHL/gpu2" scripts/carried/flashinfer_install.sh install.sh $(fi_render 2 "$WHL/gpu2/site.sha256") || ok=0
+    verify_site "$WHL/gpu2" scripts/gpu-machine/carried/flashinfer_install.sh install.sh $(fi_render 2 "$WHL/gpu2/site.sha256") || ok=0
     [ "$(grep -cxF -f "$WHL/gpu1/site.sha256" "$WHL/gpu2/site.sha256")" = "$(wc -l < "$WHL/gpu1/site.sha256")" ] \
       || { echo "flashinfer: gpu1/site.sha256 is not in gpu2/site.sha256: two packs mixed"; ok=0; }
   else
-    echo "flashinfer: no $WHL/gpu1/SHA256SUMS and $WHL/gpu2/SHA256SUMS (bash scripts/pack_carried.sh flashinfer)"
+    echo "flashinfer: no $WHL/gpu1/SHA256SUMS and $WHL/gpu2/SHA256SUMS (bash scripts/gpu-machine/pack_carried.sh flashinfer)"
   fi
   if [ -f "$WHL/vllm_fla/MANIFEST.txt" ]; then
     local want got
@@ -671,19 +671,19 @@ verify() {  # no network: the pinned wheels present, and each bundle against its
     read -r name version file sum <<< "${VLLM_PINS[0]}"
     echo "vllm_fla: ${#VLLM_FILES[@]} files of $name $version in $WHL/vllm_fla/"
   else
-    echo "vllm_fla: no $WHL/vllm_fla/MANIFEST.txt (bash scripts/pack_carried.sh vllm)"
+    echo "vllm_fla: no $WHL/vllm_fla/MANIFEST.txt (bash scripts/gpu-machine/pack_carried.sh vllm)"
   fi
   if [ -f "$WHL/${MAX_DIRS[-1]}/SHA256SUMS" ]; then
     verify_max || ok=0
   else
-    echo "max: no $WHL/${MAX_DIRS[-1]}/SHA256SUMS (bash scripts/pack_carried.sh max)"
+    echo "max: no $WHL/${MAX_DIRS[-1]}/SHA256SUMS (bash scripts/gpu-machine/pack_carried.sh max)"
   fi
   [ "$ok" = 1 ] || die "a carried file does not match its pin or SHA256SUMS (above)"
 }
 
 # Sourced (tests/test_pack_carried.py): the functions only.
 if [ "${BASH_SOURCE[0]}" != "$0" ]; then return 0; fi
-[ $# -gt 0 ] || die "usage: bash scripts/pack_carried.sh fla|fqla|flashinfer|vllm|max|verify ... (its header says what each builds)"
+[ $# -gt 0 ] || die "usage: bash scripts/gpu-machine/pack_carried.sh fla|fqla|flashinfer|vllm|max|verify ... (its header says what each builds)"
 for cmd in "$@"; do
   case $cmd in
     fla | fqla | flashinfer | vllm | max | verify) ;;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session, phase by phase, on the device machine from the repository root:
-#   bash scripts/gpu_session.sh [PHASE ...]          (default: env tests checks sanitizer bench)
-# Logs and results go to $OUT (default ./gpu_logs). Carried wheels (.whl/, see scripts/README.md) are
-# installed once per machine by scripts/common.sh. A device call runs at most 10 minutes: the
+#   bash scripts/gpu-machine/gpu_session.sh [PHASE ...]          (default: env tests checks sanitizer bench)
+# Logs and results go to $OUT (default ./gpu_logs). Carried wheels (.whl/, see scripts/gpu-machine/README.md) are
+# installed once per machine by scripts/gpu-machine/common.sh. A device call runs at most 10 minutes: the
 # comment beside each phase says about how long it took on an H100.
 #
 # Our kernels

@@ -9,7 +9,7 @@ kernel files under a private package name with stand-ins for vLLM's utility modu
 ``GDN_VERIFY_VLLM_OPS``); FlashInfer is imported as installed.
 
     PYTHONPATH=.:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages GDN_VERIFY_VLLM_OPS=... \
-        python3 scripts/limits_repro.py [CASE ...]
+        python3 scripts/repro/limits_repro.py [CASE ...]
 """
 
 from __future__ import annotations

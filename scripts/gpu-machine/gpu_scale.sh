@@ -2,12 +2,12 @@
 # The scale tier, the guarded-memory properties and memcheck on one H100/H200, detached so that the
 # work outlives one device call (10 min) while the machine stays warm.
 # Usage (repo root, on the device machine):
-#   bash scripts/gpu_scale.sh --background main|flashinfer   start a driver; `flashinfer` waits for a
+#   bash scripts/gpu-machine/gpu_scale.sh --background main|flashinfer   start a driver; `flashinfer` waits for a
 #                                                          running `main`, then runs FlashInfer's
-#   bash scripts/gpu_scale.sh --collect SECONDS           wait up to SECONDS for the drivers, then pack
+#   bash scripts/gpu-machine/gpu_scale.sh --collect SECONDS           wait up to SECONDS for the drivers, then pack
 # Knobs: SCALE_IMPLS entries are IMPL or IMPL:case,case (a rerun of some cases); GUARD_IMPLS=""
-# and MEMCHECK=0 skip the guarded runs and memcheck; GRID_REPRO=1 first runs scripts/fla_grid_repro.py.
-# FI_GUARD_IMPLS (default FI_IMPLS) the FlashInfer guarded runs; FI_REPRO cases of scripts/limits_repro.py
+# and MEMCHECK=0 skip the guarded runs and memcheck; GRID_REPRO=1 first runs scripts/repro/fla_grid_repro.py.
+# FI_GUARD_IMPLS (default FI_IMPLS) the FlashInfer guarded runs; FI_REPRO cases of scripts/repro/limits_repro.py
 # run after FlashInfer's tier. An empty list (GUARD_IMPLS="") runs none. Run it from a copy outside the synced checkout (/tmp): a
 # later device call that does not carry a folder removes it.
 # Carried: .whl/*.whl (FLA), .whl/vllm_fla (vLLM's ops), and for `flashinfer` the site that
@@ -75,9 +75,9 @@ if [ "${1:-}" = flashinfer ]; then
   for impl in ${FI_GUARD_IMPLS-$FI_IMPLS}; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 --dims 128; done
   while [ -n "$(pgrep -f 'gpu_scale.sh main' || true)" ]; do sleep 5; done
   for impl in $FI_IMPLS; do scale "$impl"; done
-  # FI_REPRO: cases of scripts/limits_repro.py run after the tier (the direct confirmation of a failure)
+  # FI_REPRO: cases of scripts/repro/limits_repro.py run after the tier (the direct confirmation of a failure)
   if [ -n "${FI_REPRO:-}" ]; then
-    timeout 900 python3 scripts/limits_repro.py $FI_REPRO > "$LOGS/limits_repro.log" 2>&1; echo "exit $?" >> "$LOGS/limits_repro.log"
+    timeout 900 python3 scripts/repro/limits_repro.py $FI_REPRO > "$LOGS/limits_repro.log" 2>&1; echo "exit $?" >> "$LOGS/limits_repro.log"
   fi
   exit 0
 fi
@@ -90,7 +90,7 @@ timeout 600 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_scale.
 echo "exit $?" >> "$LOGS/smoke.log"
 # small problems, many at once beside the scale tier: the guarded properties, then memcheck on ours
 ( if [ "${GRID_REPRO:-0}" = 1 ]; then  # a few GB beside the scale tier
-    timeout 400 python3 scripts/fla_grid_repro.py > "$LOGS/fla_grid_repro.log" 2>&1; echo "exit $?" >> "$LOGS/fla_grid_repro.log"
+    timeout 400 python3 scripts/repro/fla_grid_repro.py > "$LOGS/fla_grid_repro.log" 2>&1; echo "exit $?" >> "$LOGS/fla_grid_repro.log"
   fi &
   for impl in $GUARD_IMPLS; do check "$impl" "guard-$impl" --properties "$GUARDED" --seed 1 & done; wait
   [ "${MEMCHECK:-1}" = 1 ] && check cupy memcheck-cupy --sanitize --properties "$GUARDED,matches_reference,spec_decode_slots" --max-examples 6 --dims 64 --seed 1 &

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Default `check` runs of GPU implementations, many at once on one GPU machine, with their logs packed.
 # Usage (repo root, on the device machine):
-#   bash scripts/gpu_checks.sh STEP [STEP ...]          run the steps, then pack
-#   bash scripts/gpu_checks.sh --background STEP ...    the same in a detached process (outlives the command)
-#   bash scripts/gpu_checks.sh --collect SECONDS        wait up to SECONDS for a detached run, then pack
-# A STEP is IMPL:DTYPE:SEED (e.g. fla-chunk:bfloat16:1), `wait` (for the runs started so far),
-# `probe` (scripts/fla_rounding_probe.py; PROBE_CASE names a head_mapping case file for it) or
+#   bash scripts/gpu-machine/gpu_checks.sh STEP [STEP ...]          run the steps, then pack
+#   bash scripts/gpu-machine/gpu_checks.sh --background STEP ...    the same in a detached process (outlives the command)
+#   bash scripts/gpu-machine/gpu_checks.sh --collect SECONDS        wait up to SECONDS for a detached run, then pack
+# A STEP is IMPL:DTYPE:SEED (e.g. fla-chunk:bfloat16:1), `wait` (for the runs started so far) or
 # warm:IMPL:DTYPE (scripts/warm_pool.py). IMPL:DTYPE:SEED runs start at once, in parallel (one NumPy
-# thread each); `wait`, probe and warm steps wait for them.
-# Carried wheels in .whl/ are installed once into /tmp/site (scripts/common.sh). Logs and JSON go to /tmp/gpu_checks;
+# thread each); `wait` and warm steps wait for them.
+# Carried wheels in .whl/ are installed once into /tmp/site (scripts/gpu-machine/common.sh). Logs and JSON go to /tmp/gpu_checks;
 # packing writes $OUT/checks.tar.gz and $OUT/summary.txt (the device tool returns 8 files at most).
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
@@ -21,7 +20,7 @@ pack() {
       echo "== $(basename "$f")"
       grep -E "^(FAILED|ERROR|TIMEOUT|  likely cause|  kind|  minimal example|[0-9]+ passed|exit|  [a-z_]+ +(failed|error|timeout))" "$f" | cut -c1-400 | head -60
     done
-    tail -n 5 "$LOGS"/probe.log "$LOGS"/warm-*.log 2>/dev/null; } > "$OUT/summary.txt"
+    tail -n 5 "$LOGS"/warm-*.log 2>/dev/null; } > "$OUT/summary.txt"
   tar -czf "$OUT/checks.tar.gz" -C /tmp gpu_checks
   cat "$OUT/summary.txt"
 }
@@ -46,7 +45,6 @@ for step in "$@"; do
   IFS=: read -r what a b <<< "$step"
   case $what in
     wait) flush ;;
-    probe) flush; timeout "${PROBE_TIMEOUT:-300}" python3 scripts/fla_rounding_probe.py --cases "${PROBE_CASES:-100}" --out "$LOGS" ${PROBE_CASE:+--case "$PROBE_CASE"} > "$LOGS/probe.log" 2>&1; echo "probe exit $?" >> "$LOGS/probe.log" ;;
     warm) flush; timeout "${WARM_TIMEOUT:-400}" python3 scripts/warm_pool.py --impl "$a" --dtype "$b" --processes "${WARM_PROCESSES:-16}" > "$LOGS/warm-$a-$b.log" 2>&1 ;;
     *) name="check-$what-$a-$b"
        ( start=$(date +%s)

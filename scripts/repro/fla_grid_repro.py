@@ -10,7 +10,7 @@ calls FLA directly at B * HV just below and just above 65535, dense and varlen, 
 passing dense call with FLA's own fused_recurrent (a second path) on the last rows, then runs the
 backward of the dense call (its kernels put ``B * HV`` on axis 1 as well).
 
-    PYTHONPATH=/tmp/site python3 scripts/fla_grid_repro.py
+    PYTHONPATH=/tmp/site python3 scripts/repro/fla_grid_repro.py
 """
 
 from __future__ import annotations
