@@ -75,7 +75,7 @@ if [ "${1:-}" = install ]; then
 fi
 if [ "${1:-}" = copy ]; then
   rm -rf /tmp/gdnv && mkdir -p /tmp/gdnv
-  tar -cf - --exclude=./.whl --exclude=./.scratch --exclude=./.gdn_verify --exclude=./.venv --exclude=./.git . \
+  tar -cf - --exclude=./.whl --exclude=./.gdn_verify --exclude=./.venv --exclude=./.git . \
     | tar -xf - -C /tmp/gdnv && echo "copied to /tmp/gdnv"
   exit $?
 fi
@@ -123,10 +123,10 @@ want_o, want_s = numpy_oracle(problem)
 for name in ("max-recurrence", "max-verify-ring"):
     try:
         impl = resolve(name)
-        for attempt in ("first (loads or compiles)", "second"):
+        for which in ("first (loads or compiles)", "second"):
             start = time.perf_counter()
             r = impl.run(problem)
-            print(f"smoke {name} {attempt} call: {time.perf_counter() - start:.1f} s")
+            print(f"smoke {name} {which} call: {time.perf_counter() - start:.1f} s")
         o_err = np.abs(np.asarray(r.o, np.float64) - want_o).max()
         s_err = np.abs(np.asarray(r.final_state, np.float64) - want_s).max()
         print(f"smoke {name}: max |o - oracle| {o_err:.3g}, max |state - oracle| {s_err:.3g}")
