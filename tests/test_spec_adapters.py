@@ -4,7 +4,7 @@ Each stand-in takes the kernel's own convention (as its signature and docstring 
 computes it with the float64 oracle one token at a time; the vLLM stand-in reads its indices the
 way the Triton kernel does (a flat, unchecked ``row * width + column``), so the property suite
 sees the same hazards the real kernel has. The GPU runs use the real kernels
-(`scripts/gpu_session.sh` phases adapters_check and adapters_fuzz).
+(`scripts/gpu-machine/gpu_session.sh` phases adapters_check and adapters_fuzz).
 """
 
 from __future__ import annotations
