@@ -16,6 +16,7 @@ import numpy as np
 
 from gdn_verify.core import arrays
 from gdn_verify.core.implementation import ConfigurationError, Implementation
+from gdn_verify.implementations import interpreter
 
 
 def jit_compiled(**extra: Any) -> dict[str, Any]:
@@ -42,7 +43,11 @@ def cache_triton_autotuning() -> None:
 
 
 def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
-    """``load()`` (which imports a torch-based kernel library), or a one-line ConfigurationError."""
+    """``load()`` (which imports a torch-based kernel library), or a one-line ConfigurationError.
+
+    Under Triton's interpreter (``TRITON_INTERPRET=1``) a Triton library runs on CPU tensors, so
+    no GPU is asked for (``gdn_verify.implementations.interpreter``).
+    """
     cache_triton_autotuning()
     try:
         import torch
@@ -50,8 +55,9 @@ def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
         loaded = load()
     except ImportError as exc:
         raise ConfigurationError("impl", f"{what} is not installed ({install}): {exc}") from None
-    if not torch.cuda.is_available():
-        raise ConfigurationError("impl", f"{what}'s kernels need a CUDA GPU; none is visible")
+    if not torch.cuda.is_available() and not interpreter.requested():
+        cpu = f"set {interpreter.ENV}=1 to run Triton kernels on the CPU"
+        raise ConfigurationError("impl", f"{what}'s kernels need a CUDA GPU; none is visible ({cpu})")
     return loaded
 
 
