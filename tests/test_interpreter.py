@@ -39,6 +39,7 @@ def _statuses(doc: dict) -> dict[str, str]:
     return {row["name"]: row["status"] for row in doc["results"]}
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_a_correct_triton_kernel_passes_under_the_interpreter(tmp_path, dtype):
     code, doc, text = _check(tmp_path, "recurrent", dtype, "matches_reference,head_mapping")
@@ -49,6 +50,7 @@ def test_a_correct_triton_kernel_passes_under_the_interpreter(tmp_path, dtype):
     assert doc["environment"]["triton_interpret"] is True
 
 
+@pytest.mark.interpreter
 def test_a_kernel_that_ignores_the_gate_fails_under_the_interpreter(tmp_path):
     code, doc, text = _check(tmp_path, "gate_ignored", "float32", "matches_reference")
     assert code == 1, text
