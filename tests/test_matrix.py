@@ -132,6 +132,11 @@ def test_the_table_shows_each_cell_and_the_release_status():
     assert cells["0.1"].split()[:3] == ["0.1", "-", "-"] and cells["0.1"].endswith("unavailable: fla 0.1: no wheel")
     assert cells["0.4.0"].endswith("misuse: error: --impl: FLA 0.4 has no l2norm option")
     assert "0.6.0 a: logic error, gate ignored" in lines
+    assert "FAIL Nx: the worst error was N times its bound" in lines  # the legend, as a cell failed
+    assert not any(
+        "FAIL" in line
+        for line in matrix_report.table_lines(MatrixResult("fla-chunk", "fla", ["0.5.2"], [], True, rows[:1]))
+    )
     assert "0.5.2: FLA 0.5.2 recurrent" in lines
     assert all(line == line.rstrip() for line in lines)
     for status in ("running", "complete", "interrupted"):
