@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gdn-verify command line: check, selftest, replay, fuzz, report, bench.
+"""gdn-verify command line: check, selftest, replay, fuzz, report, bench, matrix.
 
 A thin layer over ``gdn_verify.api``: it parses flags, shows progress and results, and maps
 library errors (which name the argument) to flags. Exit status: 0 every property holds, 1 a
@@ -495,6 +495,62 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """``matrix``: check one implementation at several releases of its library, a child process each."""
+    from gdn_verify.report import matrix as matrix_report
+    from gdn_verify.runners import matrix
+
+    out = json_path(args)
+    options = check_options(args)  # misuse (a bad --dtype, --dims, ...) is one line before any release runs
+    unknown = [name for name in options.properties or () if name not in NAMES]
+    if unknown:
+        raise ConfigurationError("properties", f"{', '.join(unknown)}: choose from {', '.join(NAMES)}")
+    seed = options.seed if options.seed is not None else random.randrange(2**31)  # one seed: the same examples
+    values = {**vars(args), "seed": seed, "timeout": options.timeout or 0}
+    partial = matrix.prepare(args.impl, comma_list(args.versions) or [], matrix.check_argv(values), args.wheels)
+    display = console.ProgressDisplay()
+
+    def save(status: str) -> None:
+        if out is not None:
+            api.write_json(out, matrix_report.document(partial, status, ["gdn-verify", *args.argv]))
+
+    def on_start(version: str) -> None:
+        CtrlC.check()
+        if display.live:
+            display.update(f"  {args.impl} {version}: fetching and checking", force=True)
+
+    def on_release(row) -> None:
+        partial.rows.append(row)
+        save("running")
+        if display.live:  # a terminal: one line per release as it ends; a log gets the table
+            display.print(
+                f"  {args.impl} {row.version}: {row.status} {row.reason}".rstrip() + f" ({row.seconds:.0f} s)"
+            )
+        CtrlC.check()
+
+    save("running")
+    try:
+        result = matrix.run_matrix(
+            args.impl, partial.versions, partial.check_args, args.wheels, on_start=on_start, on_release=on_release
+        )
+        CtrlC.check()
+    except KeyboardInterrupt:
+        display.clear()
+        save("interrupted")
+        print("\n".join(matrix_report.table_lines(partial)))
+        if out is not None:
+            print(f"partial matrix ({len(partial.rows)} releases) written to {out}", file=sys.stderr)
+        raise
+    display.clear()
+    misuse = result.misuse
+    save("misuse" if misuse is not None else "complete")
+    if misuse is not None:
+        print(f"error: every release: {misuse.reason}", file=sys.stderr)
+        return 2
+    print("\n".join(matrix_report.table_lines(result)))
+    return 0 if result.passed else 1
+
+
 def _impl_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--impl", help=f"{', '.join(implementations.names())}, planted:BUG, planted-grad:BUG, or MODULE:FUNCTION"
@@ -551,6 +607,20 @@ def _compile_option(p: argparse.ArgumentParser) -> None:
         "version, device, dtype, head sizes and gradient mode",
     )
     p.add_argument("--plans", help="directory of stored shape-class pools (default .gdn_verify/plans)")
+
+
+def _matrix_parser(sub) -> None:
+    mx = sub.add_parser(
+        "matrix", help="check one implementation at several releases of its library: release x property"
+    )
+    mx.add_argument("--impl", required=True, help="fla-chunk, fla-recurrent, vllm-chunk, ... (an FLA or vLLM adapter)")
+    mx.add_argument("--versions", required=True, help="comma-separated releases, e.g. 0.5.2,0.6.0")
+    mx.add_argument("--wheels", help="folder of wheels tried before the package index (pip download)")
+    _suite_options(mx)
+    mx.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
+    mx.add_argument("--max-tokens", type=int, help="longest T for error_growth (default as check's)")
+    _compile_option(mx)
+    mx.set_defaults(func=cmd_matrix)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -669,6 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="write the Markdown tables to this file")
     bench.add_argument("--json", help="write the rows as JSON: lists under decode, prefill, prefill_accuracy")
     bench.set_defaults(func=cmd_bench)
+    _matrix_parser(sub)
     return parser
 
 

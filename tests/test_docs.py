@@ -30,7 +30,7 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 # of gdn_verify/ (a path such as `core/shapes.py` is relative to gdn_verify/).
 ROOT_DIRS = ("gdn_verify", "cupy_kernels", "properties", "docs", "reports", "scripts", "tests", "benchmarks", ".ci")
 PACKAGE_DIRS = tuple(p.name for p in (ROOT / "gdn_verify").iterdir() if p.is_dir() and not p.name.startswith("_"))
-SUBCOMMANDS = ("check", "selftest", "replay", "fuzz", "report", "bench")
+SUBCOMMANDS = ("check", "selftest", "replay", "fuzz", "report", "bench", "matrix")
 # Implementation names look like these (a span holding only such a word is taken as one).
 IMPL_WORD = re.compile(r"^(?:numpy|cupy|oracle|(?:numpy|cupy|fla|flash|flashinfer|vllm)(?:-[a-z0-9]+)+)$")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
