@@ -249,4 +249,7 @@ def adapt(impl: Implementation) -> Implementation:
     impl.forms = {name: widen_bfloat16(fn, rounded.get(name, 1)) for name, fn in impl.forms.items()}
     impl.description = f"{impl.description} [{LIMITS}]"
     impl.extra["interpreter"] = dict(limits=LIMITS, bfloat16=BF16_LABEL, triton=_version())
+    # nothing compiles under the interpreter: no shape classes to compile up front
+    # (gdn_verify.core.shapes), which took 4 of every 6 minutes of a check there
+    impl.extra["compile_classes"] = False
     return impl
