@@ -451,7 +451,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     display = console.ProgressDisplay()
     deciles = [-1]
 
-    def progress(fraction: float, label: str) -> None:  # every tenth of the work is shown, off a terminal too
+    def progress(fraction: float, label: str) -> None:  # every tenth of the work is drawn at once (a terminal only)
         CtrlC.check()
         decile = int(fraction * 10)
         display.update(f"[{fraction:4.0%}] {label}", force=decile > deciles[0])

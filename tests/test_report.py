@@ -125,6 +125,11 @@ def test_growth_exponent_and_token_errors():
 
 
 # The report on CPU -----------------------------------------------------------------------------
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "cpu"
@@ -153,7 +158,8 @@ def made(tmp_path_factory):
         "--out",
         str(out),
     ]
-    stdout, stderr = io.StringIO(), io.StringIO()
+    # stderr a terminal: the progress line is drawn there only (off a terminal it is not written at all).
+    stdout, stderr = io.StringIO(), Terminal()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         status = cli.main(["report", *argv])
     doc = json.loads((out / "results.json").read_text())
@@ -397,6 +403,7 @@ def test_no_legend_covers_a_plot(made, monkeypatch, tmp_path):
 
 
 def test_progress_and_summary_are_printed(made):
+    """On a terminal: the progress line, then the summary."""
     out, _, printed = made
     percents = [int(p) for p in re.findall(r"\[\s*(\d+)%\]", printed)]
     assert percents and percents == sorted(percents) and percents[-1] == 100
@@ -458,6 +465,8 @@ def test_cli_report_without_gpu_exits_0_and_names_what_it_skipped(tmp_path):
     assert done.returncode == 0, done.stderr
     for name in report.GPU_DEFAULTS:
         assert f"skipped: {name}:" in done.stdout
+    # Off a terminal no progress line, not even at each tenth of the work: the log holds the results.
+    assert not re.search(r"\[\s*\d+%\]", done.stdout + done.stderr), done.stdout + done.stderr
     assert (tmp_path / "r" / "index.html").is_file()
 
 
