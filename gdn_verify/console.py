@@ -118,19 +118,21 @@ def format_result(r: PropertyResult) -> str:
 
 
 def format_failure(r: PropertyResult, replay: str | None, headline: bool = True) -> str:
-    """A property that did not pass (failed, timeout, error, misuse): the message, the minimal
-    example (for a timeout: the example that hung), its parameters, the kernel's own traceback
-    (error) and the replay command. ``headline=False`` leaves ``FAILED name:`` off the first line,
-    for a report that names the property and says FAILED itself (pytest's); other statuses keep
-    their word (``TIMEOUT: ...``)."""
+    """A property that did not pass (failed, timeout, error, misuse): the message's first line after
+    ``FAILED name:``, its further lines (how the bound is made up, a kernel's own message) indented
+    below it, the minimal example (for a timeout: the example that hung), its parameters, the
+    kernel's own traceback (error) and the replay command. ``headline=False`` leaves ``FAILED
+    name:`` off the first line, for a report that names the property and says FAILED itself
+    (pytest's); other statuses keep their word (``TIMEOUT: ...``)."""
     f = r.failure
     assert f is not None
     example = "example that hung" if f.status == "timeout" else "minimal example"
+    message, *details = f.message.splitlines() or [""]
     if headline:
-        first = f"{f.status.upper()} {r.name}: {f.message}"
+        first = f"{f.status.upper()} {r.name}: {message}"
     else:
-        first = f.message if f.status == "failed" else f"{f.status.upper()}: {f.message}"
-    lines = [first, f"  {example}: {f.describe()}"]
+        first = message if f.status == "failed" else f"{f.status.upper()}: {message}"
+    lines = [first, *("  " + line for line in details), f"  {example}: {f.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
     if f.kind:

@@ -1,5 +1,6 @@
 """What the command line prints: a progress line rewritten in place on a terminal and nothing of it
-elsewhere (a pipe, a file, a CI log, pytest's capture hold the results alone)."""
+elsewhere (a pipe, a file, a CI log, pytest's capture hold the results alone), and failures laid
+out to be read at 120 columns."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import sys
 from pathlib import Path
 
 import cli
-from gdn_verify.console import ProgressDisplay, compile_progress
+from gdn_verify.console import ProgressDisplay, compile_progress, format_failure
 from gdn_verify.core.property import Measurement
-from gdn_verify.runners.check import PropertyResult
+from gdn_verify.runners.check import Failure, PropertyResult
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,6 +97,30 @@ def test_a_check_on_a_terminal_shows_its_progress(tmp_path, monkeypatch):
     assert status == 0, out.getvalue() + tty.getvalue()
     assert re.search(r"\r  determinism +\d+ examples", tty.getvalue()), tty.getvalue()
     assert "determinism              passed" in out.getvalue() and " examples worst" not in out.getvalue()
+
+
+def failed(message: str) -> PropertyResult:
+    r = PropertyResult("matches_reference", "failed", 3)
+    r.failure = Failure(message, None, {}, Measurement(1.0, 1.47e-5), description="B=1 T=1 H=1 HV=1 K=2 V=2")
+    return r
+
+
+def test_a_failure_message_s_further_lines_are_indented_under_its_first():
+    """The first line is ``FAILED name: <first line>``; the message's other lines (how the bound is
+    made up, a kernel's own multi-line message) stay below it, indented, before the minimal example."""
+    message = "state error 1 > tolerance 1.47e-05 (against the oracle)\ntolerance: uniform model; kappa_s=1.87"
+    text = format_failure(failed(message), "gdn-verify replay /c.npz --impl x")
+    assert text.splitlines() == [
+        "FAILED matches_reference: state error 1 > tolerance 1.47e-05 (against the oracle)",
+        "  tolerance: uniform model; kappa_s=1.87",
+        "  minimal example: B=1 T=1 H=1 HV=1 K=2 V=2",
+        "  replay: gdn-verify replay /c.npz --impl x",
+    ]
+    # pytest names the property and says FAILED itself: the message starts the report.
+    assert format_failure(failed(message), None, headline=False).splitlines()[:2] == [
+        "state error 1 > tolerance 1.47e-05 (against the oracle)",
+        "  tolerance: uniform model; kappa_s=1.87",
+    ]
 
 
 def test_a_passed_gradient_property_shows_each_gradients_closest_approach():
