@@ -3,11 +3,11 @@
 Each round runs every remaining property through :func:`check.run_property` with as many
 examples as the remaining time allows (estimated from the previous round). The budget is a
 deadline for the whole campaign, its closing included: an example starts only if it would end
-within the budget were it as long as the longest its property has taken (for a property not yet
-timed, the median of the others' longest; ``RunSettings.deadline``), and the oracles' worker
-processes are stopped within it. It is overrun only by an example longer than any before it (a
-kernel call compiling a new shape, say) or by the shrinking of a failure just found, which runs
-to its end. Python's start and imports before the campaign (about 2 s) are not part of it.
+within the budget were it as long as the longest its property has taken (``RunSettings.deadline``),
+and the oracles' worker processes are stopped within it. It is overrun only by an example longer
+than any of its property's before it (a property's first, a kernel call compiling a new shape) or
+by the shrinking of a failure just found, which runs to its end. Python's start and imports
+before the campaign (about 2 s) are not part of it.
 
 The example database is persistent, one directory per implementation and property, so a
 failure found once is replayed first the next time. Rounds draw fresh random examples; a fixed
@@ -22,7 +22,6 @@ returns a :class:`FuzzReport`.
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -198,10 +197,10 @@ def run_fuzz(
             ran = False
             for prop in list(remaining):
                 left = seconds - (time.monotonic() - start)
-                # Room for one more example as long as the longest this property has taken (not yet
-                # timed: the median property's longest; the largest would let one slow property stop the
-                # first round of a short campaign): none starts that would end past the budget.
-                reserve = longest.get(prop.name, statistics.median(longest.values()) if longest else 0.0)
+                # Room for one more example as long as the longest this property has taken: none starts
+                # that would end past the budget. One not yet timed gets its first look while any time
+                # is left (every property is visited early, however short the budget).
+                reserve = longest.get(prop.name, 0.0)
                 if left <= reserve:
                     continue  # a quicker property may still fit
                 share = left / len(remaining)
