@@ -394,12 +394,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     save("misuse" if misuse is not None else "complete")
     if misuse is not None:
         return misuse_exit(misuse)
-    w = report.worst
     warned = [r for r in report.properties.values() if r.warnings]
     top = max(warned, key=lambda r: r.warnings, default=None)
     print(
         f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
-        f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures"
+        f"{report.describe_worst()}; {len(report.failures)} failures"
         + (f"; compile {console.duration(report.compile_seconds)} of {console.duration(report.seconds)}")
         + (f"; {report.workers} workers" if report.workers > 1 else "")
     )
@@ -451,7 +450,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     display = console.ProgressDisplay()
     deciles = [-1]
 
-    def progress(fraction: float, label: str) -> None:  # every tenth of the work is shown, off a terminal too
+    def progress(fraction: float, label: str) -> None:  # every tenth of the work is drawn at once (a terminal only)
         CtrlC.check()
         decile = int(fraction * 10)
         display.update(f"[{fraction:4.0%}] {label}", force=decile > deciles[0])
