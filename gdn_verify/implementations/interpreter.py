@@ -30,18 +30,18 @@ from __future__ import annotations
 
 import ast
 import functools
-import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from gdn_verify.core import environment
 from gdn_verify.core.implementation import BACKWARD_FORM, GRADIENTS, ConfigurationError, Implementation
 
-ENV = "TRITON_INTERPRET"
+ENV = "TRITON_INTERPRET"  # Triton's own switch (read by gdn_verify.core.environment.triton_interpret)
 TESTED = ("3.7",)  # Triton minor versions whose interpreter internals these workarounds match
 LIMITS = (
     "Triton interpreter on the CPU: programs run one after another in NumPy, so launch limits, races and "
     "the GPU's rounding (TF32, fused multiply-adds, fast exp) are not exercised; autotuned kernels run one "
-    "config each"
+    "config each; bfloat16 inputs are widened to float32"
 )
 BF16_LABEL = (
     "bfloat16 inputs widened to float32 for the interpreter (its bfloat16 arithmetic is wrong); "
@@ -56,7 +56,7 @@ _installed = False
 
 def requested() -> bool:
     """Whether Triton's own switch for its interpreter is on (``TRITON_INTERPRET=1``)."""
-    return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "on", "yes")
+    return environment.triton_interpret()
 
 
 def chosen_config(configs: list[Any]) -> Any:
