@@ -1,9 +1,12 @@
 """Adapters from the native convention to third-party kernels (translation only).
 
-``fla-chunk`` and ``fla-recurrent``: flash-linear-attention 0.6 (``fla-core``), torch CUDA
-tensors. FLA's own convention is the native one, so the adapter only renames nothing and
-passes ``cu_seqlens`` as a LongTensor,
-and every tensor by keyword.
+``fla-chunk`` and ``fla-recurrent``: ``chunk_gated_delta_rule`` and
+``fused_recurrent_gated_delta_rule`` of the installed FLA release, 0.1 to 0.6.0 (torch CUDA
+tensors, or CPU tensors under Triton's interpreter). FLA's convention is the native one; what
+changed between releases (the ``head_first`` keyword, the state layout keyword, GVA, float32,
+the gate options) comes from the release's row of ``fla_releases.TABLE``, or from probing a
+release no row covers. Every call mirrors ``fla/layers/gated_deltanet.py``
+``GatedDeltaNet.forward``: every tensor by keyword, ``g`` in float32, ``cu_seqlens`` a LongTensor.
 """
 
 from __future__ import annotations
@@ -61,6 +64,19 @@ def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
         cpu = f"set {interpreter.ENV}=1 to run Triton kernels on the CPU"
         raise ConfigurationError("impl", f"{what}'s kernels need a CUDA GPU; none is visible ({cpu})")
     return loaded
+
+
+def wrap(fn):
+    """``fn`` (a kernel in FLA 0.6's convention) with ``cu_seqlens`` as a LongTensor and every
+    tensor passed by keyword (``fused_recurrent_gated_delta_rule``'s positional order is
+    ``(q, k, v, g, gk, gv, beta)``); FlashQLA's adapter calls its kernel so."""
+
+    def call(q, k, v, g, beta, cu_seqlens=None, **kw):
+        if cu_seqlens is not None:
+            cu_seqlens = cu_seqlens.long()
+        return fn(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, **kw)
+
+    return call
 
 
 def _device() -> str:
@@ -199,6 +215,9 @@ def _implementation(name: str, form: str, fla: Installed, **extra: Any) -> Imple
             distribution=fla.dist,
             version=f"{fla.dist} {fla.version}",
             conventions="probed" if fla.probed else f"table row {row.first}-{row.last}",
+            # what the release's entry point lacks, for callers that plan draws around it
+            gva=row.entry(form).gva,
+            float32=row.entry(form).float32,
         ),
     )
 
