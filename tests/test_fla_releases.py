@@ -38,6 +38,13 @@ def test_every_published_release_has_exactly_one_row():
     assert R.row("0.1.0") is R.row("0.1")
 
 
+def test_the_row_is_looked_up_in_the_table_as_it_is_at_the_call(monkeypatch):
+    """A row patched into TABLE (the corrupted-row tests) is the one the adapters use."""
+    changed = replace(R.row("0.6.0"), stages=False)
+    monkeypatch.setattr(R, "TABLE", (changed,))
+    assert R.row("0.6.0") is changed and R.row("0.1") is None
+
+
 @pytest.mark.parametrize("version", ["0.7.0", "0.0.9", "0.6.1.dev0", "0.6.0rc1", "main"])
 def test_a_release_no_row_covers_has_none(version):
     assert R.row(version) is None

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The child: a reduced check of each (impl, dtype, properties), then each refusal asked for.
 CHILD = r"""
-import json, sys, warnings
+import json, sys, time, warnings
 warnings.filterwarnings("ignore")
 import numpy as np
 from gdn_verify import api
@@ -40,11 +40,13 @@ from gdn_verify.core.problem import Problem
 from gdn_verify.implementations import registry
 
 job = json.loads(sys.argv[1])
-out = {"checks": {}, "refusals": {}, "descriptions": {}}
+out = {"checks": {}, "refusals": {}, "descriptions": {}, "seconds": {}}
 for name, dtype, props in job["checks"]:
+    start = time.perf_counter()
     r = api.check(name, dtype=dtype, properties=props, seed=1, max_examples=2, dims=[32], plans_dir=None,
                   cases_dir=job["cases"], timeout=None)
     out["checks"][f"{name} {dtype}"] = {p.name: [p.status, p.note] for p in r.results}
+    out["seconds"][f"{name} {dtype}"] = round(time.perf_counter() - start, 1)
 
 def problem(dtype, H=1, HV=1, v_first=False):
     rng = np.random.default_rng(0)
@@ -105,15 +107,16 @@ def statuses(result: dict) -> dict[str, dict[str, str]]:
 
 
 def test_fla_0_6_0_passes_a_reduced_check_in_float32_and_float16(tmp_path):
-    checks = [
-        [name, dtype, ["matches_reference", "state_layout", "head_mapping"]]
-        for name in ("fla-chunk", "fla-recurrent")
-        for dtype in ("float32", "float16")
-    ]
+    # GVA is a convention, not a precision: head_mapping (HV up to 4 H, the slowest) in float16 only
+    expected = {
+        "float32": ["matches_reference", "state_layout"],
+        "float16": ["matches_reference", "state_layout", "head_mapping"],
+    }
+    checks = [[name, dtype, props] for name in ("fla-chunk", "fla-recurrent") for dtype, props in expected.items()]
     result, text, seconds = run_release("0.6.0", {"checks": checks, "refusals": []}, tmp_path)
-    print(f"FLA 0.6.0: {seconds:.0f} s")
+    print(f"FLA 0.6.0: {seconds:.0f} s ({result['seconds']})")
     for run, props in statuses(result).items():
-        assert props == dict.fromkeys(["matches_reference", "state_layout", "head_mapping"], "passed"), (run, result)
+        assert props == dict.fromkeys(expected[run.split()[1]], "passed"), (run, result)
 
 
 def test_fla_0_1_passes_what_it_supports_and_refuses_the_rest(tmp_path):
@@ -121,7 +124,7 @@ def test_fla_0_1_passes_what_it_supports_and_refuses_the_rest(tmp_path):
     checks += [["fla-recurrent", dtype, ["matches_reference"]] for dtype in ("float32", "float16")]
     refusals = [["fla-chunk", "float32"]] + [[n, k] for n in ("fla-chunk", "fla-recurrent") for k in ("gva", "v_first")]
     result, text, seconds = run_release("0.1", {"checks": checks, "refusals": refusals}, tmp_path)
-    print(f"FLA 0.1: {seconds:.0f} s")
+    print(f"FLA 0.1: {seconds:.0f} s ({result['seconds']})")
     for run, props in statuses(result).items():
         assert props == {"matches_reference": "passed"}, (run, result)
     for what, outcome in result["refusals"].items():

@@ -132,12 +132,13 @@ def parse(version: str) -> tuple[int, ...] | None:
     return parts + (0,) * (3 - len(parts))
 
 
-def row(version: str, table: tuple[Release, ...] = TABLE) -> Release | None:
-    """The row of ``table`` covering ``version``, or None (a release the table does not know)."""
+def row(version: str, table: tuple[Release, ...] | None = None) -> Release | None:
+    """The row of ``table`` (:data:`TABLE` as it is at the call) covering ``version``, or None
+    (a release the table does not know)."""
     v = parse(version)
     if v is None:
         return None
-    for r in table:
+    for r in TABLE if table is None else table:
         first, last = parse(r.first), parse(r.last)
         if first is not None and last is not None and first <= v <= last:
             return r
