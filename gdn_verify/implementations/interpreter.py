@@ -171,7 +171,20 @@ def install() -> None:
 
     if not hasattr(torch.cpu, "device"):
         torch.cpu.device = _NoDevice
+    # FLA 0.1-0.1.1 pick block sizes on the host by torch.cuda.get_device_capability(), which a
+    # torch without CUDA refuses: answer CAPABILITY, so that they pick what an H100 runs
+    if not torch.cuda.is_available():
+        torch.cuda.get_device_capability = _capability
     _installed = True
+
+
+# The GPU generation host code is told it runs on when torch has no CUDA (an H100's).
+CAPABILITY = (9, 0)
+
+
+def _capability(device: Any = None) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability`` under the interpreter without CUDA: :data:`CAPABILITY`."""
+    return CAPABILITY
 
 
 class _NoDevice:
