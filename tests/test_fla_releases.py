@@ -188,6 +188,7 @@ print("RESULT " + json.dumps({
 """
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("version", ["0.1", "0.4.2", "0.6.0"])
 def test_the_row_of_a_release_is_what_probing_its_kernels_finds(version):
     pytest.importorskip("triton", reason="the real kernels run under Triton's interpreter (pip install triton)")
