@@ -171,6 +171,10 @@ def install() -> None:
 
     if not hasattr(torch.cpu, "device"):
         torch.cpu.device = _NoDevice
+    # vLLM <= 0.19's input_guard enters torch.cuda.device(tensor.device.index): None on a CPU tensor,
+    # which torch refuses; with no CUDA device there is nothing to select
+    if not torch.cuda.is_available():
+        torch.cuda.device = _NoDevice
     _installed = True
 
 
