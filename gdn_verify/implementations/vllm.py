@@ -4,39 +4,40 @@ vLLM keeps FLA-derived GDN kernels in ``vllm/third_party/flash_linear_attention/
 wheels: ``vllm/model_executor/layers/fla/ops/``). The 12 files that ``chunk.py`` and
 ``fused_recurrent.py`` import need from the rest of vLLM only ``vllm.triton_utils``,
 ``vllm.platforms.current_platform``, ``vllm.utils.gpu_sync_debug.gpu_sync_allowed``,
-``vllm.utils.torch_utils.async_tensor_h2d`` and (0.34) ``vllm.utils.platform_utils`` and
-``l2norm.py``'s warm-up launcher (``vllm.model_executor.warmup``); :func:`load_ops` imports them under a private
-package name with the small stand-ins below in ``sys.modules`` for the duration of the import
+``vllm.utils.torch_utils.async_tensor_h2d``, and in 0.34 ``vllm.utils.platform_utils`` and
+``l2norm.py``'s warm-up launcher (``vllm.model_executor.warmup``); :func:`load_ops` imports
+them under a private package name with the small stand-ins below in ``sys.modules`` for the duration of the import
 (then restores what was there). No vLLM code lives in this repository: the folder comes from
 ``GDN_VERIFY_VLLM_OPS`` (a folder holding ``ops/*.py``) or from an installed ``vllm``.
 
-Adapters (torch CUDA tensors):
+Adapters (torch CUDA tensors, or CPU tensors under Triton's interpreter). Each follows the row of
+``vllm_releases.TABLE`` its folder is identified as (state layout per entry point, padding
+marker, which entry points exist, the gate dtypes vLLM's Qwen GDN layer passes: ``g`` float32,
+``beta`` per row, raw ``a, b`` in the model dtype); ``docs/adapters.md`` has the table and the
+production call each mirrors.
 
-- ``vllm-chunk``: ``chunk_gated_delta_rule``; state ``[N, HV, V, K]`` (k-last), float32 inputs
+- ``vllm-chunk``: ``chunk_gated_delta_rule``; the state in the row's layout, float32 inputs
   rejected by vLLM (unsupported), ``K <= 256``.
-- ``vllm-recurrent``: ``fused_recurrent_gated_delta_rule`` as vLLM calls it: a pool with the
-  null slot 0 and sequence ``n`` in slot ``n + 1``, 2-D ``ssm_state_indices [N, max(L)]`` with
-  every column the sequence's slot (1-D indices are wrong for sequences longer than one token),
-  ``inplace_final_state=True``.
-- ``vllm-spec``: the speculative-decoding form under :data:`VLLM_SPEC` rules, handed straight to
-  ``fused_recurrent_gated_delta_rule(..., ssm_state_indices, num_accepted_tokens)``.
-- ``vllm-sigmoid-spec`` / ``vllm-sigmoid-recurrent``: ``fused_sigmoid_gating_delta_rule_update``
+- ``vllm-recurrent``: ``fused_recurrent_gated_delta_rule`` as vLLM calls it: a float32 pool with
+  sequence ``n`` in slot ``n + 1`` (slot 0 the null block), 2-D ``ssm_state_indices [N, max(L)]``
+  with every column the sequence's slot (1-D indices are wrong for sequences longer than one
+  token), ``inplace_final_state=True``.
+- ``vllm-spec``: the speculative-decoding form under the row's rules (``Conventions.spec_rules``),
+  handed straight to ``fused_recurrent_gated_delta_rule(..., ssm_state_indices, num_accepted_tokens)``.
+- ``vllm-sigmoid-spec`` / ``vllm-sigmoid-recurrent`` (0.18 on): ``fused_sigmoid_gating_delta_rule_update``
   (``ops/fused_sigmoid_gating.py``), the kernel vLLM's Qwen GDN layer runs for speculative
   verification (Triton route) and for the decodes of a mixed batch. Its slots and indices are
   ``fused_recurrent``'s, but it takes raw gates ``g = -exp(A_log) softplus(a + dt_bias)``
   (softplus threshold 20), ``beta = sigmoid(b)``: the native ``(g, beta)`` go in as
-  ``A_log = dt_bias = 0`` and float32 ``a``, ``b`` (the kernel reads them as float32 whatever
-  their dtype: float32 costs no more than their own float32 gate arithmetic; see
-  ``flashinfer.raw_gates``).
-- ``vllm-packed-decode``: ``fused_recurrent_gated_delta_rule_packed_decode``, vLLM's default
-  non-speculative decode (``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=1``): one token per
+  ``A_log = dt_bias = 0`` and ``a``, ``b`` in the model dtype (:func:`raw_gate_kwargs`).
+- ``vllm-packed-decode`` (0.18 on): ``fused_recurrent_gated_delta_rule_packed_decode``, vLLM's
+  default non-speculative decode (``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=1``): one token per
   sequence and call, ``mixed_qkv [B, 2 H K + HV V]`` (q | k | v of the token, one dtype), raw
-  gates ``a, b [B, HV]``, a ``[slots, HV, V, K]`` pool with 1-D ``ssm_state_indices [B]``
-  (``<= 0``: output zeros, state untouched), updated in place; ``out [B, 1, HV, V]`` is the
-  caller's. A native call of ``T`` tokens becomes ``T`` calls over the sequences still running,
-  sequence ``n`` in slot ``n + 1`` of a float32 pool (vLLM's own pool is in the model dtype
-  unless ``mamba_ssm_cache_dtype`` says otherwise: that is a bfloat16 state, outside the
-  float32-state contract, so not what these adapters run).
+  gates ``a, b [B, HV]``, a pool with 1-D ``ssm_state_indices [B]`` updated in place;
+  ``out [B, 1, HV, V]`` is the caller's. A native call of ``T`` tokens becomes ``T`` calls over
+  the sequences still running, sequence ``n`` in slot ``n + 1`` of a float32 pool
+  (``mamba_ssm_cache_dtype="float32"``; vLLM's default ``auto`` pool is in the model dtype: a
+  16-bit state, outside the float32-state contract, so not what these adapters run).
 """
 
 from __future__ import annotations
