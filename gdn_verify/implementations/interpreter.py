@@ -171,10 +171,12 @@ def install() -> None:
 
     if not hasattr(torch.cpu, "device"):
         torch.cpu.device = _NoDevice
-    # FLA 0.1-0.1.1 pick block sizes on the host by torch.cuda.get_device_capability(), which a
-    # torch without CUDA refuses: answer CAPABILITY, so that they pick what an H100 runs
+    # With no CUDA device, what old releases ask of torch.cuda on the host gets an answer:
+    # FLA 0.1-0.1.1 pick block sizes by get_device_capability() (CAPABILITY: what an H100 runs),
+    # vLLM <= 0.19's input_guard enters torch.cuda.device(None) for a CPU tensor (nothing to select)
     if not torch.cuda.is_available():
         torch.cuda.get_device_capability = _capability
+        torch.cuda.device = _NoDevice
     _installed = True
 
 
