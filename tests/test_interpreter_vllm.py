@@ -81,6 +81,7 @@ RELEASES = {
 }
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("version", list(RELEASES))
 def test_a_release_passes_a_reduced_check_in_float32_and_float16(version):
     runs = RELEASES[version]
@@ -89,6 +90,7 @@ def test_a_release_passes_a_reduced_check_in_float32_and_float16(version):
     assert statuses == {f"{impl}/{dtype}": "passed" for impl, dtype in runs}
 
 
+@pytest.mark.interpreter
 def test_a_corrupted_row_fails_its_release():
     """The row that 0.10.2's fingerprint selects, with its layout flipped: the check must fail."""
     statuses = run_release("0.10.2", [("vllm-recurrent", "float32")], corrupt="k-first")

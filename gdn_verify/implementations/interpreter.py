@@ -20,6 +20,10 @@ module and applied by :func:`install` (idempotent, before the kernels run):
    faithful fix: :func:`widen_bfloat16` hands a kernel float32 copies of its bfloat16 tensors
    and rounds its floating outputs back to bfloat16 (to nearest), and the check says so.
 
+Beside them, old releases ask torch's CUDA (or CPU) device API on the host, which a torch without
+CUDA refuses: ``torch.cpu.device``, ``torch.cuda.device`` and ``torch.cuda.get_device_capability``
+get answers that select nothing (the capability :data:`CAPABILITY`, an H100's).
+
 What the interpreter cannot show (:data:`LIMITS`, in the check's header and ``docs/jit-kernels.md``):
 launch limits and grid sizes, races and memory ordering between programs (they run one after
 another), the GPU's rounding (TF32 products, fused multiply-adds, fast ``exp``), and bfloat16
