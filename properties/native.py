@@ -409,6 +409,11 @@ def check_output_contract(impl: Implementation, problem: Problem, params: dict) 
     except ContractError as exc:
         raise Violation(f"output contract: {exc}") from None
     bad = output_contract_violations(result, problem, state_dtype=state_dtype_of(impl))
+    bad += [
+        f"{name} came back as {kind}, expected a {impl.array} array (the inputs' kind)"
+        for name, kind in zip(("o", "final_state"), result.returned)
+        if kind is not None and kind != impl.array
+    ]
     if bad:
         raise Violation("output contract: " + "; ".join(bad))
     return Measurement(0.0, 0.0, "shapes and dtypes")

@@ -489,7 +489,8 @@ class Replay:
 
 
 def replay(problem: Problem, params: dict, impl: Implementation, prop: Property) -> Replay:
-    """Rerun ``prop`` on one saved case."""
+    """Rerun ``prop`` on one saved case; an exception the kernel raised is a failure saying so, as in
+    :func:`run_property` (a Ctrl-C still stops)."""
     try:
         m = prop.check(impl, problem, params)
     except NotImplementedError as exc:
@@ -497,4 +498,8 @@ def replay(problem: Problem, params: dict, impl: Implementation, prop: Property)
     except Violation as exc:
         cause = causes.explain(impl, problem, params, prop.name, str(exc), exc.measurement, prop.form)
         return Replay("failed", str(exc), exc.measurement, cause.text, cause.kind)
+    except Exception as exc:
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc
+        return Replay("failed", f"raised {type(exc).__name__}: {exc}", None)
     return Replay("passed", "", m)
