@@ -30,7 +30,7 @@ import numpy as np
 from gdn_verify.core import gating, reference
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.conventions import l2norm
-from gdn_verify.core.implementation import BACKWARD_FORM, Implementation, Result
+from gdn_verify.core.implementation import Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement
@@ -833,10 +833,6 @@ def explain(
     where the implementation passes. So a degenerate minimal example (T = 0, all-zero gates), on
     which a missing ``exp`` and any lost state coincide, cannot pick a model that only coincides there.
     """
-    if form == BACKWARD_FORM:
-        from gdn_verify.runners import grad_causes  # imports this module
-
-        return grad_causes.explain(impl, problem, params, measurement)
     contract = form == "native" and message.startswith("output contract")
     if not contract and (not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS):
         return Cause()
