@@ -253,8 +253,13 @@ def test_a_failure_unlike_every_model_gets_no_cause(fn, tmp_path):
         assert explain(plugin(fn), problem(seed=seed, T=100, K=32, V=32)) == ""
 
 
-def test_a_correct_implementation_has_nothing_to_explain():
-    assert explain(resolve("numpy"), problem()) == ""
+@pytest.mark.parametrize("impl", ["numpy", "numpy-chunk", "numpy-recurrent", "unseen loop"])
+def test_a_correct_implementation_has_nothing_to_explain(impl):
+    """Nothing fails, so no model (the new ones included) is a candidate, and nothing is classed."""
+    correct = plugin(unseen_bugs.loop) if impl == "unseen loop" else resolve(impl)
+    for make in (problem, lambda: problem(T=50, H=2, HV=4, K=8, V=12, cu=[0, 20, 50], scale=None)):
+        cause = causes.explain(correct, make(), {}, "matches_reference", "error > tolerance", FAILED)
+        assert (cause.text, cause.model, cause.kind) == ("", "", "")
 
 
 def test_exact_crashing_and_spec_failures_are_not_explained(tmp_path):

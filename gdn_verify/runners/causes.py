@@ -17,6 +17,11 @@ Cheap by construction: one oracle and one implementation call per probe, one cal
 all on the minimal problem; exact (bitwise) contracts, non-numeric failures and the
 speculative-decoding form are not explained, but for one output-contract failure whose shape
 names its cause: a final state returned in the other layout (:func:`_layout_cause`).
+
+Every numeric failure gets a kind: the named model's, or for an unexplained failure
+:func:`classify`'s, which calls it a precision loss only on evidence that roundings made it (it
+shrinks in a finer input dtype, or it is drawn afresh when the inputs move by a few 16-bit ulps).
+Gradient failures have their own models (``grad_causes``, which builds on this module).
 """
 
 from __future__ import annotations
