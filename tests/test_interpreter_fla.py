@@ -29,7 +29,7 @@ pytest.importorskip("triton", reason="the interpreter tests need Triton (pip ins
 pytest.importorskip("einops", reason="FLA's kernels import einops (pip install einops)")
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.interpreter  # real kernels under the interpreter: .ci/run runs them beside the rest
+pytestmark = pytest.mark.interpreter  # real kernels under the interpreter: .ci/run runs them after the rest
 
 # The child: a reduced check of each (impl, dtype, properties), then each refusal asked for.
 CHILD = r"""
