@@ -618,6 +618,7 @@ def _matrix_parser(sub) -> None:
     _suite_options(mx)
     mx.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
     mx.add_argument("--max-tokens", type=int, help="longest T for error_growth (default as check's)")
+    mx.add_argument("--scale", action="store_true", help="each release's check runs the scale tier too (GPU only)")
     _compile_option(mx)
     mx.set_defaults(func=cmd_matrix)
 

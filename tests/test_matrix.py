@@ -97,6 +97,8 @@ def test_the_library_is_named_by_the_implementation():
 
 def test_check_flags_pass_through_and_unset_ones_do_not():
     values = {"dtype": "float32", "properties": "a,b", "max_examples": 5, "dims": None, "impl": "x", "seed": 7}
+    assert matrix.check_argv({**values, "scale": True})[-1] == "--scale"  # a switch, given
+    assert "--scale" not in matrix.check_argv({**values, "scale": False})
     assert matrix.check_argv(values) == [
         "--dtype",
         "float32",

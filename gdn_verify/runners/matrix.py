@@ -50,6 +50,7 @@ CHECK_FLAGS = (
     "cases",
     "compile_budget",
     "plans",
+    "scale",  # a switch: passed as --scale when True
 )
 # The child is this, then --impl IMPL --json PATH and the check arguments (tests replace it).
 CHILD = (sys.executable, "-m", "gdn_verify", "check")
@@ -80,7 +81,9 @@ def check_argv(values: Mapping[str, Any]) -> list[str]:
     argv = []
     for name in CHECK_FLAGS:
         value = values.get(name)
-        if value is not None:
+        if value is True:
+            argv.append("--" + name.replace("_", "-"))
+        elif value is not None and value is not False:
             argv += ["--" + name.replace("_", "-"), str(value)]
     return argv
 
