@@ -244,6 +244,10 @@ def test_a_child_that_cannot_take_the_release_is_a_row_not_a_crash(stand_in, cap
     assert doc["status"] == "complete" and "--seed 3" in " ".join(doc["check_args"])
     table = capsys.readouterr().out
     assert "misuse: error: --impl: FLA 1.0.1" in table and "unavailable: fla 1.0.4" in table
+    # Beside the matrix, each child's own check document and console (what a bug report quotes).
+    assert json.loads(Path("m-1.0.2.json").read_text())["status"] == "complete"
+    assert "cannot take use_qk_l2norm_in_kernel" in Path("m-1.0.1.txt").read_text()
+    assert not Path("m-1.0.4.txt").exists()  # never ran: nothing to keep
 
 
 def test_every_release_misused_is_the_arguments_exit_2(stand_in, capsys):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -256,9 +257,18 @@ def _stop(child: subprocess.Popen) -> None:
 
 
 def run_release(
-    impl: str, library: str, version: str, check_args: Sequence[str], wheels: Path | None, workdir: Path
+    impl: str,
+    library: str,
+    version: str,
+    check_args: Sequence[str],
+    wheels: Path | None,
+    workdir: Path,
+    keep: Path | None = None,
 ) -> Row:
     """Check ``impl`` at release ``version`` in a child process; its :class:`Row`.
+
+    ``keep``: a path ``STEM.json`` where the child's own check document is kept, and its console
+    output as ``STEM.txt`` (the failures' messages and cases, for a bug report).
 
     On Ctrl-C (KeyboardInterrupt) while the child runs, the child is stopped and the row is
     ``interrupted``, with the properties the child had finished; :func:`run_matrix` raises it again.
@@ -281,6 +291,10 @@ def run_release(
             code = None
     row = row_of(version, library, code, _read_json(out), stdout.read_text(), stderr.read_text())
     row.seconds = time.monotonic() - start
+    if keep is not None:
+        if out.is_file():
+            shutil.copyfile(out, keep)
+        keep.with_suffix(".txt").write_text(stdout.read_text() + stderr.read_text())
     return row
 
 
@@ -306,13 +320,15 @@ def run_matrix(
     wheels: str | Path | None = None,
     on_start: Callable[[str], None] | None = None,
     on_release: Callable[[Row], None] | None = None,
+    keep: Path | None = None,
 ) -> MatrixResult:
     """Check ``impl`` at each of ``versions`` (one child process each); the rows in that order.
 
     ``check_args``: check's own flags, passed to every child (:func:`check_argv`); ``wheels``: a
     folder of wheels tried before the package index. ``on_start(version)`` is called before a
     release is fetched and run, ``on_release(row)`` after. A Ctrl-C stops the child and is raised
-    again once ``on_release`` has had the interrupted row.
+    again once ``on_release`` has had the interrupted row. ``keep``: a path ``STEM.json``; each
+    child's check document is kept as ``STEM-VERSION.json`` and its console as ``STEM-VERSION.txt``.
     """
     result = prepare(impl, versions, check_args, wheels)
     folder = None if wheels is None else Path(wheels)
@@ -321,7 +337,8 @@ def run_matrix(
             if on_start is not None:
                 on_start(version)
             try:
-                row = run_release(impl, result.library, version, result.check_args, folder, Path(tmp))
+                kept = None if keep is None else keep.with_name(f"{keep.stem}-{version}.json")
+                row = run_release(impl, result.library, version, result.check_args, folder, Path(tmp), kept)
             except KeyboardInterrupt:  # while the release was fetched or unpacked
                 row = Row(version, "interrupted", reason=INTERRUPTED)
             result.rows.append(row)
