@@ -186,3 +186,19 @@ def test_the_adapters_pass_what_vllms_layer_passes(row, dtype):
             assert seen["a"][0] == seen["b"][0] == seen["dt_bias"][0] == model
             assert seen["A_log"][0] == "torch.float32"
             assert seen["a"][2] == seen["b"][2] == (2 * HV, 1) and seen["a"][1][1:] == (HV,)
+
+
+def test_the_platform_stand_in_answers_what_vllm_asks_on_a_hopper_gpu(monkeypatch):
+    """vLLM 0.34's ops ask ``current_platform`` for the device name and capability at import and
+    in packed decode's tile choice, on an NVIDIA GPU only (the CPU runs never reach it; an H200,
+    2026-12-05, did: AttributeError before any check ran)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=0: (9, 0))
+    platform = vllm._standins()["vllm.platforms"].current_platform
+    assert "NVIDIA H" in platform.get_device_name(0)
+    assert platform.get_device_capability(0).major >= 9
+    assert platform.is_device_capability(90, device_id=0) and not platform.is_device_capability(100, device_id=0)
+    assert platform.is_device_capability_family(90) and not platform.is_device_capability_family(100)

@@ -51,7 +51,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -80,6 +80,13 @@ FILES = (
 # nothing beyond vllm.triton_utils.
 OPTIONAL = ("fused_sigmoid_gating",)
 PACKAGE_DIRS = ("third_party/flash_linear_attention", "model_executor/layers/fla")
+
+
+class DeviceCapability(NamedTuple):
+    """vLLM's ``DeviceCapability``: ``.major``, ``.minor`` of the GPU."""
+
+    major: int
+    minor: int
 
 
 def _standins() -> dict[str, types.ModuleType]:
@@ -111,6 +118,18 @@ def _standins() -> dict[str, types.ModuleType]:
         def is_device_capability_family(self, capability: int, device_id: int | None = 0) -> bool:
             device = torch.cuda.current_device() if device_id is None else device_id
             return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == capability // 10
+
+        def is_device_capability(self, capability: int, device_id: int | None = 0) -> bool:
+            device = torch.cuda.current_device() if device_id is None else device_id
+            major, minor = torch.cuda.get_device_capability(device)
+            return torch.cuda.is_available() and major * 10 + minor == capability
+
+        # vLLM 0.34's utils.py asks these at import on an NVIDIA GPU (is_nvidia_hopper)
+        def get_device_name(self, device_id: int = 0) -> str:
+            return torch.cuda.get_device_name(device_id)
+
+        def get_device_capability(self, device_id: int = 0) -> DeviceCapability:
+            return DeviceCapability(*torch.cuda.get_device_capability(device_id))
 
     def gpu_sync_allowed(first_only: bool = False):
         return contextlib.nullcontext()  # vLLM's sync debugging is off by default
