@@ -17,6 +17,7 @@ from gdn_verify.core import reference
 from gdn_verify.core.conventions import VLLM_SPEC
 from gdn_verify.core.gating import gates_from_raw
 from gdn_verify.core.implementation import SPEC_FORM, Implementation
+from gdn_verify.core.problem import DTYPES
 from gdn_verify.implementations import vllm
 from gdn_verify.properties import NAMES
 from tests.test_flashinfer_adapters import CASES as FLASHINFER_CASES
@@ -225,3 +226,24 @@ def test_a_folder_without_the_fused_kernels_is_a_configuration_error(tmp_path):
     for name in ("fused_sigmoid_gating_delta_rule_update", "packed_decode"):
         with pytest.raises(ConfigurationError, match="has no .*0.10.2..0.15.1"):
             vllm._need(ops, release, name, name)  # noqa: SLF001 - the factories' check, without a GPU
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_oracle_sees_the_gates_a_raw_gate_kernel_computes(dtype):
+    # The raw gates go over rounded to the model dtype, so a kernel computing its gates exactly from
+    # them (here in float64) meets the oracle of impl.as_called(problem) to its float32 pool, and
+    # the drawn problem's oracle only to the rounding of a and b (an H200 run of 2026-12-05 failed
+    # vLLM 0.20's sigmoid kernel on exactly that, 1.07x its bound, before the declaration).
+    problem = make_problem(seed=4, regime="moderate")
+    problem = problem.replace(**{n: getattr(problem, n).astype(DTYPES[dtype]) for n in ("q", "k", "v", "g", "beta")})
+    impl = Implementation("standin", {"recurrent": vllm.recurrent_adapter(standin_sigmoid, np, raw=True)})
+    _, state = impl.forms["recurrent"](**problem.kwargs())
+    seen = impl.as_called(problem)
+    assert seen is problem, "undeclared: the drawn gates"
+    seen = Implementation("declared", impl.forms, extra={"raw_gates": True}).as_called(problem)
+    assert seen.g.dtype == seen.beta.dtype == np.float32 and not np.array_equal(seen.g, problem.g.astype(np.float32))
+    _, want_state = reference.recurrent_gated_delta_rule(**seen.kwargs())
+    _, drawn_state = reference.recurrent_gated_delta_rule(**problem.kwargs())
+    exact = np.max(np.abs(np.asarray(state, np.float64) - want_state))
+    drawn = np.max(np.abs(np.asarray(state, np.float64) - drawn_state))
+    assert exact <= 1e-5 * np.max(np.abs(want_state)) < drawn  # both sides of the declaration

@@ -9,6 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 SOFTPLUS_THRESHOLD = 20.0
+# Where a native gate needs an infinite raw one (g = 0, beta = 0 or 1) the raw gate is clamped
+# here: exp(200) overflows and exp(-200) underflows in float32, so a float32 kernel computes the
+# exact gate from it (docs: gdn_verify/implementations/flashinfer.py's module docstring).
+RAW_LIMIT = 200.0
 # FLA 0.6's in-kernel gate keywords (in_kernel_gates' parameters after g and beta).
 OPTION_NAMES = ("use_gate_in_kernel", "A_log", "dt_bias", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
 
@@ -92,3 +96,35 @@ def options_from_params(params: dict) -> dict:
         if params.get("allow_neg_eigval"):
             options["allow_neg_eigval"] = True
     return options
+
+
+def raw_gates(lib, g, beta):
+    """``(a, b)`` with ``-softplus(a) = g`` and ``sigmoid(b) = beta``, clamped at :data:`RAW_LIMIT`.
+
+    ``g``, ``beta`` float64 arrays of the array module ``lib`` (NumPy or torch), any shape; the
+    encoding with ``A_log = 0``, ``dt_bias = 0`` that the raw-gate adapters hand over.
+    """
+    y = lib.clip(-g, float(np.log1p(np.exp(-RAW_LIMIT))), None)  # -g >= softplus(-RAW_LIMIT)
+    a = y + lib.log(-lib.expm1(-y))  # softplus^-1(y), stable for large and tiny y
+    p = lib.clip(beta, float(1.0 / (1.0 + np.exp(RAW_LIMIT))), 1.0 - 2.0**-53)
+    b = lib.log(p) - lib.log1p(-p)
+    return a, lib.clip(b, -RAW_LIMIT, RAW_LIMIT)
+
+
+def through_raw_gates(g, beta, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The gates a kernel computes from ``(g, beta)`` handed over as raw gates in ``dtype``.
+
+    :func:`raw_gates` encodes them, ``a`` and ``b`` are rounded to ``dtype`` (the model dtype an
+    adapter passes them in), and ``g' = -softplus(a)``, ``beta' = sigmoid(b)`` are computed in
+    float64 and returned as float32 ``[..]`` arrays of ``g``'s shape. Where a raw gate sits at its
+    clamp the gate is kept as it was (exactly 0, or beta exactly 0 or 1: a float32 kernel gets
+    those exactly). Applied again it returns the same values: the encoded ``a`` of ``g'`` rounds
+    back to the same ``dtype`` value.
+    """
+    g64, beta64 = np.asarray(g, np.float64), np.asarray(beta, np.float64)
+    a, b = raw_gates(np, g64, beta64)
+    a_in, b_in = (x.astype(dtype).astype(np.float64) for x in (a, b))
+    g_raw, beta_raw = gates_from_raw(0.0, a_in, 0.0, b_in)
+    g_seen = np.where(a_in <= -RAW_LIMIT, g64, g_raw)
+    beta_seen = np.where(np.abs(b_in) >= RAW_LIMIT, beta64, beta_raw)
+    return g_seen.astype(np.float32), beta_seen.astype(np.float32)

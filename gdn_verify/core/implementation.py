@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify.core import arrays
+from gdn_verify.core import arrays, gating
 from gdn_verify.core.problem import Problem
 
 SPEC_FORM = "spec"
@@ -179,6 +179,19 @@ class Implementation:
         if not native:
             raise NotImplementedError(f"{self.name} has no forward (FLA-convention) form, only {', '.join(self.forms)}")
         return native[0]
+
+    def as_called(self, problem: Problem) -> Problem:
+        """``problem`` with the gates this implementation's kernel computes from it.
+
+        An implementation whose adapter hands ``(g, beta)`` over as raw gates ``a, b`` in the input
+        dtype declares it (``extra["raw_gates"]``); the kernel then computes its gates from the
+        rounded ``a, b``, so the oracle must see those (float32, :func:`gating.through_raw_gates`),
+        not the drawn ones, or the rounding would count against the kernel. Otherwise ``problem``.
+        """
+        if not self.extra.get("raw_gates"):
+            return problem
+        g, beta = gating.through_raw_gates(problem.g, problem.beta, problem.dtype)
+        return problem.replace(g=g, beta=beta)
 
     def check_signatures(self) -> None:
         """Raise :class:`ConfigurationError` (``impl``) when a form cannot take the arguments it is

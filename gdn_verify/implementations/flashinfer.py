@@ -11,14 +11,16 @@ per sequence per call with raw gates ``g = -exp(A_log) softplus(a + dt_bias)``,
 ``beta = sigmoid(b)`` and a k-last float32 state updated in place. A native call of ``T``
 tokens becomes ``T`` decode steps over the sequences still running. The native ``(g, beta)``
 are encoded as ``A_log = 0``, ``dt_bias = 0``, ``a = softplus^-1(-g)``, ``b = logit(beta)``,
-cast to the input dtype (FlashInfer takes ``a, b`` in float16/bfloat16). Round trip, with
+cast to the input dtype (FlashInfer takes ``a, b`` in float16/bfloat16). The implementation
+declares it (``extra["raw_gates"]``), so the oracle sees the gates the kernel computes from the
+rounded ``a, b`` (``core.gating.through_raw_gates``), not the drawn ones. Round trip, with
 ``u`` the unit roundoff of that dtype (derivatives of softplus and sigmoid times ``|a| u``):
 
 - ``|exp(g') - exp(g)| <= u / e`` (absolute; ``|g' - g| <= u (|g| + 0.28)``);
 - ``|beta' - beta| <= 0.224 u``;
 - where ``g == 0`` or ``beta`` is exactly 0 or 1, which need infinite raw gates, ``a`` and ``b``
-  are clamped to ``[-RAW_LIMIT, RAW_LIMIT]`` = ``[-200, 200]``: finite, and far enough out that a
-  float32 kernel computes the exact gate (``exp(200)`` overflows and ``exp(-200)`` underflows in
+  are clamped to ``[-RAW_LIMIT, RAW_LIMIT]`` = ``[-200, 200]`` (``core.gating``): finite, and far
+  enough out that a float32 kernel computes the exact gate (``exp(200)`` overflows and ``exp(-200)`` underflows in
   float32, so ``sigmoid(-200)``, ``1 - sigmoid(200)`` and ``softplus(-200)`` are exactly 0); read in
   float64 they are off by ``1.4e-87``. A nearer clamp is not harmless: ``sigmoid(-40) = 4.2e-18``
   per token wrote a float32 kernel's state where ``beta = 0`` must leave a memory to decay, and in
@@ -57,12 +59,11 @@ from typing import Any
 
 import numpy as np
 
+from gdn_verify.core import gating
 from gdn_verify.core.conventions import FLASHINFER_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations.fla import cuda_library, jit_compiled
 from gdn_verify.implementations.speculative import check_accepted
-
-RAW_LIMIT = 200.0
 
 
 class NumpyOps:
@@ -239,12 +240,7 @@ def prefill_adapter(kernel: Callable, ops=None, max_seqlen: bool = False) -> Cal
 
 def raw_gates(ops, g, beta):
     """``(a, b)`` with ``-softplus(a) = g`` and ``sigmoid(b) = beta`` (float64, clamped; see module doc)."""
-    lib = ops.lib
-    y = lib.clip(-ops.float64(g), float(np.log1p(np.exp(-RAW_LIMIT))), None)  # -g >= softplus(-RAW_LIMIT)
-    a = y + lib.log(-lib.expm1(-y))  # softplus^-1(y), stable for large and tiny y
-    p = lib.clip(ops.float64(beta), float(1.0 / (1.0 + np.exp(RAW_LIMIT))), 1.0 - 2.0**-53)
-    b = lib.log(p) - lib.log1p(-p)
-    return a, lib.clip(b, -RAW_LIMIT, RAW_LIMIT)
+    return gating.raw_gates(ops.lib, ops.float64(g), ops.float64(beta))
 
 
 def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype: Any = None) -> Callable:
@@ -488,7 +484,7 @@ def flashinfer_decode() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
-        extra=jit_compiled(),
+        extra=jit_compiled(raw_gates=True),
     )
 
 
@@ -512,7 +508,7 @@ def flashinfer_decode_bf16() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose with a bfloat16 state (K = V = 128), one token per step",
         "bfloat16",
-        extra=jit_compiled(state_dtype="bfloat16"),
+        extra=jit_compiled(state_dtype="bfloat16", raw_gates=True),
     )
 
 
@@ -524,6 +520,7 @@ def flashinfer_decode_kmajor() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode (k-major state), one token per step",
         "bfloat16",
+        extra={"raw_gates": True},
     )
 
 
@@ -535,5 +532,5 @@ def flashinfer_mtp() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_mtp (speculative verify, per-token pool scatter)",
         "bfloat16",
-        extra={"spec_rules": FLASHINFER_SPEC},
+        extra={"spec_rules": FLASHINFER_SPEC, "raw_gates": True},
     )

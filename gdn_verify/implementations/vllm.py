@@ -273,7 +273,7 @@ def log_space_gates(ops: Any, beta_float32: bool = True) -> GateKwargs:
     ``g`` float32 (``fused_gdn_gating``), ``beta`` float32 (``fused_post_conv_prep``, 0.20+) or in
     the model dtype (``b.sigmoid()``, earlier). Widening to float32 is exact: nothing is rounded."""
 
-    def gates(g, beta) -> dict[str, Any]:
+    def gates(g, beta, like=None) -> dict[str, Any]:
         return {"g": ops.float32(g), "beta": ops.float32(beta) if beta_float32 else beta}
 
     return gates
@@ -306,7 +306,7 @@ def chunk_adapter(kernel: Callable, kernel_v_first: bool = True, beta_float32: b
             q=q,
             k=k,
             v=v,
-            **gates(g, beta),
+            **gates(g, beta, q),
             scale=scale,
             initial_state=state,
             output_final_state=output_final_state,
@@ -323,26 +323,28 @@ def _check_scale(scale) -> None:
         raise NotImplementedError(f"vLLM's fused_recurrent asserts scale > 0 (scale={scale})")
 
 
-GateKwargs = Callable[[Any, Any], dict[str, Any]]
+# (g, beta, like) -> the kernel's gate keywords; ``like``: an input in the model dtype (q)
+GateKwargs = Callable[[Any, Any, Any], dict[str, Any]]
 
 
 def raw_gate_kwargs(ops: Any) -> GateKwargs:
     """``(g, beta)`` -> the raw-gate keywords of vLLM's fused kernels, as its Qwen GDN layer passes them.
 
-    ``a``, ``b`` ``[tokens, HV]`` (every token of the call) in the model dtype (``g``'s: the
+    ``a``, ``b`` ``[tokens, HV]`` (every token of the call) in the model dtype (``like``'s: the
     problem's input dtype), as the column halves of one ``ba = [b | a]`` buffer (``split_ba``'s
     ``ba.chunk(2, -1)``: strided rows, contiguous in the last dim); ``A_log = 0`` in float32 (a
     float32 parameter) and ``dt_bias = 0`` in the model dtype (made under the model's default
-    dtype). The 16-bit rounding of ``a, b`` is the one vLLM makes; ``flashinfer.raw_gates``
-    bounds what it changes in the gates.
+    dtype). The 16-bit rounding of ``a, b`` is the one vLLM makes; the implementations declare it
+    (``extra["raw_gates"]``), so the oracle sees the gates computed from the rounded values.
     """
 
-    def gates(g, beta) -> dict[str, Any]:
+    def gates(g, beta, like=None) -> dict[str, Any]:
         HV = g.shape[-1]
+        like = g if like is None else like
         g, beta = g.reshape(-1, HV), beta.reshape(-1, HV)  # [tokens, HV] rows, as the layer has them
         a, b = raw_gates(ops, g, beta)
-        ba = ops.cat([ops.cast_like(b, g), ops.cast_like(a, g)], axis=-1)
-        zeros = ops.zeros((HV,), like=g)
+        ba = ops.cat([ops.cast_like(b, like), ops.cast_like(a, like)], axis=-1)
+        zeros = ops.cast_like(ops.zeros((HV,), like=g), like)
         return dict(A_log=ops.float32(zeros), a=ba[..., HV:], b=ba[..., :HV], dt_bias=zeros)
 
     return gates
@@ -403,7 +405,7 @@ def recurrent_adapter(
             q=q,
             k=k,
             v=v,
-            **gates(g, beta),
+            **gates(g, beta, q),
             scale=scale,
             initial_state=pool,
             inplace_final_state=True,
@@ -457,7 +459,7 @@ def spec_adapter(
             q=q,
             k=k,
             v=v,
-            **(gates or log_space_gates(_array_ops(np if isinstance(q, np.ndarray) else None)))(g, beta),
+            **(gates or log_space_gates(_array_ops(np if isinstance(q, np.ndarray) else None)))(g, beta, q),
             scale=scale,
             initial_state=state_pool,
             inplace_final_state=True,
@@ -510,7 +512,7 @@ def packed_decode_adapter(kernel: Callable, ops: Any = None, kernel_v_first: boo
         bounds = token_bounds(ops, cu_seqlens, B, T)
         # token rows [q (H*K) | k (H*K) | v (HV*V)], the layout of the QKV projection vLLM packs
         mixed = ops.cat([q.reshape(B * T, H * K), k.reshape(B * T, H * K), v.reshape(B * T, HV * V)], axis=1)
-        gates = raw_gate_kwargs(ops)(g.reshape(B * T, HV), beta.reshape(B * T, HV))
+        gates = raw_gate_kwargs(ops)(g.reshape(B * T, HV), beta.reshape(B * T, HV), q)
         pool = _null_slot_pool(ops, (len(bounds), HV, K, V), q, initial_state, state_v_first, kernel_v_first)
         o = ops.zeros((B * T, HV, V), like=v)
         for running, tok in token_steps(ops, bounds, like=q):
@@ -627,7 +629,7 @@ def vllm_sigmoid_spec() -> Implementation:
         "torch",
         f"vLLM fused_sigmoid_gating_delta_rule_update (raw gates) with num_accepted_tokens ({release.label()})",
         "bfloat16",
-        extra=_extra(release, spec_rules=row.spec_rules),
+        extra=_extra(release, spec_rules=row.spec_rules, raw_gates=True),
     )
 
 
@@ -641,7 +643,7 @@ def vllm_sigmoid_recurrent() -> Implementation:
         "torch",
         f"vLLM fused_sigmoid_gating_delta_rule_update (raw gates, null slot 0, in place; {release.label()})",
         "bfloat16",
-        extra=_extra(release),
+        extra=_extra(release, raw_gates=True),
     )
 
 
@@ -655,7 +657,7 @@ def vllm_packed_decode() -> Implementation:
         "torch",
         f"vLLM fused_recurrent_gated_delta_rule_packed_decode (packed q|k|v, raw gates; {release.label()})",
         "bfloat16",
-        extra=_extra(release),
+        extra=_extra(release, raw_gates=True),
     )
 
 
