@@ -24,7 +24,11 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 
 def _row(d: dict) -> Row:
-    cells = {name: Cell(**c) for name, c in d["properties"].items()}
+    # api.write_json writes a non-finite ratio as "inf" / "nan"; float() reads both back
+    cells = {
+        name: Cell(**{**c, "ratio": None if c["ratio"] is None else float(c["ratio"])})
+        for name, c in d["properties"].items()
+    }
     return Row(**{**d, "properties": cells})
 
 
