@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gdn-verify command line: check, selftest, replay, fuzz, report, bench.
+"""gdn-verify command line: check, selftest, replay, fuzz, report, bench, matrix.
 
 A thin layer over ``gdn_verify.api``: it parses flags, shows progress and results, and maps
 library errors (which name the argument) to flags. A command's flags become one object in
@@ -27,6 +27,7 @@ try:
     import argparse
     import json
     import os
+    import random
     import signal
     import textwrap
     from pathlib import Path
@@ -37,6 +38,7 @@ try:
     from gdn_verify.core.problem import DTYPES
     from gdn_verify.options import (
         CheckCommand,
+        CheckOptions,
         FuzzCommand,
         ResolvedFuzz,
         SelftestCommand,
@@ -356,12 +358,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     save("misuse" if misuse is not None else "complete")
     if misuse is not None:
         return misuse_exit(misuse)
-    w = report.worst
     warned = [r for r in report.properties.values() if r.warnings]
     top = max(warned, key=lambda r: r.warnings, default=None)
     print(
         f"fuzz done: {report.cases} cases in {report.rounds} rounds, {report.elapsed:.0f}s; worst "
-        f"{'-' if w is None else f'{w[1].ratio:.3g} of bound ({w[0]})'}; {len(report.failures)} failures"
+        f"{report.describe_worst()}; {len(report.failures)} failures"
         + (f"; compile {console.duration(report.compile_seconds)} of {console.duration(report.seconds)}")
         + (f"; {report.workers} workers" if report.workers > 1 else "")
     )
@@ -413,7 +414,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     display = console.ProgressDisplay()
     deciles = [-1]
 
-    def progress(fraction: float, label: str) -> None:  # every tenth of the work is shown, off a terminal too
+    def progress(fraction: float, label: str) -> None:  # every tenth of the work is drawn at once (a terminal only)
         CtrlC.check()
         decile = int(fraction * 10)
         display.update(f"[{fraction:4.0%}] {label}", force=decile > deciles[0])
@@ -455,6 +456,63 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if json_path:
         api.write_json(json_path, document)
     return 0
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """``matrix``: check one implementation at several releases of its library, a child process each."""
+    from gdn_verify.report import matrix as matrix_report
+    from gdn_verify.runners import matrix
+
+    out = writable(args.json, "json") if args.json else None
+    # misuse (a bad --dtype, --dims, ...) is one line before any release runs
+    options = CheckOptions.from_flags(vars(args))
+    unknown = [name for name in options.properties or () if name not in NAMES]
+    if unknown:
+        raise ConfigurationError("properties", f"{', '.join(unknown)}: choose from {', '.join(NAMES)}")
+    seed = options.seed if options.seed is not None else random.randrange(2**31)  # one seed: the same examples
+    values = {**vars(args), "seed": seed, "timeout": options.timeout or 0}
+    partial = matrix.prepare(args.impl, comma_list(args.versions) or [], matrix.check_argv(values), args.wheels)
+    display = console.ProgressDisplay()
+
+    def save(status: str) -> None:
+        if out is not None:
+            api.write_json(out, matrix_report.document(partial, status, ["gdn-verify", *args.argv]))
+
+    def on_start(version: str) -> None:
+        CtrlC.check()
+        if display.live:
+            display.update(f"  {args.impl} {version}: fetching and checking", force=True)
+
+    def on_release(row) -> None:
+        partial.rows.append(row)
+        save("running")
+        if display.live:  # a terminal: one line per release as it ends; a log gets the table
+            display.print(
+                f"  {args.impl} {row.version}: {row.status} {row.reason}".rstrip() + f" ({row.seconds:.0f} s)"
+            )
+        CtrlC.check()
+
+    save("running")
+    try:
+        result = matrix.run_matrix(
+            args.impl, partial.versions, partial.check_args, args.wheels, on_start=on_start, on_release=on_release
+        )
+        CtrlC.check()
+    except KeyboardInterrupt:
+        display.clear()
+        save("interrupted")
+        print("\n".join(matrix_report.table_lines(partial)))
+        if out is not None:
+            print(f"partial matrix ({len(partial.rows)} releases) written to {out}", file=sys.stderr)
+        raise
+    display.clear()
+    misuse = result.misuse
+    save("misuse" if misuse is not None else "complete")
+    if misuse is not None:
+        print(f"error: every release: {misuse.reason}", file=sys.stderr)
+        return 2
+    print("\n".join(matrix_report.table_lines(result)))
+    return 0 if result.passed else 1
 
 
 def _impl_options(p: argparse.ArgumentParser) -> None:
@@ -639,8 +697,22 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     bench.set_defaults(func=cmd_bench)
 
 
+def add_matrix(sub: argparse._SubParsersAction) -> None:
+    mx = sub.add_parser(
+        "matrix", help="check one implementation at several releases of its library: release x property"
+    )
+    mx.add_argument("--impl", required=True, help="fla-chunk, fla-recurrent, vllm-chunk, ... (an FLA or vLLM adapter)")
+    mx.add_argument("--versions", required=True, help="comma-separated releases, e.g. 0.5.2,0.6.0")
+    mx.add_argument("--wheels", help="folder of wheels tried before the package index (pip download)")
+    _suite_options(mx)
+    mx.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
+    mx.add_argument("--max-tokens", type=int, help="longest T for error_growth (default as check's)")
+    _compile_option(mx)
+    mx.set_defaults(func=cmd_matrix)
+
+
 # A subcommand is a parser function here and its cmd_* function above (set as its func).
-SUBCOMMANDS = (add_check, add_selftest, add_replay, add_fuzz, add_report, add_bench)
+SUBCOMMANDS = (add_check, add_selftest, add_replay, add_fuzz, add_report, add_bench, add_matrix)
 
 
 def build_parser() -> argparse.ArgumentParser:

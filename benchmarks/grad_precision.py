@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--out", type=Path, default=Path("reports/2026-11-26-grad-precision"))
+    parser.add_argument("--out", type=Path, default=Path("reports/2026-11-27-grad-precision"))
     args = parser.parse_args(argv)
     cases, dtypes = args.cases.split(","), args.dtypes.split(",")
     unknown = [c for c in cases if c not in CASES] + [d for d in dtypes if d not in DTYPES]

@@ -85,7 +85,7 @@ VARIANTS = {
     "wide-cs": DecodeVariant(True, 0),
 }
 # wide-cs: fastest at B >= 64 on an H100, within 1 us below
-# (2026-11-22; reports/2026-11-22-decode-prefill-bench/README.md).
+# (2026-11-22; reports/2026-11-23-decode-validation/README.md).
 DEFAULT_VARIANT = "wide-cs"
 _NOT_DECODE = DecodeVariant(False, 0)  # prefill and speculative decoding
 

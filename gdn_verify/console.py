@@ -35,41 +35,35 @@ def margin(m: Measurement | None) -> str:
 
 
 class ProgressDisplay:
-    """One status line on ``stream`` (stderr): rewritten in place on a terminal. Elsewhere (a pipe, a
-    file, a CI log) each status line would stay for good, so one is written only after ``interval``
-    seconds without any output: a log holds the results, and in a long silence a line now and then
-    that shows the run is alive.
+    """One status line on ``stream`` (stderr), rewritten in place, on a terminal only. Elsewhere (a
+    pipe, a file, a CI log, pytest's capture) each status line would stay for good, so none is
+    written: what is redirected holds the results alone.
 
-    ``update(text)`` is throttled (``force``: shown at once, terminal or not); ``print(line)`` writes
-    a permanent line (to stdout) above the status line.
+    ``update(text)`` is throttled to ten a second (``force``: shown at once); ``print(line)`` writes
+    a permanent line (to stdout) above the status line, terminal or not.
     """
 
-    def __init__(
-        self, stream: TextIO | None = None, interval: float = 30.0, clock: Callable[[], float] = time.monotonic
-    ):
+    def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
         self.stream = stream if stream is not None else sys.stderr
         self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.interval = 0.1 if self.live else interval
+        self.interval = 0.1
         self.clock = clock
-        # Off a terminal the silence counts from the start: a run that prints its results sooner
-        # leaves no status line in the log at all.
-        self.last = float("-inf") if self.live else clock()
+        self.last = float("-inf")
         self.shown = False
 
     def update(self, text: str, force: bool = False) -> None:
+        if not self.live:
+            return
         now = self.clock()
         if not force and now - self.last < self.interval:
             return
         self.last = now
-        if self.live:
-            self.stream.write("\r" + text[:118].ljust(118))
-            self.shown = True
-        else:
-            self.stream.write(text + "\n")
+        self.stream.write("\r" + text[:118].ljust(118))
         self.stream.flush()
+        self.shown = True
 
     def clear(self) -> None:
-        if self.live and self.shown:
+        if self.shown:
             self.stream.write("\r" + " " * 118 + "\r")
             self.stream.flush()
             self.shown = False
@@ -79,8 +73,6 @@ class ProgressDisplay:
         out = stream if stream is not None else sys.stdout
         out.write(line + "\n")
         out.flush()
-        if not self.live:
-            self.last = self.clock()  # output itself shows progress: the next status line waits for silence
 
 
 def replay_command(case: str | Path, impl: Implementation, convention: str = "native") -> str:
@@ -126,19 +118,21 @@ def format_result(r: PropertyResult) -> str:
 
 
 def format_failure(r: PropertyResult, replay: str | None, headline: bool = True) -> str:
-    """A property that did not pass (failed, timeout, error, misuse): the message, the minimal
-    example (for a timeout: the example that hung), its parameters, the kernel's own traceback
-    (error) and the replay command. ``headline=False`` leaves ``FAILED name:`` off the first line,
-    for a report that names the property and says FAILED itself (pytest's); other statuses keep
-    their word (``TIMEOUT: ...``)."""
+    """A property that did not pass (failed, timeout, error, misuse): the message's first line after
+    ``FAILED name:``, its further lines (how the bound is made up, a kernel's own message) indented
+    below it, the minimal example (for a timeout: the example that hung), its parameters, the
+    kernel's own traceback (error) and the replay command. ``headline=False`` leaves ``FAILED
+    name:`` off the first line, for a report that names the property and says FAILED itself
+    (pytest's); other statuses keep their word (``TIMEOUT: ...``)."""
     f = r.failure
     assert f is not None
     example = "example that hung" if f.status == "timeout" else "minimal example"
+    message, *details = f.message.splitlines() or [""]
     if headline:
-        first = f"{f.status.upper()} {r.name}: {f.message}"
+        first = f"{f.status.upper()} {r.name}: {message}"
     else:
-        first = f.message if f.status == "failed" else f"{f.status.upper()}: {f.message}"
-    lines = [first, f"  {example}: {f.describe()}"]
+        first = message if f.status == "failed" else f"{f.status.upper()}: {message}"
+    lines = [first, *("  " + line for line in details), f"  {example}: {f.describe()}"]
     if f.params:
         lines.append(f"  parameters: {f.params}")
     if f.kind:

@@ -42,7 +42,7 @@ from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Measurement, Property, Violation
-from gdn_verify.core.verdict import compare, state_dtype_of
+from gdn_verify.core.verdict import compare, spec_output, state_dtype_of
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.strategies import Limits
 
@@ -167,7 +167,8 @@ def _to(x, kind: str, dtype=None):
 
 
 def call_spec(impl: Implementation, problem: Problem, pool_arg, indices, accepted, output=None):
-    """One call of the spec form; ``pool_arg`` is updated in place. Returns ``o`` as NumPy."""
+    """One call of the spec form; ``pool_arg`` is updated in place. Returns ``o`` as NumPy, held to
+    its contract (``verdict.spec_output``), or None when ``output`` (the buffer the form writes) is given."""
     kind = impl.array
     kw = dict(scale=problem.scale, use_qk_l2norm_in_kernel=problem.use_qk_l2norm_in_kernel)
     if output is not None:
@@ -184,7 +185,7 @@ def call_spec(impl: Implementation, problem: Problem, pool_arg, indices, accepte
         _to(accepted, kind, np.int32),
         **kw,
     )
-    return arrays.to_numpy(o)
+    return None if output is not None else spec_output(o, problem)
 
 
 # A pool factory: ``place(pool, kind) -> (argument, read_back)``. ``pool`` is the NumPy pool in the

@@ -57,6 +57,24 @@ class Limits:
         return replace(self, **changes)
 
 
+def supported(limits: Limits, impl: Any) -> Limits:
+    """``limits`` narrowed to what ``impl`` (an ``Implementation``) declares it supports, so that no
+    example is drawn only to be refused: ``extra["gva"] = False`` (no grouped value heads: H = HV
+    only; a shape pool's GVA classes become their H = HV twins) and ``extra["head_dims"]`` (the K
+    and V sizes it has kernels for). Undeclared limits show at the call instead: an example the
+    kernel refuses with ``NotImplementedError`` is counted as unsupported, with its reason."""
+    extra = getattr(impl, "extra", {}) or {}
+    if extra.get("gva") is False:
+        pool = limits.shape_classes
+        pool = None if pool is None else tuple(dict.fromkeys(c.replace(H=c.HV) for c in pool))
+        limits = limits.replace(head_ratios=(1,), shape_classes=pool)
+    dims = extra.get("head_dims")
+    if dims:
+        kept = tuple(d for d in limits.head_dims if d in set(dims)) or tuple(sorted(dims))
+        limits = limits.replace(head_dims=kept)
+    return limits
+
+
 # Larger problems for fuzz campaigns (matches_reference and gate_extremes only): on a CPU what the
 # NumPy oracle computes in about a second, on a GPU what the float64 GPU recurrence can check.
 LARGE_CPU = Limits(max_len=512, max_sequences=8, head_dims=(1, 3, 16, 32, 60, 64))

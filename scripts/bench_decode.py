@@ -6,13 +6,13 @@ Writes ``OUT/decode_bench.json`` (the rows of ``gdn_verify.bench.decode_bench``,
 ``{"launch_floor": ...}`` entry: the cost of an empty call to result on the machine) and
 ``OUT/decode_bench.md`` (its table plus the two goals, met or not, with the numbers: at B >= 64 at
 least 90% of the copy ceiling; at B = 1 at most 10 us from the Python call to the result).
-Usage (GPU): ``python3 scripts/bench_decode.py OUT``; ``bash scripts/gpu_session.sh decode_bench``.
+Usage (GPU): ``python3 scripts/bench_decode.py OUT``; ``bash scripts/gpu-machine/gpu_session.sh decode_bench``.
 Results: ``reports/2026-11-23-decode-validation/``.
 
 ``python3 scripts/bench_decode.py OUT --peers [--layouts 2/8,16/64] [--batches 1,64,1024]`` runs
 ``decode_peers_bench`` instead (ours, FLA, FlashInfer's float32- and bfloat16-state decode and the
 copy ceiling per Qwen3.5 head layout and batch size; FlashInfer's site on ``PYTHONPATH``, as
-``scripts/common.sh`` sets it) and writes ``OUT/decode_peers.json`` and ``OUT/decode_peers.md``.
+``scripts/gpu-machine/common.sh`` sets it) and writes ``OUT/decode_peers.json`` and ``OUT/decode_peers.md``.
 """
 
 from __future__ import annotations

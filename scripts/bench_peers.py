@@ -1,7 +1,7 @@
 """Prefill beside every peer that loads (``gdn_verify.bench.peers``): ours with context parallelism
-auto and off, FLA, FlashInfer (``use_cp`` off and auto), FlashQLA, vLLM's FLA copy, on today's five
-rows, Qwen3.5's tensor-parallel head layouts and a 262144-token sequence, with the physical floor
-of each row, extra memory and accuracy against the float64 oracle.
+auto and off, FLA, FlashInfer (``use_cp`` off and auto), FlashQLA, vLLM's FLA copy, on the five
+rows of ``cli.py bench --what prefill``, Qwen3.5's tensor-parallel head layouts and a 262144-token
+sequence, with the physical floor of each row, extra memory and accuracy against the float64 oracle.
 
 Writes ``OUT_DIR/prefill_peers.json`` after every row (a run cut short keeps its finished rows)
 and ``OUT_DIR/prefill_peers.md`` (device, date, versions, the summary and detail tables, the peers
@@ -18,7 +18,7 @@ same file). FlashQLA's site (``/tmp/fqsite``) cannot share a process with FlashI
 its ratios, and ``--merge`` joins that file's rows into this one by key (a cell this file has
 wins, unless it is an error). Exit status: 0, 3 when the run stopped early (a CUDA context lost),
 130 when interrupted (Ctrl-C, SIGTERM from ``timeout``). Commands for the GPU machine:
-``scripts/README.md``.
+``scripts/gpu-machine/README.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Compare a GPU run's decode and prefill benches with the committed numbers of the same kernels.
 
-    python3 scripts/compare_kernel_benches.py OUT        (after scripts/gpu_kernel_validation.sh benches)
+    python3 scripts/compare_kernel_benches.py OUT        (after scripts/gpu-machine/gpu_kernel_validation.sh benches)
 
 Reads ``OUT/decode_bench.json`` (``scripts/bench_decode.py``) and ``OUT/prefill_bench.json``
 (``cli.py bench --what prefill --json``) and compares them, row by row, with the committed runs on

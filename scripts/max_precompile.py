@@ -6,13 +6,13 @@ instead of compiling on the GPU machine (1 to 10 minutes per process there, H100
 The folder holds MAX's manifest, one MEF per graph (the recurrence, and the verify and the fold
 at ring lengths 2, 4 and 8, for float32 and bfloat16 pools, per geometry) and
 ``gdn_verify_max.json`` (MAX version, GPU architecture, host CPU target, geometries). Usage, with
-MAX installed (``scripts/README.md``, "MAX wheels")::
+MAX installed (``scripts/gpu-machine/README.md``, "MAX wheels")::
 
     PYTHONPATH=.:MAX_SITE python3 scripts/max_precompile.py OUT_DIR [--tensor-parallel 1,8] [--arch sm_90a]
 
 Default geometries: MAX's Qwen3.5 layers whole (16 key heads, 32, 48, 64 value heads) and at
 tensor parallelism 8 (2 key heads, 4, 6, 8 value heads), K = V = 128: the campaign's and the
-check's shape pools in ``scripts/gpu_max.sh``; and the derived calls the properties make on them
+check's shape pools in ``scripts/gpu-machine/gpu_max.sh``; and the derived calls the properties make on them
 (``head_mapping`` repeats q and k to as many heads as v: 4/4 to 64/64), which would otherwise
 compile on the GPU machine (the verify ring's ``head_mapping`` spent 468 s in the kernel there on
 2026-11-27, most of it compiling).

@@ -1,7 +1,7 @@
 """Decode kernels under Nsight Compute (GPU only): one launch each of the decode variants named on
 the command line (default wide and wide-cs) and of the bench's SM copy kernel, at B = 64 and
 1024 (T = 1, H = 16, HV = 32, K = V = 128, fp32 state, bf16 q/k/v, l2norm), to profile side by side.
-Run under ncu (``bash scripts/gpu_session.sh ncu_decode`` does, with the sections and metrics), e.g.
+Run under ncu (``bash scripts/gpu-machine/gpu_session.sh ncu_decode`` does, with the sections and metrics), e.g.
     ncu --clock-control none -k regex:"recurrent_kernel|copy16" \
         --section SpeedOfLight ... python3 scripts/profile_decode_ncu.py wide wide-cs
 Prints one line per launch (batch, variant) in the order ncu sees them.

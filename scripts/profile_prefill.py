@@ -4,7 +4,7 @@ Per row and library: the CUDA-event time of the whole call (as ``bench`` measure
 time of one call with the GPU idle, and the device time of each kernel (torch profiler, CUPTI),
 so that launcher overhead and kernel time can be told apart. Writes ``prefill_profile.json`` to
 ``$OUT`` (default: the current folder) and prints one JSON line per row. Needs a CUDA GPU:
-  PYTHONPATH=. python3 scripts/profile_prefill.py        (or: bash scripts/gpu_session.sh profile_prefill)
+  PYTHONPATH=. python3 scripts/profile_prefill.py        (or: bash scripts/gpu-machine/gpu_session.sh profile_prefill)
 (On an H100, 2026-11-23, this showed 0.6-1.0 ms of launcher host time inside every bench row:
 reports/2026-11-23-chunk-prefill/.)
 """

@@ -5,7 +5,7 @@ one, each twice. Launches 0-3 warm both paths up; launches 4-7 are prep, state (
 
     ncu --kernel-name regex:gdn_ --launch-skip 4 --launch-count 4 --section SpeedOfLight \\
         --section Occupancy ... python3 scripts/profile_prefill_ncu.py
-    bash scripts/gpu_session.sh ncu_prefill          (the same, with the sections used on 2026-11-23)
+    bash scripts/gpu-machine/gpu_session.sh ncu_prefill          (the same, with the sections used on 2026-11-23)
 
 Per-kernel times measured this way: reports/2026-11-23-chunk-prefill/.
 """

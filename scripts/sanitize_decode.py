@@ -7,7 +7,7 @@ status 0 when every expected ValueError was raised and nothing else failed; memc
 error count:
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_decode.py
-    bash scripts/gpu_session.sh memcheck_decode
+    bash scripts/gpu-machine/gpu_session.sh memcheck_decode
 """
 
 from __future__ import annotations

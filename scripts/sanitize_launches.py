@@ -8,7 +8,7 @@ segments, whose segment passes and scan share the same tiles:
 
     compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 python3 scripts/sanitize_launches.py
     compute-sanitizer --tool synccheck --error-exitcode 9 python3 scripts/sanitize_launches.py
-    bash scripts/gpu_session.sh racecheck
+    bash scripts/gpu-machine/gpu_session.sh racecheck
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
     python scripts/summarize_checks.py DIR [DIR ...] --out reports/DATE-TOPIC [--label NAME=TEXT]
 
-Each DIR holds ``check --json`` documents named ``GROUP-....json`` (``scripts/gpu_checks.sh`` writes
-``check-IMPL-DTYPE-SEED.json``, ``scripts/gpu_scale.sh`` ``scale-IMPL.json``, ``guard-IMPL.json`` and
+Each DIR holds ``check --json`` documents named ``GROUP-....json`` (``scripts/gpu-machine/gpu_checks.sh`` writes
+``check-IMPL-DTYPE-SEED.json``, ``scripts/gpu-machine/gpu_scale.sh`` ``scale-IMPL.json``, ``guard-IMPL.json`` and
 ``memcheck-IMPL.json``); a later DIR's run of the same group, implementation, dtype and seed replaces
 an earlier one's (a rerun on newer code), unless it did not finish and the earlier one did. Writes
 ``checks.json`` (one row per run: verdict, totals, per property the status, worst error / bound,

@@ -65,3 +65,56 @@ def launch_error(q, k, v, g, beta, **kw):
     if _sequences(q, kw.get("cu_seqlens")) * v.shape[2] > LIMITS.grid:
         raise RuntimeError("CUDA error: invalid configuration argument")
     return recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
+
+
+# Kernels without GVA (grouped value heads, HV a multiple of H): the cases adapt to H = HV.
+def no_gva_refuses(q, k, v, g, beta, **kw):
+    """Refuses HV != H, as a kernel that declares the feature unsupported does."""
+    if q.shape[2] != v.shape[2]:
+        raise NotImplementedError("HV must equal H")
+    return recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
+
+
+def no_gva_heads_of_q(q, k, v, g, beta, **kw):
+    """Sizes everything by q's heads, as FLA releases before GVA did: with HV > H it returns
+    ``[B, T, H, V]`` and ``[N, H, K, V]`` (the first H value heads' results) and no error."""
+    H = q.shape[2]
+    h0 = kw.get("initial_state")
+    kw = dict(kw, initial_state=None if h0 is None else h0[:, :H])
+    return recurrent_gated_delta_rule(q, k, v[:, :, :H], g[:, :, :H], beta[:, :, :H], **kw)
+
+
+# Returns that break the output contract: each must be a clean failure naming what came back.
+def returns_three(q, k, v, g, beta, **kw):
+    o, state = recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
+    return o, state, None
+
+
+def returns_none(q, k, v, g, beta, **kw):
+    return None
+
+
+def returns_integer_output(q, k, v, g, beta, **kw):
+    o, state = recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
+    return o.astype(np.int32), state
+
+
+def returns_transposed_state(q, k, v, g, beta, **kw):
+    """The final state handed back v-first ``[N, HV, V, K]`` where k-first is asked for (K = V here:
+    the shape cannot tell, the oracle can)."""
+    o, state = recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
+    return o, np.ascontiguousarray(np.swapaxes(state, -1, -2))
+
+
+def returns_one_state_short(q, k, v, g, beta, **kw):
+    """Drops the last sequence's final state."""
+    o, state = recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
+    return o, state[:-1]
+
+
+def returns_numpy_for_torch(q, k, v, g, beta, **kw):
+    """Takes torch tensors, hands back NumPy arrays."""
+    host = {
+        name: x.cpu().numpy() if hasattr(x, "cpu") else x for name, x in dict(kw, q=q, k=k, v=v, g=g, beta=beta).items()
+    }
+    return recurrent_gated_delta_rule(**host)

@@ -140,7 +140,7 @@ def test_the_plan_has_every_row_once():
     assert len(standard) == 5 and len(qwen) == 20
     assert set(plan) == standard | qwen | set(long)
     assert len(plan) == len(standard | qwen) + len(long)
-    assert plan[:5] == [peers.Row(16, 32, s, L) for s, L in prefill.CASES]  # today's five first, in order
+    assert plan[:5] == [peers.Row(16, 32, s, L) for s, L in prefill.CASES]  # prefill.CASES's five first, in order
     assert plan[-len(long) :] == long  # a kernel that breaks the context there loses no other row
     layouts = {(r.H, r.HV) for r in qwen}
     assert layouts == {(2, 8), (4, 8), (8, 16), (16, 32), (16, 64)}

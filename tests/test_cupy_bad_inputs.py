@@ -1,8 +1,9 @@
 """The bad-metadata corpus (``tests/bad_inputs.py``), every case in its own process (GPU only).
 
 A process per case: a CUDA error (an illegal address, say) poisons the context of the process
-it happens in, and must not fail, or hide in, the cases after it. ``scripts/gpu_session.sh`` (phase memcheck_corpus)
-also runs the whole corpus in one process under compute-sanitizer memcheck.
+it happens in, and must not fail, or hide in, the cases after it.
+``scripts/gpu-machine/gpu_session.sh`` (phase memcheck_corpus) also runs the whole corpus in one
+process under compute-sanitizer memcheck.
 """
 
 from __future__ import annotations

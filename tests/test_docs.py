@@ -30,7 +30,7 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 # of gdn_verify/ (a path such as `core/shapes.py` is relative to gdn_verify/).
 ROOT_DIRS = ("gdn_verify", "cupy_kernels", "properties", "docs", "reports", "scripts", "tests", "benchmarks", ".ci")
 PACKAGE_DIRS = tuple(p.name for p in (ROOT / "gdn_verify").iterdir() if p.is_dir() and not p.name.startswith("_"))
-SUBCOMMANDS = ("check", "selftest", "replay", "fuzz", "report", "bench")
+SUBCOMMANDS = ("check", "selftest", "replay", "fuzz", "report", "bench", "matrix")
 # Implementation names look like these (a span holding only such a word is taken as one).
 IMPL_WORD = re.compile(r"^(?:numpy|cupy|oracle|(?:numpy|cupy|fla|flash|flashinfer|vllm)(?:-[a-z0-9]+)+)$")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -318,6 +318,22 @@ def test_check_help_lists_the_registry_and_the_docs_document_every_name():
     text = "\n".join(p.read_text() for p in PAGES if p.parent == DOCS)
     assert [n for n in listed if n not in documented] == []
     assert "planted:BUG" in text and "planted-grad:BUG" in text and "MODULE:FUNCTION" in text
+
+
+def test_the_commands_page_lists_every_built_in_implementation():
+    """``docs/commands.md``'s table of built-in implementations is the one place every name is: the four
+    ``max-*`` adapters had been documented in adapters.md alone (issue 49)."""
+    section = (DOCS / "commands.md").read_text().split("## Built-in implementations", 1)[1].split("\n## ", 1)[0]
+    listed = {name for cell in re.findall(r"^\| ([^|]+) \|", section, re.M) for name in re.findall(r"`([^`]+)`", cell)}
+    assert [n for n in implementations.names() if n not in listed] == []
+    assert sorted(n for n in listed if unknown_implementation(n)) == []
+
+
+def test_the_commands_page_counts_the_planted_bugs():
+    """The README said 32 planted bugs where ``selftest`` ran 34 (issue 49)."""
+    text = (DOCS / "commands.md").read_text()
+    assert re.findall(r"`planted\.BUGS`: (\d+) bugs", text) == [str(len(planted.BUGS))]
+    assert re.findall(r"the (\d+) planted gradient bugs", text) == [str(len(planted_grad.BUGS))]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])

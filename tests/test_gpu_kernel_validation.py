@@ -1,6 +1,6 @@
-"""``scripts/gpu_kernel_validation.sh`` stays runnable: the ``gpu_session.sh`` phases it calls exist,
-both parse, and ``scripts/compare_kernel_benches.py`` passes the committed numbers and fails a
-slower or different run, a prefill row judged by its ratio to FLA in the same run (the median of
+"""``scripts/gpu-machine/gpu_kernel_validation.sh`` stays runnable: the ``gpu_session.sh`` phases it
+calls exist, both parse, and ``scripts/compare_kernel_benches.py`` passes the committed numbers and
+fails a slower or different run, a prefill row judged by its ratio to FLA in the same run (the median of
 its interleaved rounds where it has them; on absolute time only where FLA's is missing). CPU only:
 nothing here touches a GPU."""
 
@@ -17,12 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
+GPU_MACHINE = SCRIPTS / "gpu-machine"
 
 
 def test_validation_calls_only_existing_session_phases():
-    session = (SCRIPTS / "gpu_session.sh").read_text()
+    session = (GPU_MACHINE / "gpu_session.sh").read_text()
     phases = set(re.findall(r"^    ([a-z0-9_]+)\)$", session, re.M))
-    validation = (SCRIPTS / "gpu_kernel_validation.sh").read_text()
+    validation = (GPU_MACHINE / "gpu_kernel_validation.sh").read_text()
     called = {p for line in re.findall(r'gpu_session\.sh" ([a-z0-9_ ]+)', validation) for p in line.split()}
     assert called and called <= phases, called - phases
     for name in ("compare_kernel_benches.py", "bench_decode.py", "sanitize_decode.py", "sanitize_launches.py"):
@@ -32,7 +33,7 @@ def test_validation_calls_only_existing_session_phases():
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 @pytest.mark.parametrize("script", ["gpu_kernel_validation.sh", "gpu_session.sh", "gpu_peers.sh"])
 def test_scripts_parse(script):
-    result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
+    result = subprocess.run(["bash", "-n", str(GPU_MACHINE / script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -423,8 +423,9 @@ def test_bad_arguments_name_the_argument(change, field):
 # --- (d) throughput -------------------------------------------------------------------------------
 
 
-def test_long_sequence_throughput_and_linearity(capsys):
-    """T = 4096, HV = 4, K = V = 64: prints the time, and checks dv and dh0 exactly.
+def test_long_sequence_throughput_and_linearity():
+    """T = 4096, HV = 4, K = V = 64: prints the time (captured: shown with ``-s`` or beside a
+    failure, never among ``pytest -q``'s dots), and checks dv and dh0 exactly.
 
     The loss is linear in (v, h0) jointly (every state is), so a central difference with any step
     is exact up to rounding: a check that costs two forward passes, whatever T.
@@ -447,11 +448,10 @@ def test_long_sequence_throughput_and_linearity(capsys):
     start = time.perf_counter()
     result = recurrent_gated_delta_rule_backward(q, k, v, g, beta, None, h0, True, do=do, dht=dht)
     backward_s = time.perf_counter() - start
-    with capsys.disabled():
-        print(
-            f"\n[gradients] T={T} H={H} HV={HV} K={K} V={V}: forward oracle {forward_s:.2f} s, "
-            f"backward {backward_s:.2f} s ({T / backward_s:.0f} tokens/s)"
-        )
+    print(
+        f"[gradients] T={T} H={H} HV={HV} K={K} V={V}: forward oracle {forward_s:.2f} s, "
+        f"backward {backward_s:.2f} s ({T / backward_s:.0f} tokens/s)"
+    )
     dv_dir, dh_dir = rng.normal(size=v.shape), rng.normal(size=h0.shape)
     fd = (loss(v + dv_dir, h0 + dh_dir) - loss(v - dv_dir, h0 - dh_dir)) / 2
     dv, dh0 = result["dv"], result["dh0"]

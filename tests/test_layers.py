@@ -155,10 +155,7 @@ def test_the_wheel_installs_no_top_level_cli_or_properties():
 # apart. So do imports under ``if TYPE_CHECKING:``: none closes a circle today. An import edge
 # goes to the module named (``from gdn_verify import api``: gdn_verify.api), not to the packages
 # above it, whose ``__init__`` Python runs first but which the importer does not depend on.
-KNOWN_CIRCLES: list[set[str]] = [
-    # broken on branch harness; the coordinator removes this entry at merge
-    {"gdn_verify.runners.causes", "gdn_verify.runners.grad_causes"},
-]
+KNOWN_CIRCLES: list[set[str]] = []  # each with the branch or issue that breaks it; empty since issue 49
 
 
 def module_files() -> dict[str, Path]:

@@ -4,7 +4,7 @@ What runs here is everything but the engine: the graph input layouts (checked ag
 ``max/nn/state_space/gated_delta.py`` of MAX 26.7.0), the verify ring's geometry and arguments,
 the MAX rules the verify adapter checks between its launches, and the recipe's shape classes.
 The graphs themselves were compiled for sm_90a under MAX's virtual device on 2026-11-26 (see
-scripts/README.md, "MAX wheels"); where ``max`` is importable the last test moves a
+scripts/gpu-machine/README.md, "MAX wheels"); where ``max`` is importable the last test moves a
 bfloat16 pool through MAX buffers.
 """
 

@@ -1,5 +1,5 @@
 """``gdn_verify.bench.ncu_text`` and ``scripts/ncu_summary.py`` on a CPU, against a real Nsight
-Compute log (``reports/2026-11-23-decode-validation/ncu-decode.log``: three kernels at B = 64 and
+Compute log (``tests/data/ncu_decode_h100.txt``, an H100 on 2026-11-23: three kernels at B = 64 and
 1024, each announced after its launch) and a small log whose markers come before."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from gdn_verify.bench import ncu_text
 
 ROOT = Path(__file__).resolve().parent.parent
-DECODE_LOG = ROOT / "reports" / "2026-11-23-decode-validation" / "ncu-decode.log"
+DECODE_LOG = ROOT / "tests" / "data" / "ncu_decode_h100.txt"
 
 
 def test_a_real_log_gives_every_launch_with_its_figures_and_range():

@@ -1,15 +1,16 @@
-"""``scripts/pack_carried.sh`` and what it puts in a bundle, on the CPU and without network: the
-install script of ``.whl/fqla/`` (``scripts/carried/fqla_install.sh``) installs a tiny bundle laid
-out as the real one and refuses, leaving nothing behind, one whose archive or unpacked files do not
-match their sha256; the two FlashInfer parts that the script's own ``fi_parts`` makes of a tiny
-site install beside another package, and part 2 refuses without part 1, with part 1 of another
-site, with a damaged archive or with foreign files in the site's folders, changing nothing;
-``scripts/carried/requires.py`` refuses a wheel set that misses a requirement, carries a wheel
-nothing needs or one the GPU image has, follows extras, and reports (not fails) a requirement it
-is told may miss; vLLM's files are refused where they differ from the wheel's RECORD; every pin
-names a wheel of its version. MAX's three parts, as the script's ``max_parts`` cuts a tiny site,
-go through ``scripts/gpu_max.sh stage`` (one call per part) and ``install``, which refuses a missing
-or damaged part and unpacked files that differ from site.sha256; ``verify`` checks the parts."""
+"""``scripts/gpu-machine/pack_carried.sh`` and what it puts in a bundle, on the CPU and without
+network: the install script of ``.whl/fqla/`` (``scripts/gpu-machine/carried/fqla_install.sh``)
+installs a tiny bundle laid out as the real one and refuses, leaving nothing behind, one whose
+archive or unpacked files do not match their sha256; the two FlashInfer parts that the script's own
+``fi_parts`` makes of a tiny site install beside another package, and part 2 refuses without part 1,
+with part 1 of another site, with a damaged archive or with foreign files in the site's folders,
+changing nothing; ``scripts/gpu-machine/carried/requires.py`` refuses a wheel set that misses a
+requirement, carries a wheel nothing needs or one the GPU image has, follows extras, and reports
+(not fails) a requirement it is told may miss; vLLM's files are refused where they differ from the
+wheel's RECORD; every pin names a wheel of its version. MAX's three parts, as the script's
+``max_parts`` cuts a tiny site, go through ``scripts/gpu-machine/gpu_max.sh stage`` (one call per
+part) and ``install``, which refuses a missing or damaged part and unpacked files that differ from
+site.sha256; ``verify`` checks the parts."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "scripts" / "gpu-machine"
 PACK = SCRIPTS / "pack_carried.sh"
 INSTALL = SCRIPTS / "carried" / "fqla_install.sh"
 FI_INSTALL = SCRIPTS / "carried" / "flashinfer_install.sh"
@@ -212,7 +213,7 @@ def test_flashinfer_parts_install_beside_another_package(tmp_path):
         "site_check.py",
     ]
     site = tmp_path / "site"
-    (site / "fla").mkdir(parents=True)  # scripts/common.sh installs FLA into the same folder
+    (site / "fla").mkdir(parents=True)  # scripts/gpu-machine/common.sh installs FLA into the same folder
     (site / "fla" / "__init__.py").write_text("# FLA\n")
     one = _fi_install(gpu1 / "install1.sh", site)
     assert one.returncode == 0, one.stderr
@@ -229,7 +230,7 @@ def test_flashinfer_parts_install_beside_another_package(tmp_path):
     assert again.returncode == 0 and "complete already" in again.stdout
     # verify's check of a bundle: as packed, then with an installer that is not the template's
     render = f'$(fi_render 2 "{gpu2}/site.sha256")'
-    check = f'{FI_LONE}; verify_site "{gpu2}" scripts/carried/flashinfer_install.sh install.sh {render}'
+    check = f'{FI_LONE}; verify_site "{gpu2}" scripts/gpu-machine/carried/flashinfer_install.sh install.sh {render}'
     assert _pack(check).returncode == 0
     with open(gpu2 / "install.sh", "a") as f:
         f.write("# edited by hand\n")
@@ -282,7 +283,7 @@ def test_flashinfer_parts_refuse_damage_and_foreign_files(tmp_path):
     assert _fi_install(gpu2 / "install.sh", site).returncode == 0
 
 
-# MAX's three parts and scripts/gpu_max.sh -----------------------------------------------------------
+# MAX's three parts and scripts/gpu-machine/gpu_max.sh ----------------------------------------------
 MAX_FILES = {
     "max/__init__.py": b"",
     "max-26.7.0.dist-info/METADATA": b"Name: max\nVersion: 26.7.0\n",
@@ -307,7 +308,8 @@ def _max_parts(tmp_path: Path, files: dict[str, bytes] = MAX_FILES) -> Path:
 
 
 def _gpu_max(tree: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """``bash scripts/gpu_max.sh ARGS`` from the checkout ``tree``, the parts and the site under tmp_path."""
+    """``bash scripts/gpu-machine/gpu_max.sh ARGS`` from the checkout ``tree``, the parts and the site
+    under tmp_path."""
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",  # install runs python3
         "MAX_PARTS": str(tmp_path / "maxparts"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -83,6 +84,9 @@ def test_a_buggy_plugin_fails_with_its_minimal_example(folder):
     assert "gdn-verify::matches_reference" in done.stdout and "minimal example: B=" in done.stdout
     assert "replay: gdn-verify replay /" in done.stdout
     assert "1 failed, 1 passed" in done.stdout
+    # pytest's output holds results only: no status line ("  determinism  12 examples worst ...").
+    output = done.stdout + done.stderr
+    assert "\r" not in output and not re.search(r"^ *[a-z_]+ +\d+ examples", output, re.M), output
 
 
 def test_the_items_are_counted_selected_and_summarized_once(folder):

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import ml_dtypes
@@ -21,6 +22,7 @@ import cli
 from gdn_verify import report
 from gdn_verify.core import error_stats, tolerance
 from gdn_verify.implementations import ConfigurationError, numpy_impl, resolve
+from gdn_verify.report import render
 
 ROOT = Path(__file__).resolve().parent.parent
 BF16 = ml_dtypes.bfloat16
@@ -125,6 +127,11 @@ def test_growth_exponent_and_token_errors():
 
 
 # The report on CPU -----------------------------------------------------------------------------
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "cpu"
@@ -153,7 +160,8 @@ def made(tmp_path_factory):
         "--out",
         str(out),
     ]
-    stdout, stderr = io.StringIO(), io.StringIO()
+    # stderr a terminal: the progress line is drawn there only (off a terminal it is not written at all).
+    stdout, stderr = io.StringIO(), Terminal()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         status = cli.main(["report", *argv])
     doc = json.loads((out / "results.json").read_text())
@@ -397,11 +405,49 @@ def test_no_legend_covers_a_plot(made, monkeypatch, tmp_path):
 
 
 def test_progress_and_summary_are_printed(made):
+    """On a terminal: the progress line, then the summary."""
     out, _, printed = made
     percents = [int(p) for p in re.findall(r"\[\s*(\d+)%\]", printed)]
     assert percents and percents == sorted(percents) and percents[-1] == 100
     assert re.search(r"numpy +float32 +error \d(\.\d+)?e-0\d at T=256", printed)
     assert f"report written to {out / 'index.html'}" in printed
+
+
+def test_a_failing_report_says_so_first(made):
+    """The page opens with the verdict: which properties did not pass, each a link to its minimal
+    example in section 5 (before, a failing run read "6 / 8 / 1" in the summary until section 5)."""
+    out, doc, _ = made
+    expected = [
+        f"{row['impl']} / {row['dtype']}: {r['name']} ({r['status']})"
+        for row in doc["properties"]
+        for r in row["results"]
+        if r["status"] not in ("passed", "unsupported")
+    ]
+    assert expected, "the report has no failure: the test proves nothing"
+    page = (out / "index.html").read_text()
+    first = page[page.index("<body") :].splitlines()[1]
+    n = len(expected)
+    assert first.startswith('<div class="verdict failed"')
+    assert f"FAILED: {n} propert{'y' if n == 1 else 'ies'} did not pass" in first
+    links = re.findall(r'<a href="#([\w-]+)">([^<]*)</a>', first)
+    assert [unescape(label) for _, label in links] == expected
+    examples = page.index("Minimal failing examples")
+    for anchor, _ in links:  # each link lands on its minimal example, below section 5's tables
+        assert page.count(f'id="{anchor}"') == 1 and page.index(f'<li id="{anchor}">') > examples
+    md = (out / "report.md").read_text().splitlines()  # report.md opens alike, under its title
+    assert md[2] == f"**FAILED: {n} propert{'y' if n == 1 else 'ies'} did not pass**:"
+    assert md[4 : 4 + n] == [f"- [{unescape(label)}](#{anchor})" for anchor, label in links]
+
+
+def test_a_passing_report_says_so_in_one_line(made):
+    out, doc, _ = made
+    passing = dict(doc, properties=[row for row in doc["properties"] if row["impl"] == "numpy"])
+    page = render.html(passing, [])
+    first = page[page.index("<body") :].splitlines()[1]
+    passed = sum(r["status"] == "passed" for row in passing["properties"] for r in row["results"])
+    assert passed and first.startswith('<p class="verdict passed"')
+    assert f"Passed: every property held ({passed} passed" in first
+    assert "FAILED" not in page
 
 
 @pytest.mark.parametrize(
@@ -458,6 +504,8 @@ def test_cli_report_without_gpu_exits_0_and_names_what_it_skipped(tmp_path):
     assert done.returncode == 0, done.stderr
     for name in report.GPU_DEFAULTS:
         assert f"skipped: {name}:" in done.stdout
+    # Off a terminal no progress line, not even at each tenth of the work: the log holds the results.
+    assert not re.search(r"\[\s*\d+%\]", done.stdout + done.stderr), done.stdout + done.stderr
     assert (tmp_path / "r" / "index.html").is_file()
 
 

@@ -162,3 +162,90 @@ def test_a_speculative_only_implementation_is_unsupported_with_the_reason():
     result = api.check("planted:spec_reads_first_slot", properties=["scale_decode_batch"], scale_limits=LIMITS)
     [row] = result.results
     assert row.status == "unsupported" and "native (FLA-convention) form" in row.note
+
+
+# Kernels without GVA: the cases adapt --------------------------------------------------------------
+GVA_CASES = [c.name for c in scale.plan(LIMITS) if c.H != c.HV]
+
+
+@pytest.mark.parametrize("plugin", ["no_gva_refuses", "no_gva_heads_of_q"])
+def test_a_kernel_without_gva_runs_every_case_with_h_equal_hv(plugin):
+    """A kernel that refuses HV != H, or (like FLA releases before GVA) returns q's head count, is
+    run with H = HV: the same tokens, value heads and state elements, so the same limits are
+    crossed, and the outcome says it was adapted (an IndexError in take_pairs, H200 2026-12-04)."""
+    outcomes = run(plugin, GVA_CASES + ["many_chunks"])
+    assert {o.status for o in outcomes.values()} == {"passed"}, {o.case: o.message for o in outcomes.values()}
+    for name in GVA_CASES:
+        adapted = outcomes[name]
+        assert "H=16 HV=16" in adapted.describe
+        assert "adapted: H = HV = 16, the kernel has no GVA (" in adapted.describe
+        assert adapted.detail["adapted"].startswith("H = HV = 16: ")
+    assert "adapted" not in outcomes["many_chunks"].detail and "adapted" not in outcomes["many_chunks"].describe
+    planned = {c.name: c for c in scale.plan(LIMITS)}
+    why = outcomes["decode_batch"].detail["adapted"]
+    case = scale.adapted_to_gva(planned["decode_batch"], why)
+    assert case.B * case.HV > LIMITS.grid and case.B * case.HV * case.K * case.V > LIMITS.offset  # still crossed
+
+
+def test_the_adaptation_is_said_in_the_check_result():
+    result = api.check(
+        "tests.scale_plugins:no_gva_refuses", array="numpy", properties=["scale_decode_batch"], scale_limits=LIMITS
+    )
+    [row] = result.results
+    assert row.status == "passed" and "adapted: H = HV = 16, the kernel has no GVA" in row.note
+
+
+def test_a_declared_capability_decides_without_a_call():
+    from gdn_verify.core.implementation import Implementation
+
+    def never(**kw):
+        raise AssertionError("the declaration decides: no probe call")
+
+    case = next(c for c in scale.plan(LIMITS) if c.H != c.HV)
+    dev = scale._Device("numpy", 0)
+    call = scale.checked_call(never, dev)
+    declared = Implementation("declared", {"chunk": never}, extra={"gva": False})
+    assert scale.missing_gva(declared, case, "float32", dev, call) == 'it declares no GVA (extra["gva"] = False)'
+    assert (
+        scale.missing_gva(Implementation("gva", {"chunk": never}, extra={"gva": True}), case, "float32", dev, call)
+        is None
+    )
+
+
+def test_a_kernel_failing_with_and_without_gva_is_not_adapted():
+    """GVA is not the reason when H = HV fails as well: the case runs as planned and fails for itself."""
+    outcomes = run("returns_none", ["decode_batch"])
+    assert outcomes["decode_batch"].status == "failed" and "adapted" not in outcomes["decode_batch"].detail
+
+
+# Returns that break the output contract: clean failures, never an error in our own code ---------------
+@pytest.mark.parametrize(
+    "plugin, expected",
+    [
+        ("returns_three", "output contract: expected a pair (o, final_state), got a tuple of 3"),
+        ("returns_none", "output contract: expected a pair (o, final_state), got NoneType"),
+        ("returns_integer_output", "output contract: o has dtype int32, expected a floating-point dtype"),
+        ("returns_one_state_short", "output contract: final_state has shape (9, 16, 4, 4), expected (10, 16, 4, 4)"),
+    ],
+)
+def test_a_return_that_breaks_the_contract_is_a_failure_naming_it(plugin, expected):
+    outcome = run(plugin, ["decode_batch"])["decode_batch"]
+    assert outcome.status == "failed" and outcome.message.startswith(expected), outcome.message
+    assert "traceback" not in outcome.detail  # judged, not crashed
+
+
+def test_numpy_returned_for_torch_inputs_is_a_contract_failure():
+    pytest.importorskip("torch")
+    outcomes = scale.run_scale(
+        "tests.scale_plugins:returns_numpy_for_torch", "float32", array="torch", limits=LIMITS, cases=["many_chunks"]
+    )
+    [outcome] = outcomes
+    assert outcome.status == "failed"
+    assert "output contract: o is a numpy.ndarray, expected a torch (" in outcome.message
+    assert "array of shape (1, 40, 1, 4)" in outcome.message
+
+
+def test_a_state_handed_back_transposed_fails_against_the_oracle():
+    """K = V: the v-first state has the k-first shape, so only its values give it away."""
+    outcome = run("returns_transposed_state", ["decode_batch"])["decode_batch"]
+    assert outcome.status == "failed" and "against the float64 oracle: state error" in outcome.message

@@ -4,7 +4,7 @@ Each stand-in takes the kernel's own convention (as its signature and docstring 
 computes it with the float64 oracle one token at a time; the vLLM stand-in reads its indices the
 way the Triton kernel does (a flat, unchecked ``row * width + column``), so the property suite
 sees the same hazards the real kernel has. The GPU runs use the real kernels
-(`scripts/gpu_session.sh` phases adapters_check and adapters_fuzz).
+(`scripts/gpu-machine/gpu_session.sh` phases adapters_check and adapters_fuzz).
 """
 
 from __future__ import annotations
@@ -248,11 +248,13 @@ def test_vllm_native_adapters_match_the_oracle(state_v_first, tmp_path):
         S0 = np.ascontiguousarray(S0.swapaxes(-1, -2))
     kw = dict(initial_state=S0, output_final_state=True, cu_seqlens=cu, state_v_first=state_v_first, scale=0.4)
     want_o, want_s = reference.recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
-    for adapter in (vllm.recurrent_adapter(standin_vllm_recurrent, np), vllm.chunk_adapter(standin_vllm_chunk)):
+    for adapter in (vllm.recurrent_adapter(standin_vllm_recurrent, np), vllm.chunk_adapter(standin_vllm_chunk, xp=np)):
         if adapter.__qualname__.startswith("chunk"):
             q16 = q.astype(np.float16)  # the chunked kernel rejects float32
             o, s = adapter(q16, k, v, g, beta, **kw)
-            o2, _ = reference.recurrent_gated_delta_rule(q16, k, v, g, beta, **kw)
+            # vLLM's layer hands the kernel float32 g and beta (0.20+): the adapter's only rounding
+            g32, beta32 = g.astype(np.float32), beta.astype(np.float32)
+            o2, _ = reference.recurrent_gated_delta_rule(q16, k, v, g32, beta32, **kw)
             assert np.allclose(o, o2, atol=1e-10)
             with pytest.raises(NotImplementedError, match="float32"):
                 adapter(q, k, v, g, beta, **kw)

@@ -224,7 +224,7 @@ def test_truncating_tf32_reproduces_fla_float32_on_its_committed_case():
 
     from gdn_verify.implementations.numpy_impl import chunk_fla_gated_delta_rule, truncate_to_tf32
 
-    case = Path(__file__).resolve().parents[1] / "reports/2026-11-22-fla-check-fuzz/matches_reference-e4018bfc58.npz"
+    case = Path(__file__).resolve().parents[1] / "tests/data/fla_chunk_float32_tf32_one_token.npz"
     problem, _ = Problem.load(case)
     ref_o, ref_s = numpy_oracle(problem)
     o, s = chunk_fla_gated_delta_rule(**problem.kwargs(), tf32=True)

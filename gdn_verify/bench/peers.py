@@ -53,7 +53,7 @@ from gdn_verify.bench import floor, prefill
 from gdn_verify.bench.peer_table import format_row
 from gdn_verify.bench.prefill import one_line
 
-# Today's five rows (issue 16) at H = 16, HV = 32, then the Qwen3.5 tensor-parallel head layouts of
+# The five rows of prefill.CASES at H = 16, HV = 32, then the Qwen3.5 tensor-parallel head layouts of
 # issue 29 (q-k heads / value heads per GPU; 2/8 is the 16/64 model at TP 8) at four shapes.
 STANDARD_LAYOUT = (16, 32)
 QWEN35_LAYOUTS = ((2, 8), (4, 8), (8, 16), (16, 32), (16, 64))
@@ -100,7 +100,7 @@ class Row:
 
 
 def rows() -> list[Row]:
-    """The row plan: today's five rows, Qwen3.5's layouts x :data:`QWEN35_SHAPES` (those already
+    """The row plan: the five rows of ``prefill.CASES``, Qwen3.5's layouts x :data:`QWEN35_SHAPES` (those already
     among the five once), then the :data:`LONG_TOKENS` rows."""
     plan = [Row(*STANDARD_LAYOUT, s, L) for s, L in prefill.CASES]
     for H, HV in QWEN35_LAYOUTS:

@@ -84,10 +84,18 @@ def cpu_name() -> str:
 
 
 def describe(array: str = "numpy") -> dict[str, Any]:
-    """``{"python", "platform", "packages": {name: version}, "device"}`` (device None on CPU)."""
+    """``{"python", "platform", "packages": {name: version}, "device", "triton_interpret"}`` (device None
+    on CPU; ``triton_interpret`` true when Triton kernels ran under its CPU interpreter, ``TRITON_INTERPRET=1``).
+    """
     return dict(
         python=platform.python_version(),
         platform=platform.platform(),
         packages=package_versions(),
         device=device_name(array),
+        triton_interpret=triton_interpret(),
     )
+
+
+def triton_interpret() -> bool:
+    """Whether Triton's own switch for its CPU interpreter is on (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")

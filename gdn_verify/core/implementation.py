@@ -76,6 +76,7 @@ class Result:
     final_state: Any
     o_dtype: str | None
     state_dtype: str | None
+    returned: tuple[str | None, str | None] = (None, None)  # o's and final_state's array kind (array_kind)
 
 
 def _convention(form: str) -> str:
@@ -110,6 +111,38 @@ def _dtype_name(x: Any) -> str | None:
         return None
     name = str(getattr(x, "dtype", type(x).__name__))
     return name.removeprefix("torch.")
+
+
+def array_kind(x: Any) -> str | None:
+    """What ``x`` is, as ``arrays.ARRAY_KINDS`` names them (``"numpy"``, ``"torch"``, ``"cupy"``), else its
+    type's name (None for None): an output must come back in the array kind of the inputs."""
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    module = type(x).__module__.split(".")[0]
+    return module if module in arrays.ARRAY_KINDS else type(x).__name__
+
+
+def returned_pair(out: Any) -> tuple[Any, Any]:
+    """A native form's return as ``(o, final_state)``; :class:`ContractError` naming what came back
+    (its type, and its length for a tuple or list) when it is not a pair."""
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        return out[0], out[1]
+    what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+    raise ContractError(f"expected a pair (o, final_state), got {what}")
+
+
+def host_array(x: Any, name: str) -> np.ndarray | None:
+    """``arrays.to_numpy(x)``; a return that is no array (a ragged list, an object) is a
+    :class:`ContractError` naming ``name``. Arrays convert unguarded: a CUDA error surfacing at the
+    copy is the kernel's, and must keep its own type."""
+    if x is None or isinstance(x, np.ndarray) or type(x).__module__.startswith(("torch", "cupy")):
+        return arrays.to_numpy(x)
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - whatever NumPy makes of it, it is not an array
+        raise ContractError(f"{name} is a {type(x).__name__} that is not an array ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -202,10 +235,14 @@ class Implementation:
             if rejected:
                 raise NotImplementedError(f"needs {rejected[0]}=") from exc
             raise
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise ContractError(f"expected a pair (o, final_state), got {type(out).__name__}")
-        o, final_state = out
-        return Result(arrays.to_numpy(o), arrays.to_numpy(final_state), _dtype_name(o), _dtype_name(final_state))
+        o, final_state = returned_pair(out)
+        return Result(
+            host_array(o, "o"),
+            host_array(final_state, "final_state"),
+            _dtype_name(o),
+            _dtype_name(final_state),
+            (array_kind(o), array_kind(final_state)),
+        )
 
     def run_backward(
         self,
@@ -241,5 +278,5 @@ class Implementation:
             what = f"{len(out)} values" if isinstance(out, (tuple, list)) else type(out).__name__
             raise ContractError(f"expected {len(GRADIENTS)} gradients ({', '.join(GRADIENTS)}), got {what}")
         return Gradients(
-            {n: arrays.to_numpy(x) for n, x in zip(GRADIENTS, out)}, {n: _dtype_name(x) for n, x in zip(GRADIENTS, out)}
+            {n: host_array(x, n) for n, x in zip(GRADIENTS, out)}, {n: _dtype_name(x) for n, x in zip(GRADIENTS, out)}
         )

@@ -16,36 +16,68 @@ import numpy as np
 
 from gdn_verify.core import processes, timing
 from gdn_verify.core import tolerance as tol
-from gdn_verify.core.implementation import ContractError, Implementation, Result
+from gdn_verify.core.implementation import ContractError, Implementation, Result, host_array
 from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_with_norms, token_loop
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement, Violation
 
 
+def floating(x: Any) -> bool:
+    """Whether ``x`` (a NumPy array) holds real floating-point numbers, bfloat16 included: what the
+    comparisons can read (an integer, complex, boolean or object array cannot be judged numerically)."""
+    dtype = np.asarray(x).dtype
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 def output_contract_violations(
     result: Result, problem: Problem, shapes_only: bool = False, state_dtype: Any = None
 ) -> list[str]:
-    """Shape and dtype contract of ``(o, final_state)`` for ``problem`` (``shapes_only``: shapes alone);
-    the final state is float32 unless the implementation declares a narrower ``state_dtype``."""
+    """Shape and dtype contract of ``(o, final_state)`` for ``problem``, each problem naming what
+    came back and what was expected. ``shapes_only``: shapes, and of the dtypes only what a
+    comparison needs (real floating point), as every property's calls are held to; otherwise the
+    dtypes exactly (``output_contract``): ``o`` in the input dtype, the final state float32 unless
+    the implementation declares a narrower ``state_dtype``."""
     want_dtype = tol.narrow_state_dtype(state_dtype) or "float32"
     s = problem.shape
     problems = []
     want_o = (s["B"], s["T"], s["HV"], s["V"])
     if result.o is None or tuple(np.shape(result.o)) != want_o:
         problems.append(f"o has shape {None if result.o is None else tuple(np.shape(result.o))}, expected {want_o}")
-    if result.o_dtype != np.dtype(problem.dtype).name and not shapes_only:
+    elif not floating(result.o):
+        problems.append(f"o has dtype {result.o_dtype}, expected a floating-point dtype (the input dtype)")
+    elif result.o_dtype != np.dtype(problem.dtype).name and not shapes_only:
         problems.append(f"o has dtype {result.o_dtype}, expected the input dtype {np.dtype(problem.dtype).name}")
     if problem.output_final_state:
         want_s = problem.state_shape()
         if result.final_state is None:
-            problems.append("final_state is None although output_final_state=True")
+            problems.append(f"final_state is None although output_final_state=True (expected shape {want_s})")
         elif tuple(np.shape(result.final_state)) != want_s:
             problems.append(f"final_state has shape {tuple(np.shape(result.final_state))}, expected {want_s}")
+        elif not floating(result.final_state):
+            problems.append(f"final_state has dtype {result.state_dtype}, expected {want_dtype}")
         elif result.state_dtype != want_dtype and not shapes_only:
             problems.append(f"final_state has dtype {result.state_dtype}, expected {want_dtype}")
     elif result.final_state is not None:
         problems.append("final_state returned although output_final_state=False")
     return problems
+
+
+def spec_output(o: Any, problem: Problem) -> np.ndarray:
+    """The ``o`` a speculative-decoding form returned, as NumPy, held to its contract: one array of
+    ``v``'s shape ``[1, T, HV, V]``, floating point. Anything else is a :class:`Violation`
+    (``output contract: ...``) naming what came back, not a crash in the checks that read it."""
+    if isinstance(o, tuple):  # the native form's pair, say
+        raise Violation(f"output contract: expected o alone, got a tuple of {len(o)}")
+    try:
+        x = host_array(o, "o")
+    except ContractError as exc:
+        raise Violation(f"output contract: {exc}") from None
+    want = tuple(problem.v.shape)
+    if x is None or x.shape != want:
+        raise Violation(f"output contract: o has shape {None if x is None else x.shape}, expected {want}")
+    if not floating(x):
+        raise Violation(f"output contract: o has dtype {x.dtype}, expected a floating-point dtype (the input dtype)")
+    return x
 
 
 def run_checked(

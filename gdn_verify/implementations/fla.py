@@ -1,21 +1,27 @@
 """Adapters from the native convention to third-party kernels (translation only).
 
-``fla-chunk`` and ``fla-recurrent``: flash-linear-attention 0.6 (``fla-core``), torch CUDA
-tensors. FLA's own convention is the native one, so the adapter only renames nothing and
-passes ``cu_seqlens`` as a LongTensor,
-and every tensor by keyword.
+``fla-chunk`` and ``fla-recurrent``: ``chunk_gated_delta_rule`` and
+``fused_recurrent_gated_delta_rule`` of the installed FLA release, 0.1 to 0.6.0 (torch CUDA
+tensors, or CPU tensors under Triton's interpreter). FLA's convention is the native one; what
+changed between releases (the ``head_first`` keyword, the state layout keyword, GVA, float32,
+the gate options) comes from the release's row of ``fla_releases.TABLE``, or from probing a
+release no row covers. Every call mirrors ``fla/layers/gated_deltanet.py``
+``GatedDeltaNet.forward``: every tensor by keyword, ``g`` in float32, ``cu_seqlens`` a LongTensor.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gdn_verify.core import arrays
-from gdn_verify.core.implementation import ConfigurationError, Implementation
+from gdn_verify.core.implementation import NATIVE_KEYWORDS, ConfigurationError, Implementation
+from gdn_verify.implementations import fla_releases, interpreter
 
 
 def jit_compiled(**extra: Any) -> dict[str, Any]:
@@ -42,7 +48,11 @@ def cache_triton_autotuning() -> None:
 
 
 def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
-    """``load()`` (which imports a torch-based kernel library), or a one-line ConfigurationError."""
+    """``load()`` (which imports a torch-based kernel library), or a one-line ConfigurationError.
+
+    Under Triton's interpreter (``TRITON_INTERPRET=1``) a Triton library runs on CPU tensors, so
+    no GPU is asked for (``gdn_verify.implementations.interpreter``).
+    """
     cache_triton_autotuning()
     try:
         import torch
@@ -50,28 +60,166 @@ def cuda_library(what: str, install: str, load: Callable[[], Any]) -> Any:
         loaded = load()
     except ImportError as exc:
         raise ConfigurationError("impl", f"{what} is not installed ({install}): {exc}") from None
-    if not torch.cuda.is_available():
-        raise ConfigurationError("impl", f"{what}'s kernels need a CUDA GPU; none is visible")
+    if not torch.cuda.is_available() and not interpreter.requested():
+        cpu = f"set {interpreter.ENV}=1 to run Triton kernels on the CPU"
+        raise ConfigurationError("impl", f"{what}'s kernels need a CUDA GPU; none is visible ({cpu})")
     return loaded
 
 
-def _fla():
-    def load():
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-
-        return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-
-    return cuda_library("FLA", "pip install fla-core==0.6.0", load)
-
-
 def wrap(fn):
+    """``fn`` (a kernel in FLA 0.6's convention) with ``cu_seqlens`` as a LongTensor and every
+    tensor passed by keyword (``fused_recurrent_gated_delta_rule``'s positional order is
+    ``(q, k, v, g, gk, gv, beta)``); FlashQLA's adapter calls its kernel so."""
+
     def call(q, k, v, g, beta, cu_seqlens=None, **kw):
         if cu_seqlens is not None:
             cu_seqlens = cu_seqlens.long()
-        # by keyword: fused_recurrent_gated_delta_rule's positional order is (q, k, v, g, gk, gv, beta)
         return fn(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, **kw)
 
     return call
+
+
+def _device() -> str:
+    """Where FLA's kernels run: the GPU, or the CPU under Triton's interpreter."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The installed FLA: its release, the conventions it is called with (its row of
+    ``fla_releases.TABLE``, or what a probe found), its entry points by form."""
+
+    dist: str
+    version: str
+    conventions: fla_releases.Release
+    probed: bool
+    fns: dict[str, Callable[..., Any]]
+
+
+_probed: dict[tuple[str, str], fla_releases.Release] = {}
+
+
+def installed_fla() -> Installed:
+    """Import the installed FLA's entry points and pick its conventions (ConfigurationError, one
+    line, when FLA is missing, no GPU is visible outside the interpreter, or neither the table
+    nor a probe settles them). The row is looked up in ``fla_releases.TABLE`` at each call."""
+
+    def load() -> Installed:
+        dist, version, folder = fla_releases.installed()
+        row = fla_releases.row(version)
+        fns = fla_releases.load(folder, row.ops_only if row is not None else None)
+        if row is not None:
+            return Installed(dist, version, row, False, fns)
+        if (dist, version) not in _probed:
+            if interpreter.requested():
+                interpreter.install()  # the probe runs kernels before the harness adapts them
+            _probed[dist, version] = fla_releases.probe(fns, dist, version, _device())
+        return Installed(dist, version, _probed[dist, version], True, fns)
+
+    found: Installed = cuda_library("FLA", "pip install fla-core==0.6.0", load)
+    return found
+
+
+def _widened_gate(g: Any) -> Any:
+    """``g`` in float32 when it is narrower: FLA's layers compute the log decay in float32
+    (``-A_log.float().exp() * softplus(a.float() + dt_bias)``); widening is exact."""
+    import torch
+
+    return g.float() if g.dtype in (torch.float16, torch.bfloat16) else g
+
+
+def native_call(fn: Callable[..., Any], form: str, release: fla_releases.Release, version: str) -> Callable[..., Any]:
+    """``fn`` (one release's entry point) called from the native convention, as that release's
+    row says: ``head_first=False`` where the keyword exists, the state layout keyword, the gate
+    in float32, ``cu_seqlens`` int64; what the release lacks (GVA, float32 inputs, a v-first
+    state, an option) raises NotImplementedError naming the release, so it is reported
+    unsupported. The signature names exactly the keywords the release honours."""
+    import torch
+
+    entry = release.entry(form)
+    where = f"FLA {version}'s {fla_releases.ENTRY_POINTS[form]}"
+
+    def call(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        state_v_first=False,
+        **options,
+    ):
+        for name in options:
+            if name not in entry.options:
+                raise NotImplementedError(f"needs {name}= (not in {where})")
+        if state_v_first and entry.layout is None:
+            raise NotImplementedError(f"needs state_v_first= ({where} has a k-first state only)")
+        if v.shape[2] != q.shape[2] and not entry.gva:
+            raise NotImplementedError(f"{where} has no GVA (HV = {v.shape[2]} value heads, H = {q.shape[2]})")
+        if q.dtype == torch.float32 and not entry.float32:
+            raise NotImplementedError(f"{where} refuses float32 inputs")
+        kw = dict(
+            q=q,
+            k=k,
+            v=v,
+            g=g if options.get("use_gate_in_kernel") else _widened_gate(g),
+            beta=beta,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
+            **options,
+        )
+        if entry.head_first:
+            kw["head_first"] = False  # 0.1 defaults it to True: [B, H, T, K] inputs
+        if entry.layout is not None:
+            kw[entry.layout] = bool(state_v_first)
+        return fn(**kw)
+
+    P = inspect.Parameter
+    names = NATIVE_KEYWORDS + (("state_v_first",) if entry.layout is not None else ())
+    defaults = dict(scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False)
+    params = [
+        P(n, P.POSITIONAL_OR_KEYWORD, default=defaults.get(n, False if n == "state_v_first" else None))
+        if i >= 5
+        else P(n, P.POSITIONAL_OR_KEYWORD)
+        for i, n in enumerate(names)
+    ]
+    params += [P(n, P.KEYWORD_ONLY, default=None) for n in sorted(entry.options)]
+    call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    call.__name__ = fla_releases.ENTRY_POINTS[form]
+    return call
+
+
+def _implementation(name: str, form: str, fla: Installed, **extra: Any) -> Implementation:
+    row = fla.conventions
+    how = f" (conventions probed: {row.notes or 'settled'})" if fla.probed else ""
+    # Under the interpreter nothing is compiled per shape class: every call is interpreted anew.
+    compiled = {"compile_classes": False, **extra} if interpreter.requested() else jit_compiled(**extra)
+    return Implementation(
+        name,
+        {form: native_call(fla.fns[form], form, row, fla.version)},
+        "torch",
+        f"FLA {fla.version} {fla_releases.ENTRY_POINTS[form]}{how}",
+        "bfloat16",
+        extra=dict(
+            compiled,
+            release=fla.version,
+            distribution=fla.dist,
+            version=f"{fla.dist} {fla.version}",
+            conventions="probed" if fla.probed else f"table row {row.first}-{row.last}",
+            # what the release's entry point lacks, for callers that plan draws around it
+            gva=row.entry(form).gva,
+            float32=row.entry(form).float32,
+        ),
+    )
 
 
 class FlaStaged:
@@ -102,7 +250,7 @@ class FlaStaged:
         )
 
     def _t(self, x):
-        return self.torch.from_numpy(np.ascontiguousarray(x, np.float32)).cuda()
+        return self.torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(_device())
 
     def _n(self, x):
         return x.float().cpu().numpy()
@@ -138,25 +286,13 @@ class FlaStaged:
 
 
 def fla_chunk() -> Implementation:
-    chunk, _ = _fla()
+    """``chunk_gated_delta_rule`` of the installed FLA release (``fla_releases``)."""
     arrays.check_kind("torch")
-    return Implementation(
-        "fla-chunk",
-        {"chunk": wrap(chunk)},
-        "torch",
-        "FLA 0.6 chunk_gated_delta_rule",
-        "bfloat16",
-        extra=jit_compiled(stages=FlaStaged()),
-    )
+    fla = installed_fla()
+    staged = {"stages": FlaStaged()} if fla.conventions.stages else {}
+    return _implementation("fla-chunk", "chunk", fla, **staged)
 
 
 def fla_recurrent() -> Implementation:
-    _, recurrent = _fla()
-    return Implementation(
-        "fla-recurrent",
-        {"recurrent": wrap(recurrent)},
-        "torch",
-        "FLA 0.6 fused_recurrent_gated_delta_rule",
-        "bfloat16",
-        extra=jit_compiled(),
-    )
+    """``fused_recurrent_gated_delta_rule`` of the installed FLA release (``fla_releases``)."""
+    return _implementation("fla-recurrent", "recurrent", installed_fla())

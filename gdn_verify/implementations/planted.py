@@ -68,9 +68,11 @@ ROUNDED_STATE: dict[str, Any] = {"bf16_state": ml_dtypes.bfloat16, "fp16_state":
 
 def token_loop(bug: str, **kw):
     """Float32 token loop with one arithmetic bug switched on (also the error models' switches
-    ``alpha_as_g``, ``fp16_state``, and the precision contract's ``state16``, ``decay16``
-    (the decay factor ``exp(g)`` rounded to 16 bits) and ``beta16`` (beta rounded to 16 bits
-    inside the update)."""
+    ``alpha_as_g``, ``fp16_state``, ``delta_without_erase`` (the update ``S += beta k v^T``
+    without the erase ``-beta k k^T S``: gated linear attention), ``beta_on_write_only``
+    (``S += k (beta v - S^T k)``), and the precision contract's ``state16``, ``decay16`` (the
+    decay factor ``exp(g)`` rounded to 16 bits) and ``beta16`` (beta rounded to 16 bits inside
+    the update)."""
     p = _packed(kw)
     S = p.initial_state.copy()
     N, L, HV, V = p.v.shape
@@ -79,6 +81,8 @@ def token_loop(bug: str, **kw):
     for t in range(L):
         if bug == "gate_without_exp":
             decay = p.g[:, t]
+        elif bug == "gate_ignored":  # no decay at all
+            decay = np.ones_like(p.g[:, t])
         elif bug == "alpha_as_g":  # exp applied to a decay that is already linear: exp(exp(g))
             with np.errstate(over="ignore"):
                 decay = np.exp(np.exp(p.g[:, t]))
@@ -97,7 +101,12 @@ def token_loop(bug: str, **kw):
             o[:, t] = p.scale * (p.q[:, t, :, None, :] @ (S * decay[..., None, None]))[:, :, 0]
         if bug != "decay_after_update":
             S = S * decay[..., None, None]
-        u = beta * (p.v[:, t] - (k_t @ S)[:, :, 0])
+        if bug == "delta_without_erase":
+            u = beta * p.v[:, t]
+        elif bug == "beta_on_write_only":
+            u = beta * p.v[:, t] - (k_t @ S)[:, :, 0]
+        else:
+            u = beta * (p.v[:, t] - (k_t @ S)[:, :, 0])
         S = S + k_t.swapaxes(-1, -2) * u[:, :, None, :]
         if bug == "decay_after_update":
             S = S * decay[..., None, None]
@@ -236,6 +245,25 @@ def default_scale_ignores_argument(**kw):
 def state_layout_ignored(**kw):
     """``state_v_first`` is accepted but the state is read and written k-first."""
     return numpy_impl.chunk_gated_delta_rule(**{**kw, "state_v_first": False})
+
+
+def _reads_v_first(state: np.ndarray) -> np.ndarray:
+    """A k-first ``[.., K, V]`` buffer as a kernel that keeps its state v-first sees it: the same
+    memory read as ``[.., V, K]`` (the transpose when ``K == V``), returned k-first."""
+    return np.ascontiguousarray(
+        np.asarray(state).reshape(*state.shape[:-2], state.shape[-1], state.shape[-2]).swapaxes(-1, -2)
+    )
+
+
+def state_other_layout(**kw):
+    """The state kept v-first ``[.., V, K]`` whatever the caller asks: a k-first initial state is read
+    as v-first memory and the final state handed back v-first (a release of the other layout
+    behind an adapter written for this one). Right where ``state_v_first=True`` is asked."""
+    if kw.get("state_v_first"):
+        return numpy_impl.chunk_gated_delta_rule(**kw)
+    h0 = kw.get("initial_state")
+    o, state = numpy_impl.chunk_gated_delta_rule(**{**kw, "initial_state": None if h0 is None else _reads_v_first(h0)})
+    return o, None if state is None else np.ascontiguousarray(state.swapaxes(-1, -2))
 
 
 def gate_bias_ignored(**kw):
@@ -415,6 +443,10 @@ BUGS: dict[str, tuple[str, Callable]] = {
         "exp(where(d <= 0, d, -inf)) as the only causal mask: g = 0 lets the future in",
         _loop(chunk_loop, "safe_exp_as_causal_mask"),
     ),
+    # Seen against released versions of FLA and vLLM on an H200 (2026-12-04): a state in the other
+    # release's layout, and a kernel whose gate did nothing.
+    "state_other_layout": ("the state read and handed back v-first where k-first is asked for", state_other_layout),
+    "gate_ignored": ("the gate is ignored: no decay at all", _loop(token_loop, "gate_ignored")),
     "spec_reads_first_slot": (
         "speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
         spec_reads_first_slot,
@@ -454,6 +486,9 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "nan_on_zero_rows": ("nan_on_zero_rows",),
     "scale_ignored": ("scale_ignored",),
     "state_layout_ignored": ("state_layout_ignored",),
+    # Without an initial state reading it v-first changes nothing: only the returned state shows.
+    "state_other_layout": ("state_transposed", "final_state_transposed"),
+    "gate_ignored": ("gate_ignored",),
     "gate_bias_ignored": ("gate_bias_ignored",),
     "neg_eigval_ignored": ("neg_eigval_ignored",),
     "nondeterministic": (),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gdn_verify.core import arrays, max_convention
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
+from gdn_verify.implementations import interpreter
 
 CONVENTIONS = ("native", "spec", "backward", "max")
 # Forms a plug-in's callable becomes, by convention (native: the default native form; max: Modular
@@ -81,7 +82,7 @@ def from_callable(
     form = _CONVENTION_FORMS[convention]
     if convention == "max":
         fn = max_convention.native_form(fn, array)
-    return Implementation(
+    impl = Implementation(
         name,
         {form: fn},
         array=array,
@@ -89,3 +90,4 @@ def from_callable(
         default_dtype="float32" if array == "numpy" else "bfloat16",
         extra={k: x for k, x in (("stages", stages), ("spec_rules", rules), ("warm_variants", warm)) if x is not None},
     )
+    return interpreter.adapt(impl)

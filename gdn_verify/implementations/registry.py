@@ -22,7 +22,7 @@ import numpy as np
 from gdn_verify.core import arrays, reference
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.oracle import Oracle, from_implementation, numpy_oracle
-from gdn_verify.implementations import numpy_impl, precision, speculative
+from gdn_verify.implementations import interpreter, numpy_impl, precision, speculative
 from gdn_verify.implementations.plugins import CONVENTIONS, load_plugin
 
 # Names of planted-bug implementations: PREFIX + BUG, each prefix a module of this package.
@@ -192,7 +192,7 @@ def resolve(name: str, array: str | None = None, convention: str = "native") -> 
     except arrays.ArrayKindUnavailable as exc:
         raise ConfigurationError("array", str(exc)) from None
     impl.extra["resolved_as"] = dict(name=name, array=array, convention=convention)
-    return impl
+    return impl if plugin else interpreter.adapt(impl)  # a plug-in's was adapted in from_callable
 
 
 def default_name() -> tuple[str, str]:

@@ -12,6 +12,7 @@ from html import escape
 
 from gdn_verify.core.error_stats import ULP_MAGNITUDE_FLOOR
 from gdn_verify.report.figures import FIGURES, percent
+from gdn_verify.runners.check import NOT_PASSED
 
 SECTIONS = (
     (
@@ -120,25 +121,50 @@ def property_rows(row: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def failures(doc: dict) -> list[dict]:
-    """Every failing property with its implementation, dtype, minimal example and replay command."""
+    """Every property that did not pass (failed, timed out, raised, misused: the ones that make
+    ``report`` exit 1) with its implementation, dtype, minimal example and replay command;
+    ``anchor`` is the id of its entry in the page."""
     out = []
     for row in doc["properties"]:
         for r in row["results"]:
-            if r["status"] in ("failed", "error"):
+            if r["status"] in NOT_PASSED:
                 f = r.get("failure") or {}
                 out.append(
                     dict(
                         impl=row["impl"],
                         dtype=row["dtype"],
                         name=r["name"],
+                        status=r["status"],
                         message=f.get("message", r.get("note", "")),
                         cause=f.get("cause") or "",
                         problem=f.get("problem"),
                         params=f.get("params"),
                         replay=f.get("replay"),
+                        anchor=f"failure-{len(out) + 1}",
                     )
                 )
     return out
+
+
+def verdict(doc: dict) -> str:
+    """The report's verdict, its first line: ``FAILED: 2 properties did not pass`` (then each is
+    listed, :func:`failure_label`), or ``Passed: every property held (...)``."""
+    fails = failures(doc)
+    if fails:
+        return f"FAILED: {len(fails)} propert{'y' if len(fails) == 1 else 'ies'} did not pass"
+    statuses = [r["status"] for row in doc["properties"] for r in row["results"]]
+    pairs = len(doc["properties"])
+    unsupported = statuses.count("unsupported")
+    return (
+        f"Passed: every property held ({statuses.count('passed')} passed"
+        + (f", {unsupported} unsupported" if unsupported else "")
+        + f"; {pairs} implementation and dtype pair{'' if pairs == 1 else 's'})"
+    )
+
+
+def failure_label(f: dict) -> str:
+    """``numpy / float32: matches_reference (failed)``: one entry of :func:`failures` named."""
+    return f"{f['impl']} / {f['dtype']}: {f['name']} ({f['status']})"
 
 
 def environment_rows(doc: dict) -> list[tuple[str, str]]:
@@ -191,6 +217,12 @@ def markdown(doc: dict, figures: list[str]) -> str:
     parts = [
         f"# GDN precision report: {', '.join(i['name'] for i in cfg['implementations'])}",
         "",
+    ]
+    fails = failures(doc)
+    parts += [f"**{verdict(doc)}**" + (":" if fails else ""), ""]
+    if fails:
+        parts += [f"- [{failure_label(f)}](#{f['anchor']})" for f in fails] + [""]
+    parts += [
         f"{doc['environment']['date']}; dtypes {', '.join(cfg['dtypes'])}; seed {cfg['seed']}; "
         f"oracle: {cfg['oracle']}.",
         "",
@@ -205,12 +237,13 @@ def markdown(doc: dict, figures: list[str]) -> str:
     parts += ["## 5. Properties", ""]
     for row in doc["properties"]:
         parts += [f"### {row['impl']} / {row['dtype']}", "", _md_table(*property_rows(row)), ""]
-    fails = failures(doc)
     parts += ["### Minimal failing examples", ""]
     if not fails:
         parts += ["None: every property held on every example.", ""]
     for f in fails:
-        parts += [f"- **{f['impl']} / {f['dtype']}: {f['name']}**: {f['message']}"]
+        first, *details = str(f["message"]).splitlines() or [""]
+        parts += [f'- <a id="{f["anchor"]}"></a>**{failure_label(f)}**: {first}']
+        parts += [f"  - {line.strip()}" for line in details if line.strip()]
         if f["cause"]:
             parts += [f"  - likely cause: {f['cause']}"]
         if f["problem"]:
@@ -237,10 +270,14 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; 
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; }
-td.passed { background: #e3f5e1; } td.failed, td.error { background: #fbe0e0; } td.unsupported { background: #eee; }
+td.passed { background: #e3f5e1; } td.unsupported { background: #eee; }
+td.failed, td.error, td.timeout, td.misuse { background: #fbe0e0; }
 img { max-width: 100%; border: 1px solid #ddd; }
 code { background: #f4f4f4; padding: 1px 4px; }
 .skipped { background: #fff6d8; border: 1px solid #e8d48a; padding: 0.5em 1em; }
+.verdict { padding: 0.5em 1em; border: 1px solid; }
+.verdict.failed { background: #fbe0e0; border-color: #d08080; font-size: 1.1em; }
+.verdict.passed { background: #e3f5e1; border-color: #9c9; }
 .caption { max-width: 75em; }
 """
 
@@ -273,7 +310,14 @@ def html(doc: dict, figures: list[str]) -> str:
     """The whole report as one HTML page; figures load from the PNG files beside it."""
     cfg = doc["config"]
     title = f"GDN precision report: {', '.join(i['name'] for i in cfg['implementations'])}"
+    fails = failures(doc)
+    if fails:  # the first thing on the page: a failing run must not read as "6 / 8 / 1" until section 5
+        links = "".join(f'<li><a href="#{f["anchor"]}">{_e(failure_label(f))}</a></li>' for f in fails)
+        banner = f'<div class="verdict failed" id="verdict"><b>{_e(verdict(doc))}</b>:<ul>{links}</ul></div>'
+    else:
+        banner = f'<p class="verdict passed" id="verdict">{_e(verdict(doc))}</p>'
     body = [
+        banner,
         f"<h1>{_e(title)}</h1>",
         f"<p>{_e(doc['environment']['date'])}; dtypes {_e(', '.join(cfg['dtypes']))}; seed {_e(cfg['seed'])}; "
         f'oracle: {_e(cfg["oracle"])}. Data: <a href="results.json">results.json</a>, '
@@ -297,13 +341,14 @@ def html(doc: dict, figures: list[str]) -> str:
     for row in doc["properties"]:
         body += [f"<h3>{_e(row['impl'])} / {_e(row['dtype'])}</h3>", _html_table(*property_rows(row), status_col=1)]
     body.append("<h3>Minimal failing examples</h3>")
-    fails = failures(doc)
     if not fails:
         body.append("<p>None: every property held on every example.</p>")
     else:
         items = []
         for f in fails:
-            item = f"<li><b>{_e(f['impl'])} / {_e(f['dtype'])}: {_e(f['name'])}</b>: {_e(f['message'])}<ul>"
+            first, *details = str(f["message"]).splitlines() or [""]
+            item = f'<li id="{f["anchor"]}"><b>{_e(failure_label(f))}</b>: {_e(first)}<ul>'
+            item += "".join(f"<li>{_e(line.strip())}</li>" for line in details if line.strip())
             if f["cause"]:
                 item += f"<li>likely cause: {_e(f['cause'])}</li>"
             if f["problem"]:

@@ -17,6 +17,11 @@ Cheap by construction: one oracle and one implementation call per probe, one cal
 all on the minimal problem; exact (bitwise) contracts, non-numeric failures and the
 speculative-decoding form are not explained, but for one output-contract failure whose shape
 names its cause: a final state returned in the other layout (:func:`_layout_cause`).
+
+Every numeric failure gets a kind: the named model's, or for an unexplained failure
+:func:`classify`'s, which calls it a precision loss only on evidence that roundings made it (it
+shrinks in a finer input dtype, or it is drawn afresh when the inputs move by a few 16-bit ulps).
+Gradient failures have their own models (``grad_causes``, which builds on this module).
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ import numpy as np
 from gdn_verify.core import gating, reference
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.conventions import l2norm
-from gdn_verify.core.implementation import BACKWARD_FORM, Implementation, Result
+from gdn_verify.core.implementation import Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
-from gdn_verify.core.problem import Problem
+from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Measurement
 from gdn_verify.core.verdict import as64, output_contract_violations
 from gdn_verify.implementations import numpy_impl, planted, precision
@@ -58,9 +63,15 @@ MAX_TOKENS = 1 << 14  # larger minimal problems (long fuzz campaigns on a GPU) a
 FRESH = 4
 FRESH_EXTRA = 23
 CONTRADICTS = 4.0
-# An unexplained failure within PRECISION_SLACK times a bfloat16-everything tolerance is classed
-# as a precision loss (see classify()).
+# An unexplained failure beyond PRECISION_SLACK times a bfloat16-everything tolerance is a logic error;
+# within it, a precision loss only when it scales with the input precision (a finer dtype's error at
+# most REPRODUCES of it) or is drawn afresh by moving every input by DITHER of itself (its correlation
+# with the new error at most REDRAWN: half its energy new). See classify().
 PRECISION_SLACK = 3.0
+DITHER = 2.0**-6  # four bfloat16 ulps at 1 (2^-8 unit roundoff): every 16-bit rounding lands elsewhere
+REDRAWN = 0.5
+FINER = {"bfloat16": "float32", "float16": "float32", "float32": "float64"}
+LOGIC, PRECISION = "logic error", "precision loss"
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,7 @@ class ErrorModel:
     experiment: str
     run: Callable[..., tuple]
     options: bool = False
-    kind: str = "logic error"  # or "precision loss": a forbidden rounding (or TF32)
+    kind: str = LOGIC  # or PRECISION: a forbidden rounding (or TF32)
 
 
 def _loop(bug: str) -> Callable[..., tuple]:
@@ -126,7 +137,44 @@ def _bug(name: str) -> Callable[..., tuple]:
     return planted.BUGS[name][1]
 
 
-PRECISION = "precision loss"
+def _per_row(run: Callable[..., tuple]) -> Callable[..., tuple]:
+    """A model written per varlen sequence, applied to batched rows too (each row a sequence):
+    a mistake in per-sequence bookkeeping makes no difference between the two layouts."""
+
+    def model(**kw):
+        if kw.get("cu_seqlens") is not None:
+            return run(**kw)
+        B, T = np.shape(kw["q"])[:2]
+        flat = {
+            name: np.asarray(kw[name]).reshape((1, B * T) + np.shape(kw[name])[2:]) for name in "q k v g beta".split()
+        }
+        o, state = run(**{**kw, **flat, "cu_seqlens": np.arange(B + 1, dtype=np.int64) * T})
+        return np.asarray(o).reshape((B, T) + np.shape(o)[2:]), state
+
+    return model
+
+
+def _other_layout(read: bool) -> Callable[..., tuple]:
+    """The final state handed back v-first ``[.., V, K]`` where k-first is asked for, and with
+    ``read`` the initial state read as v-first memory too (``planted.state_other_layout``). With
+    K != V the returned shape itself names the mistake (:func:`_layout_cause`), and a v-first call
+    that gets a k-first state is ``state_layout_ignored``: the model runs on neither."""
+
+    def run(**kw):
+        if kw.get("state_v_first") or np.shape(kw["q"])[-1] != np.shape(kw["v"])[-1]:
+            raise NotImplementedError("a k-first call with K = V")
+        h0 = kw.get("initial_state")
+        if read and h0 is not None:
+            h0 = np.ascontiguousarray(np.swapaxes(h0, -1, -2))  # K = V: the v-first reading is the transpose
+        o, state = numpy_impl.chunk_gated_delta_rule(**{**kw, "initial_state": h0})
+        return o, None if state is None else np.ascontiguousarray(state.swapaxes(-1, -2))
+
+    return run
+
+
+def _scale_twice(kw: dict) -> float:
+    scale = np.shape(kw["q"])[-1] ** -0.5 if kw.get("scale") is None else kw["scale"]
+    return float(scale) ** 2
 
 
 def _precision(name: str) -> Callable[..., tuple]:
@@ -230,12 +278,40 @@ MODELS: tuple[ErrorModel, ...] = (
         "decay exp(log(g + 1e-10))",
         _loop("log_of_log_gate"),
     ),
+    ErrorModel(
+        "gate_ignored", "the gate ignored (no decay: g taken as 0)", "g = 0 on every token", _loop("gate_ignored")
+    ),
+    ErrorModel(
+        "gate_sign_flipped",
+        "the gate's sign flipped (decay exp(-g): the state grows)",
+        "decay exp(-g) instead of exp(g)",
+        _float32(g=lambda kw: -np.asarray(kw["g"], np.float32)),
+    ),
     ErrorModel("beta_twice", "beta applied twice", "beta^2 in place of beta", _bug("beta_twice")),
     ErrorModel(
         "beta_ignored",
         "beta not applied",
         "beta = 1 on every token",
         _float32(beta=lambda kw: np.ones_like(kw["beta"])),
+    ),
+    # The delta rule's update.
+    ErrorModel(
+        "delta_without_erase",
+        "the delta rule's erase term missing (S += beta k v^T: gated linear attention)",
+        "the update S + beta k v^T without -beta k k^T S",
+        _loop("delta_without_erase"),
+    ),
+    ErrorModel(
+        "beta_on_write_only",
+        "beta applied to the write but not to the erase (S += k (beta v - S^T k))",
+        "u = beta v - S^T k instead of beta (v - S^T k)",
+        _loop("beta_on_write_only"),
+    ),
+    ErrorModel(
+        "qk_swapped",
+        "q and k swapped (the state written with q, read with k)",
+        "q and k exchanged",
+        _float32(q=lambda kw: kw["k"], k=lambda kw: kw["q"]),
     ),
     ErrorModel(
         "decay_after_update",
@@ -258,6 +334,15 @@ MODELS: tuple[ErrorModel, ...] = (
         "the scale default (None means K^-0.5) not applied",
         "scale = 1 when None is passed",
         _float32(scale=lambda kw: 1.0 if kw.get("scale") is None else kw["scale"]),
+    ),
+    ErrorModel(
+        "scale_not_applied",
+        "the scale not applied (o = S^T q without the scale)",
+        "scale = 1 whatever is passed",
+        _float32(scale=1.0),
+    ),
+    ErrorModel(
+        "scale_twice", "the scale applied twice (scale^2)", "scale^2 in place of scale", _float32(scale=_scale_twice)
     ),
     ErrorModel(
         "scale_from_value_dim",
@@ -310,6 +395,20 @@ MODELS: tuple[ErrorModel, ...] = (
         "the state read and written k-first",
         _bug("state_layout_ignored"),
     ),
+    # A kernel of the other layout (vLLM's recurrent kernels kept the state k-first in older releases
+    # and v-first in later ones). Without an initial state the two coincide and are named together.
+    ErrorModel(
+        "final_state_transposed",
+        "state returned in the other layout ([.., V, K] instead of [.., K, V])",
+        "the final state transposed",
+        _other_layout(read=False),
+    ),
+    ErrorModel(
+        "state_transposed",
+        "state returned in the other layout ([.., V, K] instead of [.., K, V]), the initial state read in it too",
+        "the initial state read transposed and the final state returned transposed",
+        _other_layout(read=True),
+    ),
     ErrorModel(
         "gate_bias_ignored",
         "dt_bias dropped from the in-kernel gate",
@@ -344,7 +443,7 @@ MODELS: tuple[ErrorModel, ...] = (
         "off_by_one_final_state",
         "the final state missing the last token",
         "the state before each sequence's last token",
-        _bug("off_by_one_final_state"),
+        _per_row(_bug("off_by_one_final_state")),
     ),
     ErrorModel(
         "wrong_gva_mapping",
@@ -414,6 +513,14 @@ class Probe:
     native: Problem
 
 
+def make_probe(problem: Problem, options: dict) -> Probe:
+    """The call of ``problem`` with FLA's in-kernel gate ``options`` (none: the native gates)."""
+    if not options:
+        return Probe(problem, options, problem)
+    g, beta = gating.in_kernel_gates(problem.g, problem.beta, **options)
+    return Probe(problem, options, problem.replace(g=g, beta=beta))
+
+
 def probes(problem: Problem, params: dict, prop: str) -> list[Probe]:
     """The calls that can show a failure of ``prop`` on ``problem`` as a plain difference from the oracle.
 
@@ -421,12 +528,7 @@ def probes(problem: Problem, params: dict, prop: str) -> list[Probe]:
     oracle's state at the split (no tokens where the split is at the end: the property's empty
     continuation call); for ``state_layout`` the v-first layout.
     """
-    options = gating.options_from_params(params)
-    native = problem
-    if options:
-        g, beta = gating.in_kernel_gates(problem.g, problem.beta, **options)
-        native = problem.replace(g=g, beta=beta)
-    out = [Probe(problem, options, native)]
+    out = [make_probe(problem, gating.options_from_params(params))]
     T = problem.q.shape[1]
     if "split" in params and 0 < min(params["split"], T):
         t = min(params["split"], T)
@@ -775,16 +877,24 @@ class Cause:
         return bool(self.text)
 
 
-def classify(obs: Observation) -> str:
-    """A failure no model explains: "precision loss" when its error is within ``PRECISION_SLACK``
-    times what a correct *bfloat16* kernel may make on this problem (the tolerance with the output
-    and every allowed rounding at bfloat16's unit roundoff), else "logic error" (NaN included).
+def classify(impl: Implementation, obs: Observation) -> str:
+    """A failure no model explains: "precision loss" only with evidence that roundings made it,
+    else "logic error" (see docs/causes.md, "The kind of an unexplained failure").
 
-    A wrong formula errs by the size of what it computes wrongly, far above that; a precision loss
-    (a rounding to 16 bits somewhere it should not be) lands within a few times it.
+    1. NaN/Inf, or errors beyond ``PRECISION_SLACK`` times what a correct *bfloat16* kernel may
+       make on this problem (the tolerance with the output and every allowed rounding at
+       bfloat16's unit roundoff: the coarsest type a GDN kernel rounds to), is a logic error:
+       no rounding to 16 bits or finer reaches it.
+    2. Within that, size cannot tell (a float32 kernel rounding somewhere to bfloat16 errs by
+       1e4 times its float32 bound, as does a kernel ignoring its mild gates). A rounding's error
+       scales with the unit roundoff and is set by where each value falls between representable
+       numbers; a mistake's error is a smooth function of the inputs. So it is a precision loss
+       when the error shrinks to at most ``REPRODUCES`` of itself on the same values in a finer
+       input dtype (:func:`finer_rerun`), or when it is drawn afresh by moving every input by a
+       few 16-bit ulps (:func:`redrawn`); a logic error when it does neither.
     """
     if obs.against_oracle is None:
-        return "logic error"
+        return LOGIC
     u16 = tol.unit_roundoff("bfloat16")
     u_in = tol.unit_roundoff(obs.probe.native.dtype)
     budget = np.zeros(3)
@@ -796,7 +906,76 @@ def classify(obs: Observation) -> str:
             factor = u16 / u_in
         budget += np.array(values) * max(factor, 1.0)
     errors = np.array([getattr(obs.against_oracle, m) for m in tol.METRICS])
-    return "logic error" if np.any(errors > PRECISION_SLACK * budget) else "precision loss"
+    if np.any(errors > PRECISION_SLACK * budget):
+        return LOGIC
+    return PRECISION if finer_rerun(impl, obs) or redrawn(impl, obs) else LOGIC
+
+
+def _worst_metric(obs: Observation) -> str:
+    assert obs.against_oracle is not None
+    ratios = [
+        getattr(obs.against_oracle, n) / getattr(obs.bound, n) if getattr(obs.bound, n) else 0 for n in tol.METRICS
+    ]
+    return tol.METRICS[int(np.argmax(ratios))]
+
+
+def _error_vector(obs: Observation, on_state: bool) -> np.ndarray:
+    """The implementation minus the oracle on the outputs or the (k-first) final state, float64."""
+    native = obs.probe.native
+    if on_state:
+        got, want = _k_first(obs.result.final_state, native), _k_first(obs.ref[1], native)
+        assert got is not None and want is not None  # the state metric failed: both exist
+        return (got - want).ravel()
+    return (np.asarray(obs.result.o, np.float64) - np.asarray(obs.ref[0], np.float64)).ravel()
+
+
+def finer_rerun(impl: Implementation, obs: Observation) -> bool:
+    """Whether the failure scales with the input dtype's unit roundoff: the same values in the next
+    finer dtype (16 bits: float32; float32: float64; exact conversions, so the oracle is the same)
+    leave an error at most ``REPRODUCES`` of it on the worst metric. False where the implementation
+    does not take that dtype (most GPU kernels refuse float64): no evidence."""
+    finer = FINER.get(np.dtype(obs.probe.native.dtype).name)
+    if finer is None:
+        return False
+    probe = obs.probe
+    rerun = Probe(probe.problem.astype(DTYPES[finer]), probe.options, probe.native.astype(DTYPES[finer]))
+    fine = observe(impl, rerun)
+    if fine is None or fine.against_oracle is None:
+        return False
+    metric = _worst_metric(obs)
+    return getattr(fine.against_oracle, metric) <= REPRODUCES * getattr(obs.against_oracle, metric)
+
+
+def dithered(problem: Problem, seed: int = 0) -> Problem:
+    """``problem`` with every input element moved by ``DITHER`` of itself, up or down at random, and
+    rounded back to its dtype (an element that is 0 stays 0)."""
+    rng = np.random.default_rng(seed)
+
+    def nudge(x):
+        if x is None:
+            return None
+        x64 = np.asarray(x, np.float64)
+        return (x64 * (1.0 + DITHER * rng.choice((-1.0, 1.0), x64.shape))).astype(x.dtype)
+
+    names = ("q", "k", "v", "g", "beta", "initial_state")
+    return problem.replace(**{name: nudge(getattr(problem, name)) for name in names})
+
+
+def redrawn(impl: Implementation, obs: Observation) -> bool:
+    """Whether the failure's error is drawn afresh when every input moves by ``DITHER`` (four
+    bfloat16 ulps, many float16 or float32 ones): every rounding to 16 bits or finer then lands
+    elsewhere between representable numbers, while a mistake's error, a smooth function of the
+    inputs, moves by about ``DITHER * kappa`` of itself. With ``e0``, ``e1`` the errors (outputs or
+    final state, whichever failed worst) before and after: redrawn when ``e0 . e1`` is at most
+    ``REDRAWN * (|e0|^2 + |e1|^2) / 2``, i.e. at least half of the error's energy is new."""
+    probe = obs.probe
+    moved = observe(impl, make_probe(dithered(probe.problem), probe.options))
+    if moved is None or moved.against_oracle is None:
+        return False
+    on_state = _worst_metric(obs) == "state"
+    e0, e1 = _error_vector(obs, on_state), _error_vector(moved, on_state)
+    energy = 0.5 * (float(e0 @ e0) + float(e1 @ e1))
+    return energy > 0 and float(e0 @ e1) <= REDRAWN * energy
 
 
 def _reference(problem: Problem) -> tuple[tuple, tol.Tolerance]:
@@ -833,10 +1012,6 @@ def explain(
     where the implementation passes. So a degenerate minimal example (T = 0, all-zero gates), on
     which a missing ``exp`` and any lost state coincide, cannot pick a model that only coincides there.
     """
-    if form == BACKWARD_FORM:
-        from gdn_verify.runners import grad_causes  # imports this module
-
-        return grad_causes.explain(impl, problem, params, measurement)
     contract = form == "native" and message.startswith("output contract")
     if not contract and (not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS):
         return Cause()
@@ -851,10 +1026,12 @@ def explain(
 
 def _layout_cause(impl: Implementation, problem: Problem, params: dict, prop: str) -> Cause:
     """An output-contract failure explained by its shape alone: the final state returned in the
-    other layout ((K, V) where ``state_v_first`` asked for (V, K), or the reverse) by one of the
-    failing property's calls (:func:`probes`: ``state_layout`` also makes a v-first one). With
-    K != V no other mistake gives exactly the transposed shape; with K = V the shape hides it and
-    the numeric model ``state_layout_ignored`` names it instead."""
+    other layout by one of the failing property's calls (:func:`probes`: ``state_layout`` also
+    makes a v-first one). Where k-first ``(N, HV, K, V)`` was asked (the default), the state came
+    back v-first: ``final_state_transposed``, a kernel of the other layout; where ``state_v_first``
+    asked for ``(N, HV, V, K)``, it came back k-first: ``state_layout_ignored``. With K != V no other
+    mistake gives exactly the transposed shape; with K = V the shape hides it and the numeric models
+    of the same names name it instead."""
     for probe in probes(problem, params, prop):
         p, s = probe.problem, probe.problem.shape
         if not p.output_final_state or s["K"] == s["V"]:
@@ -866,11 +1043,11 @@ def _layout_cause(impl: Implementation, problem: Problem, params: dict, prop: st
         asked = "v-first (N, HV, V, K)" if p.state_v_first else "k-first (N, HV, K, V)"
         other = p.state_shape(not p.state_v_first)
         if result.final_state is not None and tuple(np.shape(result.final_state)) == other:
-            model = next(m for m in MODELS if m.name == "state_layout_ignored")
-            text = (
-                f"{model.cause} (state_v_first={p.state_v_first} asked for the final state {asked}; "
-                f"it came back with shape {other}, the other layout's)"
-            )
+            name = "state_layout_ignored" if p.state_v_first else "final_state_transposed"
+            model = next(m for m in MODELS if m.name == name)
+            flag = f"state_v_first={p.state_v_first}" if p.state_v_first else "the default layout"
+            came = f"it came back with shape {other}, the other layout's"
+            text = f"{model.cause} ({flag} asked for the final state {asked}; {came})"
             return Cause(text, model.name, model.kind, 1)
     return Cause()
 
@@ -899,4 +1076,4 @@ def _explain(
         if best is not None:
             failing = 1 + sum(e.failing for e in evidence)
             return Cause(best.text(), best.model.name, best.model.kind, failing)
-    return Cause(kind=classify(first)) if first is not None else Cause()
+    return Cause(kind=classify(impl, first)) if first is not None else Cause()

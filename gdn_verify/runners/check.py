@@ -32,10 +32,10 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 
 from gdn_verify.core import processes, timing
-from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement, Property, Violation
-from gdn_verify.runners import causes
+from gdn_verify.runners import causes, grad_causes
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, Guard, KernelTimeout, abandoned_calls
 
 CASES_DIR = Path(".gdn_verify") / "cases"
@@ -394,15 +394,8 @@ def run_property(
         f = result.failure  # named cause: short experiments on the minimal example, confirmed on others
         if f.status == "failed" and f.problem is not None:
             with timing.timed(CAUSES):
-                cause = causes.explain(
-                    impl,
-                    f.problem,
-                    f.params,
-                    prop.name,
-                    f.message,
-                    f.measurement,
-                    prop.form,
-                    _before_shrinking(failures),
+                cause = name_cause(
+                    impl, prop, f.problem, f.params, f.message, f.measurement, _before_shrinking(failures)
                 )
             f.cause, f.cause_model, f.kind = cause.text, cause.model, cause.kind
         result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
@@ -424,6 +417,22 @@ def run_property(
     result.seconds = time.perf_counter() - start
     result.split = time_split(result.seconds, timing.since(clock))
     return result
+
+
+def name_cause(
+    impl: Implementation,
+    prop: Property,
+    problem: Problem,
+    params: dict,
+    message: str,
+    measurement: Measurement | None,
+    others: list[tuple[Problem, dict]] | None = None,
+) -> causes.Cause:
+    """The likely cause of ``prop``'s failure on ``problem``: the gradient models
+    (``grad_causes``) for a backward property, the forward's (``causes``) otherwise."""
+    if prop.form == BACKWARD_FORM:
+        return grad_causes.explain(impl, problem, params, measurement)
+    return causes.explain(impl, problem, params, prop.name, message, measurement, prop.form, others or ())
 
 
 def time_split(seconds: float, labelled: dict[str, float]) -> dict[str, float]:
@@ -489,12 +498,17 @@ class Replay:
 
 
 def replay(problem: Problem, params: dict, impl: Implementation, prop: Property) -> Replay:
-    """Rerun ``prop`` on one saved case."""
+    """Rerun ``prop`` on one saved case; an exception the kernel raised is a failure saying so, as in
+    :func:`run_property` (a Ctrl-C still stops)."""
     try:
         m = prop.check(impl, problem, params)
     except NotImplementedError as exc:
         return Replay("unsupported", str(exc), None)
     except Violation as exc:
-        cause = causes.explain(impl, problem, params, prop.name, str(exc), exc.measurement, prop.form)
+        cause = name_cause(impl, prop, problem, params, str(exc), exc.measurement)
         return Replay("failed", str(exc), exc.measurement, cause.text, cause.kind)
+    except Exception as exc:
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc
+        return Replay("failed", f"raised {type(exc).__name__}: {exc}", None)
     return Replay("passed", "", m)

@@ -46,7 +46,9 @@ from gdn_verify.core.conventions import Packed, pack
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
+from gdn_verify.core.property import Violation
 from gdn_verify.core.reference import unit_lower_inverse
+from gdn_verify.core.verdict import run_checked
 
 STAGES = ("cumsum", "kkt", "solve_tril", "w_u", "fwd_h", "fwd_o")
 STAGE_FACTOR = 4.0  # covers rounding the float64 stage inputs to the working precision too
@@ -56,7 +58,7 @@ LOCALISE_CHUNK = 64
 # (a) localisation ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Localisation:
-    kind: str  # "output", "state" or "none"
+    kind: str  # "output", "state", "none" or "contract" (the outputs cannot be compared: ``detail`` says why)
     error: float
     bound: float
     token: int | None = None  # flat B*T index
@@ -64,8 +66,11 @@ class Localisation:
     position: int | None = None  # token index within its sequence
     chunk: int | None = None  # position // 64
     head: int | None = None  # value head
+    detail: str = ""
 
     def describe(self) -> str:
+        if self.kind == "contract":
+            return f"nothing to localise: {self.detail}"
         if self.kind == "none":
             return f"no token or state crosses the tolerance (worst {self.error:.3g} vs {self.bound:.3g})"
         if self.kind == "state":
@@ -81,10 +86,14 @@ class Localisation:
 
 
 def localise(impl: Implementation, problem: Problem) -> Localisation:
-    """Where ``impl``'s outputs on ``problem`` first leave the tolerance of the float64 oracle."""
+    """Where ``impl``'s outputs on ``problem`` first leave the tolerance of the float64 oracle (kind
+    ``contract`` when they break the output contract, so that there is nothing to compare)."""
     reference = numpy_oracle(problem)
     tolerance = tol.tolerance(problem, tol.condition(problem, reference))
-    result = impl.run(problem)
+    try:
+        result = run_checked(impl, problem)
+    except Violation as exc:
+        return Localisation("contract", float("nan"), tolerance.output_token, detail=str(exc))
     errors = tol.token_errors(result.o, reference[0], problem.bounds)
     over = ~(errors <= tolerance.output_token)  # NaN counts as over
     if over.any():
@@ -117,7 +126,10 @@ def replay_diagnosis(case: str, impl: Implementation) -> str:
     """``replay --diagnose``: the localisation of a saved case, then, for an implementation that
     exposes its stages (``impl.extra["stages"]``, a :class:`StagedImplementation`), the stage table."""
     problem, _ = Problem.load(case)
-    text = "diagnosis: " + localise(impl, problem).describe()
+    try:
+        text = "diagnosis: " + localise(impl, problem).describe()
+    except Exception as exc:  # noqa: BLE001 - the kernel's exception is the replay's verdict, already printed
+        return f"diagnosis: none, the call raised {type(exc).__name__}: {exc}"
     stages = impl.extra.get("stages")
     if stages is not None:
         try:
@@ -282,6 +294,19 @@ def _packed(problem: Problem, C: int) -> Packed:
     )
 
 
+def _stage(stage: str, got, *want: np.ndarray):
+    """A stage hook's return held to its layout: as many arrays as the reference's, each of its
+    shape (one array alone when ``want`` has one); a ``ValueError`` naming the stage and both
+    shapes otherwise, rather than a broadcasting error deep in the comparison."""
+    parts = (got,) if len(want) == 1 else got
+    if len(want) > 1 and (not isinstance(got, (tuple, list)) or len(got) != len(want)):
+        raise ValueError(f"stage {stage} returned {type(got).__name__}, expected {len(want)} arrays")
+    for x, ref in zip(parts, want):
+        if np.shape(x) != ref.shape:
+            raise ValueError(f"stage {stage} returned shape {np.shape(x)}, expected {ref.shape}")
+    return got
+
+
 def diagnose(staged: StagedImplementation, problem: Problem) -> Diagnosis:
     """Compare each stage of ``staged`` on ``problem`` with the float64 references (see module doc)."""
     C, u = staged.chunk_size, staged.working_unit_roundoff
@@ -298,27 +323,27 @@ def diagnose(staged: StagedImplementation, problem: Problem) -> Diagnosis:
     absk, absq, absv = np.abs(p.k), np.abs(p.q), np.abs(p.v)
 
     G = ref.cumsum(p.g)
-    report("cumsum", _block_error(staged.cumsum(p.g), G, ref.cumsum(np.abs(p.g))))
+    report("cumsum", _block_error(_stage("cumsum", staged.cumsum(p.g), G), G, ref.cumsum(np.abs(p.g))))
 
     A = ref.kkt(p.k, p.beta, G)
     Gc = _chunks(np.abs(G), C)
     gate_slack = _unchunks(1.0 + Gc[..., :, None] + Gc[..., None, :])  # exp of a difference of rounded sums
-    report("kkt", _block_error(staged.kkt(p.k, p.beta, G), A, ref.kkt(absk, p.beta, G) * gate_slack))
+    report("kkt", _block_error(_stage("kkt", staged.kkt(p.k, p.beta, G), A), A, ref.kkt(absk, p.beta, G) * gate_slack))
 
     Ai = ref.solve_tril(A)
-    Ai_got = _chunks(np.asarray(staged.solve_tril(A), np.float64), C)
+    Ai_got = _chunks(np.asarray(_stage("solve_tril", staged.solve_tril(A), A), np.float64), C)
     eye = np.eye(C)
     lhs = eye + _chunks(A, C)
     residual = lhs @ Ai_got - eye
     report("solve_tril", _block_error(_unchunks(residual), 0.0, _unchunks(np.abs(lhs) @ np.abs(Ai_got))))
 
     W, U = ref.w_u(p.k, p.v, p.beta, Ai, G)
-    W_got, U_got = staged.w_u(p.k, p.v, p.beta, Ai, G)
+    W_got, U_got = _stage("w_u", staged.w_u(p.k, p.v, p.beta, Ai, G), W, U)
     W_mag, U_mag = ref.w_u(absk * (1.0 + np.abs(G))[..., None], absv, p.beta, np.abs(Ai), G)
     report("w_u", max(_block_error(W_got, W, W_mag), _block_error(U_got, U, U_mag)))
 
     h, v_new, final = ref.fwd_h(p.k, W, U, G, p.initial_state)
-    h_got, v_new_got, final_got = staged.fwd_h(p.k, W, U, G, p.initial_state)
+    h_got, v_new_got, final_got = _stage("fwd_h", staged.fwd_h(p.k, W, U, G, p.initial_state), h, v_new, final)
     h_mag, v_mag, final_mag = _fwd_h_magnitudes(ref, absk, np.abs(W), np.abs(U), G, np.abs(p.initial_state))
     report(
         "fwd_h",
@@ -333,7 +358,11 @@ def diagnose(staged: StagedImplementation, problem: Problem) -> Diagnosis:
     o_mag = ref.fwd_o(absq * (1.0 + np.abs(G))[..., None], absk, np.abs(v_new), np.abs(h), G, abs(p.scale))
     report(
         "fwd_o",
-        _block_error(staged.fwd_o(p.q, p.k, v_new, h, G, p.scale), o, o_mag * gate_slack.max(axis=-1, keepdims=True)),
+        _block_error(
+            _stage("fwd_o", staged.fwd_o(p.q, p.k, v_new, h, G, p.scale), o),
+            o,
+            o_mag * gate_slack.max(axis=-1, keepdims=True),
+        ),
     )
     return Diagnosis(reports)
 

@@ -1,9 +1,13 @@
 """A fuzz campaign: cycle over the properties with Hypothesis until a time budget is spent.
 
 Each round runs every remaining property through :func:`check.run_property` with as many
-examples as the remaining time allows (estimated from the previous round). No example starts
-after the budget is spent (``RunSettings.deadline``), so a campaign overruns it by at most one
-example (one kernel call's compilation included) or the shrinking of a failure just found.
+examples as the remaining time allows (estimated from the previous round). The budget is a
+deadline for the whole campaign, its closing included: an example starts only if it would end
+within the budget were it as long as the longest its property has taken (``RunSettings.deadline``),
+and the oracles' worker processes are stopped within it. It is overrun only by an example longer
+than any of its property's before it (a property's first, a kernel call compiling a new shape) or
+by the shrinking of a failure just found, which runs to its end. Python's start and imports
+before the campaign (about 2 s) are not part of it.
 
 The example database is persistent, one directory per implementation and property, so a
 failure found once is replayed first the next time. Rounds draw fresh random examples; a fixed
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gdn_verify.core import processes
 from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.core.property import Measurement, Property
 from gdn_verify.runners.check import CASES_DIR, NOT_PASSED, PropertyResult, RunSettings, run_property
@@ -60,7 +65,9 @@ def format_seconds(s: float) -> str:
 @dataclass
 class FuzzReport:
     """A campaign's outcome; ``failures`` are the results of properties that failed, timed out,
-    raised or misused (minimal cases saved); ``properties`` every property's verdict so far."""
+    raised or misused (minimal cases saved); ``properties`` every property's verdict so far;
+    ``worst`` the example furthest over (or nearest to) its bound, failing ones included
+    (``(property, measurement)``; :attr:`worst_failed` says whether it failed)."""
 
     cases: int = 0
     rounds: int = 0
@@ -105,12 +112,26 @@ class FuzzReport:
         """Wall-clock time of the whole campaign, compilation included."""
         return self.elapsed + self.compile_seconds
 
-    def status_line(self, now_running: str) -> str:
+    @property
+    def worst_failed(self) -> bool:
+        """Whether ``worst`` is a failing property's minimal example (compared by value: a worker's
+        report arrives pickled)."""
         w = self.worst
-        worst = f"worst {w[1].ratio:.2g} of bound ({w[0]})" if w is not None else "worst -"
+        return w is not None and any(
+            r.name == w[0] and r.failure is not None and r.failure.measurement == w[1] for r in self.failures
+        )
+
+    def describe_worst(self) -> str:
+        """``0.0152 of bound (error_growth)``, ``6.8e+04 of bound (matches_reference, failed)`` or ``-``."""
+        w = self.worst
+        if w is None:
+            return "-"
+        return f"{w[1].ratio:.3g} of bound ({w[0]}{', failed' if self.worst_failed else ''})"
+
+    def status_line(self, now_running: str) -> str:
         return (
-            f"[fuzz] {format_seconds(self.elapsed)}/{format_seconds(self.budget)}  cases {self.cases}  {worst}"
-            f"  failures {len(self.failures)}  now {now_running}"
+            f"[fuzz] {format_seconds(self.elapsed)}/{format_seconds(self.budget)}  cases {self.cases}"
+            f"  worst {self.describe_worst()}  failures {len(self.failures)}  now {now_running}"
         )
 
 
@@ -147,29 +168,41 @@ def run_fuzz(
     on_round: Callable[[FuzzReport], None] | None = None,
     timeout: float | None = DEFAULT_TIMEOUT,
 ) -> FuzzReport:
-    """Run a campaign of ``seconds``; ``progress(report, property)`` after each example, ``on_result`` for
-    each property that does not pass or turns out unsupported (as soon as it does), ``on_round``
-    after each property run (to save partial results); ``timeout`` per kernel call (runners.guard)."""
+    """Run a campaign of ``seconds`` (its deadline: see the module's docstring); ``progress(report,
+    property)`` after each example, ``on_result`` for each property that does not pass or turns out
+    unsupported (as soon as it does), ``on_round`` after each property run (to save partial
+    results); ``timeout`` per kernel call (runners.guard)."""
     report = FuzzReport(budget=seconds)
     guard = Guard(timeout)
     start = time.monotonic()
     remaining = [_counting(p, report) for p in properties]
     names = [p.name for p in properties]
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", impl.name)
+    longest: dict[str, float] = {}  # the longest one example of each property took, its drawing included
+    tick = [start]  # when the example now running began
 
     def on_example(name: str, examples: int, worst: Measurement | None) -> None:
+        now = time.monotonic()
+        longest[name] = max(longest.get(name, 0.0), now - tick[0])
+        tick[0] = now
         report.note_worst(None if worst is None else (name, worst))
-        report.elapsed = time.monotonic() - start
+        report.elapsed = now - start
         if progress is not None:
             progress(report, name)
 
     per_example: dict[str, float] = {}
     try:
-        while remaining and time.monotonic() - start < seconds:
+        ran = True
+        while remaining and ran:
+            ran = False
             for prop in list(remaining):
                 left = seconds - (time.monotonic() - start)
-                if left <= 0:
-                    break
+                # Room for one more example as long as the longest this property has taken: none starts
+                # that would end past the budget. One not yet timed gets its first look while any time
+                # is left (every property is visited early, however short the budget).
+                reserve = longest.get(prop.name, 0.0)
+                if left <= reserve:
+                    continue  # a quicker property may still fit
                 share = left / len(remaining)
                 n = FIRST_ROUND_EXAMPLES if prop.name not in per_example else int(share / per_example[prop.name])
                 n = max(1, min(n, MAX_EXAMPLES_PER_CALL))
@@ -182,11 +215,15 @@ def run_fuzz(
                     database=_database(database, slug, prop.name),
                     cases_dir=cases_dir,
                     timeout=guard.timeout,
-                    deadline=start + seconds,
+                    deadline=start + seconds - reserve,
                 )
+                tick[0] = time.monotonic()
                 result = run_property(prop, impl, run, progress=on_example, guard=guard)
+                ran = True
                 per_example[prop.name] = result.seconds / max(result.examples, 1)
                 report.merge(result)
+                if result.failure is not None and result.failure.measurement is not None:
+                    report.note_worst((prop.name, result.failure.measurement))  # the worst over all includes it
                 if result.status != "passed":
                     remaining.remove(prop)
                     (report.failures if result.status in NOT_PASSED else report.unsupported).append(result)
@@ -197,9 +234,10 @@ def run_fuzz(
                 if result.status == "misuse":
                     remaining.clear()  # every other property would fail alike
                     break
-            report.rounds += 1
+            report.rounds += int(ran)
     finally:
         guard.close()
+        processes.shutdown()  # the oracles' worker processes: their stopping is part of the campaign's time
     report.elapsed = time.monotonic() - start
     return report
 

@@ -20,6 +20,7 @@ not fit in the device's free memory is skipped, saying how much it needs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -37,11 +38,11 @@ from typing import Any
 import numpy as np
 
 from gdn_verify.core import arrays
-from gdn_verify.core.implementation import Implementation, Result
+from gdn_verify.core.implementation import ContractError, Implementation, Result, returned_pair
 from gdn_verify.core.oracle import Oracle
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Measurement, Violation
-from gdn_verify.core.verdict import compare, oracle_and_tolerance
+from gdn_verify.core.verdict import compare, floating, oracle_and_tolerance
 
 GRID_LIMIT = 65535  # gridDim.y and gridDim.z of a CUDA launch
 OFFSET_LIMIT = 2**31  # elements an int32 offset can address
@@ -199,6 +200,27 @@ class _Device:
     def cat(self, parts: list[Any], axis: int) -> Any:
         return np.concatenate(parts, axis) if self.kind == "numpy" else self.torch.cat(parts, axis)
 
+    def contract(self, name: str, x: Any, want: tuple[int, ...]) -> str | None:
+        """What is wrong with a returned ``x`` that should be an array of this device's kind, of
+        shape ``want`` and floating point (None: nothing): the checks below read it on the device."""
+        kind = "NumPy" if self.kind == "numpy" else f"torch ({self.device})"
+        if x is None:
+            return f"{name} is None, expected a {kind} array of shape {want}"
+        if self.kind == "numpy":
+            ok = isinstance(x, np.ndarray)
+        else:
+            ok = isinstance(x, self.torch.Tensor) and x.device.type == self.device
+        if not ok:
+            where = f" on {x.device}" if type(x).__module__.startswith(("torch", "cupy")) else ""
+            return (
+                f"{name} is a {type(x).__module__}.{type(x).__name__}{where}, expected a {kind} array of shape {want}"
+            )
+        if tuple(x.shape) != want:
+            return f"{name} has shape {tuple(x.shape)}, expected {want}"
+        if not (x.dtype.is_floating_point if self.kind == "torch" else floating(x)):
+            return f"{name} has dtype {x.dtype}, expected a floating-point dtype"
+        return None
+
     def all_finite(self, x: Any) -> bool:
         if x is None:
             return True
@@ -317,6 +339,79 @@ def _split(case: ScaleCase, kw: dict[str, Any], call: Callable, dev: _Device, pa
     return take_pairs(o, state, [(where[n], h) for n, h in pairs], local)
 
 
+def expected_shapes(kw: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ``o`` ``[B, T, HV, V]`` and k-first final state ``[N, HV, K, V]`` a call on ``kw`` returns."""
+    B, T, _, K = kw["q"].shape
+    HV, V = kw["v"].shape[2:]
+    N = B if kw["cu_seqlens"] is None else len(kw["cu_seqlens"]) - 1
+    return (B, T, HV, V), (N, HV, K, V)
+
+
+def checked_call(fn: Callable, dev: _Device) -> Callable[[dict[str, Any]], tuple[Any, Any]]:
+    """``fn`` called on a case's arguments, its return held to the output contract before anything
+    reads it: a pair, each an array of the inputs' kind (on their device), of the expected shape,
+    floating point. Anything else is a :class:`Violation` (``output contract: ...``) naming what came
+    back and what was expected, never an error in the indexing that follows."""
+
+    def call(kw: dict[str, Any]) -> tuple[Any, Any]:
+        try:
+            o, state = returned_pair(fn(**kw))
+        except ContractError as exc:
+            raise Violation(f"output contract: {exc}") from None
+        want_o, want_s = expected_shapes(kw)
+        bad = [x for x in (dev.contract("o", o, want_o), dev.contract("final_state", state, want_s)) if x]
+        if bad:
+            raise Violation("output contract: " + "; ".join(bad))
+        return o, state
+
+    return call
+
+
+def _probe_case(case: ScaleCase, H: int) -> ScaleCase:
+    """``case``'s shape class (heads, sizes, layout, initial state) at a few tokens: what its own
+    first call compiles, so a probe costs a JIT kernel no extra compilation."""
+    if case.lengths is None:
+        return dataclasses.replace(case, B=2, T=2, H=H, probes=(0,), halves=False)
+    return dataclasses.replace(case, B=1, T=3, H=H, lengths=(1, 2), probes=(0,), halves=False)
+
+
+def missing_gva(
+    impl: Implementation, case: ScaleCase, dtype: str, dev: _Device, call: Callable[[dict[str, Any]], Any]
+) -> str | None:
+    """Why ``impl`` cannot run ``case``'s grouped value heads (``HV`` a multiple ``> 1`` of ``H``), or
+    None when it can (or the case has none). A declaration ``impl.extra["gva"]`` (True or False)
+    decides; otherwise a first call on :func:`_probe_case` does: GVA is missing when that call raises
+    or breaks the output contract (old FLA releases return ``[B, T, H, V]``) while the same call with
+    ``H = HV`` does not. When both fail, GVA is not the reason: the case runs as planned."""
+    if case.H == case.HV:
+        return None
+    declared = impl.extra.get("gva")
+    if declared is not None:
+        return None if declared else 'it declares no GVA (extra["gva"] = False)'
+
+    def attempt(H: int) -> str | None:
+        try:
+            call(make_inputs(_probe_case(case, H), dtype, dev))
+        except Violation as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - NotImplementedError or any other refusal
+            return f"raised {type(exc).__name__}: {exc}"
+        return None
+
+    why = attempt(case.H)
+    if why is None or attempt(case.HV) is not None:
+        return None
+    return f"H={case.H}, HV={case.HV} {why}" if why.startswith("raised") else f"with H={case.H}, HV={case.HV}: {why}"
+
+
+def adapted_to_gva(case: ScaleCase, why: str) -> ScaleCase:
+    """``case`` with ``H = HV``: the same tokens, value heads and state elements, so the same launch
+    grids and int32 offsets are crossed (q and k grow by HV / H), saying so in ``crosses``."""
+    return dataclasses.replace(
+        case, H=case.HV, crosses=f"{case.crosses}; adapted: H = HV = {case.HV}, the kernel has no GVA ({why})"
+    )
+
+
 def _where(pairs: list[tuple[int, int]]) -> str:
     return "probed sequences (sub-problem index: sequence, value head): " + ", ".join(
         f"{i}: ({n}, {h})" for i, (n, h) in enumerate(pairs)
@@ -365,20 +460,18 @@ def run_case(
     impl: Implementation, case: ScaleCase, dtype: str, oracle: Oracle, seed: int = 0, free_bytes: int | None = None
 ) -> dict[str, Any]:
     """Build, call and judge one case in this process; the outcome as a JSON-able dict."""
-    out: dict[str, Any] = dict(case=case.name, crosses=case.crosses, describe=case.describe(), seconds={})
     dev = _Device(impl.array, seed)
+    call = checked_call(impl.forms[impl.default_form], dev)
+    why = missing_gva(impl, case, dtype, dev, call)
+    if why is not None:
+        case = adapted_to_gva(case, why)
+    out: dict[str, Any] = dict(case=case.name, crosses=case.crosses, describe=case.describe(), seconds={})
+    if why is not None:
+        out["adapted"] = f"H = HV = {case.HV}: {why}"
     need = case.device_bytes(dtype, ScaleLimits().chunk)
     free = dev.free_bytes() if free_bytes is None else free_bytes
     if free is not None and need > MEMORY_MARGIN * free:
         return dict(out, status="skipped", message=f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
-    fn = impl.forms[impl.default_form]
-
-    def call(kw: dict[str, Any]) -> tuple[Any, Any]:
-        result = fn(**kw)
-        if not isinstance(result, (tuple, list)) or len(result) != 2:
-            raise Violation(f"expected a pair (o, final_state), got {type(result).__name__}")
-        return result[0], result[1]
-
     clock = time.perf_counter()
     kw = make_inputs(case, dtype, dev)
     dev.sync()
@@ -389,6 +482,8 @@ def run_case(
         dev.sync()
     except NotImplementedError as exc:
         return dict(out, status="unsupported", message=str(exc) or type(exc).__name__)
+    except Violation as exc:
+        return dict(out, status="failed", message=str(exc), worst=None)
     out["seconds"]["call"] = round(time.perf_counter() - clock, 2)
     pairs = _pairs(case)
     try:

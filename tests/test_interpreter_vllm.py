@@ -1,0 +1,97 @@
+"""vLLM's real GDN ops of releases on both sides of the state-layout change, under Triton's interpreter.
+
+vLLM's recurrent kernels held the state k-first (``[.., K, V]``) up to 0.15.1 and v-first from
+0.16.0 (``vllm_releases.TABLE``). Each release's ops folder comes from
+``gdn_verify.runners.releases.site`` (downloaded once into the release cache) and runs in a child
+process of its own (``GDN_VERIFY_VLLM_OPS``, ``TRITON_INTERPRET=1``, CPU torch tensors): a
+reduced ``check`` (``matches_reference``, K = V = 32, few short examples) of every adapter the
+release has, in float32 and float16; vLLM's chunk refuses float32, which must come back
+unsupported. A row of the table with its layout flipped must make the same check fail.
+Skipped without torch/Triton or when the release cannot be fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gdn_verify.runners import releases  # noqa: E402
+
+EXAMPLES = 2
+# The child: run each (impl, dtype) named in argv[1] and print {impl/dtype: status}. argv[2], when
+# given, is a row name of vllm_releases.TABLE whose layouts are flipped first (a corrupted row).
+CHILD = textwrap.dedent(
+    """
+    import dataclasses, json, sys, tempfile
+    from gdn_verify.api import check
+    from gdn_verify.implementations import registry, vllm_releases
+    if len(sys.argv) > 2:
+        vllm_releases.TABLE = tuple(
+            dataclasses.replace(r, state_v_first=not r.state_v_first, chunk_v_first=not r.chunk_v_first)
+            if r.name == sys.argv[2] else r
+            for r in vllm_releases.TABLE
+        )
+    EXAMPLES = {examples}
+    out = {}
+    with tempfile.TemporaryDirectory() as cases:
+        for name, dtype in json.loads(sys.argv[1]):
+            result = check(
+                registry.resolve(name), dtype=dtype, properties=["matches_reference"], seed=0,
+                max_examples=EXAMPLES, dims=[32], max_tokens=64, cases_dir=cases, plans_dir=None,
+            )
+            out[f"{name}/{dtype}"] = result.results[0].status
+    print("RESULT " + json.dumps(out))
+    """
+).replace("{examples}", str(EXAMPLES))
+
+
+def _site(version: str):
+    try:
+        return releases.site("vllm", version)
+    except Exception as exc:  # noqa: BLE001 - no network, no index: skip with the reason
+        pytest.skip(f"vllm {version} cannot be fetched: {exc}")
+
+
+def run_release(version: str, runs: list[tuple[str, str]], corrupt: str | None = None) -> dict[str, str]:
+    """``{impl/dtype: status}`` of the reduced checks of vLLM ``version``'s ops, in a child process."""
+    env = releases.child_env(_site(version))
+    env["TRITON_INTERPRET"] = "1"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [sys.executable, "-c", CHILD, json.dumps(runs), *([corrupt] if corrupt else [])]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500, cwd=os.getcwd())
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+BASE = [("vllm-recurrent", "float32"), ("vllm-recurrent", "float16"), ("vllm-chunk", "float16")]
+FUSED = [(impl, dtype) for impl in ("vllm-packed-decode", "vllm-sigmoid-recurrent") for dtype in ("float32", "float16")]
+RELEASES = {
+    "0.10.2": BASE,  # the first with GDN ops: k-first, no padding test
+    "0.16.0": BASE,  # the first v-first release (PAD_SLOT_ID)
+    "0.34.0": BASE + FUSED,  # the newest: null block, the fused decode kernels
+}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("version", list(RELEASES))
+def test_a_release_passes_a_reduced_check_in_float32_and_float16(version):
+    runs = RELEASES[version]
+    statuses = run_release(version, [*runs, ("vllm-chunk", "float32")])
+    assert statuses.pop("vllm-chunk/float32") == "unsupported", "vLLM's chunk refuses float32 inputs"
+    assert statuses == {f"{impl}/{dtype}": "passed" for impl, dtype in runs}
+
+
+@pytest.mark.interpreter
+def test_a_corrupted_row_fails_its_release():
+    """The row that 0.10.2's fingerprint selects, with its layout flipped: the check must fail."""
+    statuses = run_release("0.10.2", [("vllm-recurrent", "float32")], corrupt="k-first")
+    assert statuses == {"vllm-recurrent/float32": "failed"}
