@@ -70,6 +70,13 @@ def plugins(tmp_path):
         (["check", "--impl", "numpy", "--dims", "a,b"], "--dims"),
         (["check", "--impl", "numpy", "--array", "torch"], "--array"),
         (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
+        (["fuzz", "--impl", "numpy", "--workers", "two"], "--workers: 'two': expected a number of processes"),
+        (["fuzz", "--impl", "numpy", "--properties", "bogus"], "--properties: unknown bogus"),
+        (
+            ["check", "--impl", "my_kernels:good", "--array", "torch", "--grad", "--scale"],
+            "--scale: the scale tier checks the forward pass",
+        ),
+        (["selftest", "--max-examples", "0"], "--max-examples: 0: must be at least 1"),
         (["check", "--impl", "numpy", "--scale"], "--scale: the scale tier needs a GPU"),
         pytest.param(
             ["check", "--impl", "numpy", "--sanitize"],
@@ -253,7 +260,7 @@ def test_selftest_prints_the_seed_it_runs_with(monkeypatch, capsys):
     import cli
 
     used = []
-    monkeypatch.setattr(cli.api, "selftest", lambda **kw: used.append(kw["seed"]))
+    monkeypatch.setattr(cli.api, "selftest_resolved", lambda run, **kw: used.append(run.seed))
     cli.main(["selftest"])
     printed = re.search(r"seed=(\d+)", capsys.readouterr().out)
     assert printed is not None and used == [int(printed.group(1))]
@@ -275,7 +282,7 @@ def test_selftest_shortens_a_long_message_at_a_word(monkeypatch, capsys):
         description="",
         not_applicable="",
     )
-    monkeypatch.setattr(cli.api, "selftest", lambda **kw: kw["on_bug"](row))
+    monkeypatch.setattr(cli.api, "selftest_resolved", lambda run, **kw: kw["on_bug"](row))
     monkeypatch.setattr(cli.api, "selftest_document", lambda *a, **kw: {})
     cli.main(["selftest"])
     line = next(x for x in capsys.readouterr().out.splitlines() if "a_bug" in x)
@@ -329,7 +336,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(where, monkeypatch, cap
         raise KeyboardInterrupt
 
     monkeypatch.setattr(
-        *((cli, "build_parser") if where == "build_parser" else (cli.api, "implementation")), interrupted
+        *((cli, "build_parser") if where == "build_parser" else (cli.implementations, "resolve")), interrupted
     )
     out = tmp_path / "r.json"
     try:
