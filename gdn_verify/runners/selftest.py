@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.core.property import Property
+from gdn_verify.core.verdict import remembered_oracles
 from gdn_verify.implementations import planted
 from gdn_verify.runners.check import PropertyResult, RunSettings, run_property
 from gdn_verify.runners.guard import Guard
@@ -74,9 +75,23 @@ def run_selftest(
 ) -> list[Planted]:
     """Check each of ``bugs``' planted bugs against ``properties`` in order, stopping at the first
     that does not pass (failed, or the bug made the kernel raise or hang). ``not_applicable``: the
-    bugs that are no bug on the inputs' dtype, with the reason; they are listed, not run."""
+    bugs that are no bug on the inputs' dtype, with the reason; they are listed, not run.
+
+    The oracle's results are remembered across bugs (``verdict.remembered_oracles``): with one seed a
+    property draws the same examples for every bug until one fails, so the properties a bug passes
+    before the one that catches it cost their kernel calls, not their oracles, after the first bug."""
+    with remembered_oracles():
+        return _run_bugs(properties, run, on_bug, bugs, not_applicable or {})
+
+
+def _run_bugs(
+    properties: list[Property],
+    run: RunSettings,
+    on_bug: Callable[[Planted], None] | None,
+    bugs: PlantedBugs,
+    skip: Mapping[str, str],
+) -> list[Planted]:
     rows = []
-    skip = not_applicable or {}
     for bug, (description, _) in bugs.BUGS.items():
         right = tuple(bugs.RIGHT_CAUSES.get(bug, ()))
         if bug in skip:
