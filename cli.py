@@ -17,7 +17,20 @@ written on Ctrl-C or SIGTERM (status ``interrupted``).
 
 from __future__ import annotations
 
+import os
 import sys
+
+# One OpenBLAS thread, set before NumPy (and SciPy) load it, since OpenBLAS reads this only when it
+# starts. The float64 oracle's matrix products are many and small (chunks of 64, heads of 128): a
+# BLAS thread pool hands each one off and spins waiting, which buys nothing at these sizes and takes
+# the CPU from everything else. Measured on a 2-core machine (a default ``check --seed 1``, same
+# results bitwise): 35 s -> 34 s when idle, but CPU time 35 s -> 27 s, and 41 s -> 33 s beside one
+# busy process, 91 s -> 71 s beside two (a previous session, with several runs at once: 88 s -> 34 s).
+# Spawned children (oracle pool, compile workers, matrix and scale children) inherit it: they
+# already run one per core. A value the user set wins. Not OMP_NUM_THREADS or MKL_NUM_THREADS:
+# those size PyTorch's own CPU pool, i.e. the kernel under test. Only the command line sets it: the
+# library, imported by someone else's program or by pytest, leaves the process's environment alone.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 INTERRUPTED = "gdn-verify: interrupted"  # the line a Ctrl-C ends with, wherever it lands (exit 130)
 
@@ -26,7 +39,6 @@ INTERRUPTED = "gdn-verify: interrupted"  # the line a Ctrl-C ends with, wherever
 try:
     import argparse
     import json
-    import os
     import random
     import signal
     import textwrap
