@@ -2,16 +2,35 @@
 """gdn-verify command line: check, selftest, replay, fuzz, report, bench, matrix.
 
 A thin layer over ``gdn_verify.api``: it parses flags, shows progress and results, and maps
-library errors (which name the argument) to flags. Exit status: 0 every property holds, 1 a
-property is violated (failed, timeout, error), 2 misuse (a one-line message), 130 interrupted
-(Ctrl-C), 143 terminated (SIGTERM: ``timeout``, a cancelled CI job, a batch scheduler).
+library errors (which name the argument) to flags. A command's flags become one object in
+``gdn_verify.options`` (``CheckCommand``, ``FuzzCommand``, ``SelftestCommand``), every flag
+checked and the implementation loaded there, once; then the API runs it to the end
+(``api.check_resolved``, ...), reporting through callbacks. A subcommand is a parser function
+(``add_NAME``, listed in ``SUBCOMMANDS``) and a ``cmd_NAME`` function.
+
+Exit status: 0 every property holds, 1 a property is violated (failed, timeout, error), 2 misuse
+(a one-line message), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM: ``timeout``, a
+cancelled CI job, a batch scheduler).
 ``--json PATH`` is checked for writability before the run, rewritten after each property and
 written on Ctrl-C or SIGTERM (status ``interrupted``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+
+# One OpenBLAS thread, set before NumPy (and SciPy) load it, since OpenBLAS reads this only when it
+# starts. The float64 oracle's matrix products are many and small (chunks of 64, heads of 128): a
+# BLAS thread pool hands each one off and spins waiting, which buys nothing at these sizes and takes
+# the CPU from everything else. Measured on a 2-core machine (a default ``check --seed 1``, same
+# results bitwise): 35 s -> 34 s when idle, but CPU time 35 s -> 27 s, and 41 s -> 33 s beside one
+# busy process, 91 s -> 71 s beside two (a previous session, with several runs at once: 88 s -> 34 s).
+# Spawned children (oracle pool, compile workers, matrix and scale children) inherit it: they
+# already run one per core. A value the user set wins. Not OMP_NUM_THREADS or MKL_NUM_THREADS:
+# those size PyTorch's own CPU pool, i.e. the kernel under test. Only the command line sets it: the
+# library, imported by someone else's program or by pytest, leaves the process's environment alone.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 INTERRUPTED = "gdn-verify: interrupted"  # the line a Ctrl-C ends with, wherever it lands (exit 130)
 
@@ -20,7 +39,6 @@ INTERRUPTED = "gdn-verify: interrupted"  # the line a Ctrl-C ends with, wherever
 try:
     import argparse
     import json
-    import os
     import random
     import signal
     import textwrap
@@ -30,7 +48,18 @@ try:
     from gdn_verify import api, console, implementations
     from gdn_verify.core.implementation import ConfigurationError
     from gdn_verify.core.problem import DTYPES
-    from gdn_verify.options import CheckOptions, comma_dims, comma_list, flag_name
+    from gdn_verify.options import (
+        SCALE_PREFIX,
+        CheckCommand,
+        CheckOptions,
+        FuzzCommand,
+        ResolvedFuzz,
+        SelftestCommand,
+        comma_dims,
+        comma_list,
+        flag_name,
+        writable,
+    )
     from gdn_verify.properties import NAMES
     from gdn_verify.runners import sanitize
     from gdn_verify.runners.check import PropertyResult
@@ -46,24 +75,6 @@ FLAGS = {"case": "CASE", "dtypes": "--dtype", "device": "bench"}
 
 def flag(field: str) -> str:
     return FLAGS.get(field, "--" + flag_name(field).replace("_", "-"))
-
-
-def check_options(args: argparse.Namespace) -> CheckOptions:
-    """``check``'s flags as the run settings (``--impl``, ``--json`` and ``--sanitize`` are not among them)."""
-    return CheckOptions.from_flags(vars(args))
-
-
-def impl_name(args: argparse.Namespace) -> str:
-    if args.impl is not None:
-        return args.impl
-    name, why = implementations.default_name()
-    print(f"no --impl given: {why}", file=sys.stderr)
-    return name
-
-
-def json_path(args: argparse.Namespace) -> Path | None:
-    """``--json``, checked for writability before anything runs (misuse, exit 2, otherwise)."""
-    return None if not args.json else api.writable(args.json, "json")
 
 
 class CtrlC:
@@ -117,7 +128,6 @@ def misuse_exit(r: PropertyResult) -> int:
 
 def cmd_sanitized(args: argparse.Namespace) -> int:
     """``check --sanitize``: the same check in a child under memcheck; its first error fails the run."""
-    api.implementation(impl_name(args), args.array, args.convention)  # misuse: one line here, not in the child
     sanitize.memcheck_tool()
     argv = [a for a in args.argv if a != "--sanitize"]
     print("gdn-verify check under compute-sanitizer memcheck (kernels run 10-100x slower)", flush=True)
@@ -132,34 +142,29 @@ def cmd_sanitized(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    if args.sanitize:
+    # Every flag checked and the implementation loaded, in one place: misuse is one line, before the header.
+    command = CheckCommand.from_flags(vars(args))
+    if command.default_impl is not None:
+        print(f"no --impl given: {command.default_impl}", file=sys.stderr)
+    if command.sanitize:
         return cmd_sanitized(args)
-    out = json_path(args)
+    run, options, out = command.check, command.check.options, command.json
+    impl = run.impl
     display = console.ProgressDisplay()
-    options = check_options(args)
-    impl = api.implementation(impl_name(args), options.array, options.convention)
-    grad = api.checks_gradients(impl, options.grad, options.convention)
-    if grad:  # misuse (no backward to check) is one line before the header, not after it
-        impl = implementations.with_backward(impl)
-    api.check_arguments(impl, options, grad)  # misuse is one line, before the header
     if options.database and options.seed is not None:
         print(
             f"check: --database {options.database} takes precedence: Hypothesis ignores --seed {options.seed} "
             "when it replays an example database",
             file=sys.stderr,
         )
-    if options.seed is None:  # drawn here, so that the header can print it
-        options = options.replace(seed=random.randrange(2**31))
-    dtype = options.dtype or impl.default_dtype
     print(
         f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
-        f"dtype={dtype}, seed={options.seed}"
+        f"dtype={run.dtype}, seed={run.seed}"
         + ("" if options.dims is None else f", head sizes {','.join(map(str, options.dims))} only")
-        + (", gradients (the backward)" if grad else ""),
+        + (", gradients (the backward)" if run.grad else ""),
         flush=True,
     )
-    partial = api.CheckResult(impl, dtype, options.seed, convention=options.convention, grad=grad)
-    partial.timeout = options.timeout
+    partial = api.CheckResult.started(run)
 
     def save(status: str) -> None:
         if out is not None:
@@ -184,12 +189,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     save("running")
     try:
-        result = api.check(
-            impl,
-            **options.keywords(),
-            progress=progress,
-            on_result=on_result,
-            on_compile=console.compile_progress(display),
+        result = api.check_resolved(
+            run, progress=progress, on_result=on_result, on_compile=console.compile_progress(display)
         )
         CtrlC.check()
     except KeyboardInterrupt:
@@ -215,15 +216,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
-def _compile_options(args: argparse.Namespace, display: console.ProgressDisplay) -> dict:
-    """``compile_budget``, ``plans_dir`` and the ``compiling N shape classes`` progress line."""
-    return dict(
-        compile_budget=args.compile_budget,
-        on_compile=console.compile_progress(display),
-        **({"plans_dir": args.plans} if args.plans else {}),
-    )
-
-
 def _print_compile(plan, seconds: float) -> None:
     if plan is not None and plan.expensive:
         took = f"compile {console.duration(plan.compile_seconds)} of {console.duration(seconds)}"
@@ -231,20 +223,20 @@ def _print_compile(plan, seconds: float) -> None:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    out = json_path(args)
+    command = SelftestCommand.from_flags(vars(args))  # every flag checked: misuse is one line, before the header
+    run, options, out = command.selftest, command.selftest.options, command.json
     rows: list = []
-    seed = args.seed if args.seed is not None else random.randrange(2**31)  # printed: a run can be repeated
 
     def save(status: str) -> None:
         if out is not None:
             doc = api.selftest_document(
                 rows,
-                args.dtype,
-                seed=seed,
-                timeout=args.timeout or None,
+                options.dtype,
+                seed=run.seed,
+                timeout=options.timeout,
                 status=status,
                 command=["gdn-verify", *args.argv],
-                grad=args.grad,
+                grad=options.grad,
             )
             api.write_json(out, doc)
 
@@ -253,7 +245,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         rows.append(row)
         save("running")
         if row.not_applicable:
-            print(f"  n/a     {row.bug:<30} (no bug on {args.dtype} inputs: {row.not_applicable})", flush=True)
+            print(f"  n/a     {row.bug:<30} (no bug on {options.dtype} inputs: {row.not_applicable})", flush=True)
         elif row.caught_by is not None:
             failure = row.caught_by.failure
             margin = console.margin(failure.measurement)
@@ -266,18 +258,11 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         else:
             print(f"  MISSED  {row.bug:<30} ({row.description}) ({row.seconds:.1f}s)", flush=True)
 
-    what = "planted gradient bugs (the backward)" if args.grad else "planted bugs"
-    print(f"gdn-verify selftest: {what}, dtype={args.dtype}, seed={seed}")
+    what = "planted gradient bugs (the backward)" if options.grad else "planted bugs"
+    print(f"gdn-verify selftest: {what}, dtype={options.dtype}, seed={run.seed}")  # printed: a run can be repeated
     save("running")
     try:
-        api.selftest(
-            dtype=args.dtype,
-            seed=seed,
-            max_examples=args.max_examples,
-            timeout=args.timeout,
-            on_bug=on_bug,
-            grad=args.grad,
-        )
+        api.selftest_resolved(run, on_bug=on_bug)
         CtrlC.check()
     except KeyboardInterrupt:
         save("interrupted")
@@ -289,7 +274,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     skipped = len(rows) - len(applicable)
     print(
         f"{caught} of {len(applicable)} planted bugs caught"
-        + (f" ({skipped} not applicable on {args.dtype} inputs)" if skipped else "")
+        + (f" ({skipped} not applicable on {options.dtype} inputs)" if skipped else "")
         + f"; named causes: {verdicts.count('right')} right, {verdicts.count('wrong')} wrong, "
         f"{verdicts.count('none')} none"
     )
@@ -315,10 +300,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    out = json_path(args)
+    # Every flag checked and the implementation loaded, in one place: misuse is one line, before the header.
+    command = FuzzCommand.from_flags(vars(args))
+    if command.default_impl is not None:
+        print(f"no --impl given: {command.default_impl}", file=sys.stderr)
+    run, options, out = command.fuzz, command.fuzz.options, command.json
+    impl = run.impl
     display = console.ProgressDisplay()
-    impl = api.implementation(impl_name(args), args.array, args.convention)
-    dtype = args.dtype or impl.default_dtype
     state: dict = {"report": None}
 
     def save(status: str) -> None:
@@ -326,10 +314,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             doc = api.fuzz_document(
                 state["report"],
                 impl,
-                dtype,
-                seed=args.seed,
-                timeout=args.timeout or None,
-                convention=args.convention,
+                run.dtype,
+                seed=options.seed,
+                timeout=options.timeout,
+                convention=options.convention,
                 status=status,
                 command=["gdn-verify", *args.argv],
             )
@@ -343,20 +331,20 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if r.status == "misuse":
             return
         if r.failure is not None:
-            replay = console.replay_command(r.failure.case_path, impl, args.convention) if r.failure.case_path else None
+            case = r.failure.case_path
+            replay = console.replay_command(case, impl, options.convention) if case else None
             display.print(console.format_failure(r, replay))
         else:
             display.print(f"  {r.name}: unsupported ({r.note})")
 
-    workers = args.workers if args.workers == "auto" else int(args.workers)
-    api.fuzz_runner.parse_budget(args.budget)  # misuse is one line, before the header
     print(
-        f"gdn-verify fuzz: impl={impl.name}, budget {args.budget}, database {args.database}"
-        + (f", {workers} workers" if workers != 1 else "")
+        f"gdn-verify fuzz: impl={impl.name}, budget {options.budget}, database {options.database}"
+        + (f", {run.workers} workers" if run.workers != 1 else "")
     )
-    if args.seed is not None:
-        print(f"fuzz: --seed {args.seed} makes the run reproducible but Hypothesis then ignores the example database")
-    state["report"] = api.fuzz_runner.FuzzReport(budget=api.fuzz_runner.parse_budget(args.budget))
+    if options.seed is not None:
+        seed = options.seed
+        print(f"fuzz: --seed {seed} makes the run reproducible but Hypothesis then ignores the example database")
+    state["report"] = api.fuzz_runner.FuzzReport(budget=run.seconds)
     save("running")
 
     def progress(rep, name: str) -> None:
@@ -365,23 +353,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         display.update(rep.status_line(name))
 
     try:
-        report = api.fuzz(
-            impl,
-            args.budget,
-            dtype=args.dtype,
-            properties=comma_list(args.properties),
-            seed=args.seed,
-            dims=comma_dims(args.dims),
-            max_tokens=args.max_tokens,
-            database=args.database,
-            convention=args.convention,
-            timeout=args.timeout,
+        report = api.fuzz_resolved(
+            run,
             progress=progress,
             on_result=on_result,
             on_round=on_round,
-            **({"cases_dir": args.cases} if args.cases else {}),
-            **_compile_options(args, display),
-            workers=workers,
+            on_compile=console.compile_progress(display),
         )
         CtrlC.check()
     except KeyboardInterrupt:
@@ -407,20 +384,20 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print(f"warnings: {total} in all; most in {top.name}: {top.warning}")
     for error in report.worker_errors:
         print(f"  {error}", file=sys.stderr)
-    if args.campaigns:
-        _record_campaign(args, report, impl)
+    if command.campaigns is not None:
+        _record_campaign(command.campaigns, report, run)
     return 1 if report.failures or report.worker_errors else 0
 
 
-def _record_campaign(args: argparse.Namespace, report, impl) -> None:
+def _record_campaign(path: Path, report, run: ResolvedFuzz) -> None:
     """``--campaigns``: one row appended to campaigns.json."""
     from gdn_verify.runners import campaigns, workers
 
+    impl = run.impl
     gpus = min(report.workers, len(workers.visible_gpus()) or 1) if impl.array != "numpy" else 1
-    dtype = args.dtype or impl.default_dtype
-    row = campaigns.campaign_row(report, impl.name, dtype, campaigns.device_name(impl.array, gpus))
-    campaigns.append_campaign(args.campaigns, row)
-    print(f"campaign recorded in {args.campaigns}: {json.dumps(row)}")
+    row = campaigns.campaign_row(report, impl.name, run.dtype, campaigns.device_name(impl.array, gpus))
+    campaigns.append_campaign(path, row)
+    print(f"campaign recorded in {path}: {json.dumps(row)}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -438,7 +415,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         properties=comma_list(args.properties),
         dims=comma_dims(args.dims),
     )
-    api.writable(options.out, "out", directory=True)  # before hours of measurements, not after
+    writable(options.out, "out", directory=True)  # before hours of measurements, not after
     s = options.sizes
     print(
         f"gdn-verify report: {', '.join(i.name for i in options.impls)}; dtypes {', '.join(options.dtypes)}; "
@@ -483,8 +460,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from gdn_verify.bench import run_bench
 
-    out = api.writable(args.out, "out") if args.out else None  # before the measurements, not after
-    json_path = api.writable(args.json, "json") if args.json else None
+    out = writable(args.out, "out") if args.out else None  # before the measurements, not after
+    json_path = writable(args.json, "json") if args.json else None
     text, document = run_bench(args.what)
     print(text)
     if out:
@@ -499,10 +476,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     from gdn_verify.report import matrix as matrix_report
     from gdn_verify.runners import matrix
 
-    out = json_path(args)
-    options = check_options(args)  # misuse (a bad --dtype, --dims, ...) is one line before any release runs
+    out = writable(args.json, "json") if args.json else None
+    # misuse (a bad --dtype, --dims, ...) is one line before any release runs
+    options = CheckOptions.from_flags(vars(args))
     # scale_<case> names are the child's to check (the cases depend on its device's limits)
-    unknown = [n for n in options.properties or () if n not in NAMES and not n.startswith(api.SCALE_PREFIX)]
+    unknown = [n for n in options.properties or () if n not in NAMES and not n.startswith(SCALE_PREFIX)]
     if unknown:
         raise ConfigurationError("properties", f"{', '.join(unknown)}: choose from {', '.join(NAMES)}")
     seed = options.seed if options.seed is not None else random.randrange(2**31)  # one seed: the same examples
@@ -615,26 +593,7 @@ def _compile_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plans", help="directory of stored shape-class pools (default .gdn_verify/plans)")
 
 
-def _matrix_parser(sub) -> None:
-    mx = sub.add_parser(
-        "matrix", help="check one implementation at several releases of its library: release x property"
-    )
-    mx.add_argument("--impl", required=True, help="fla-chunk, fla-recurrent, vllm-chunk, ... (an FLA or vLLM adapter)")
-    mx.add_argument("--versions", required=True, help="comma-separated releases, e.g. 0.5.2,0.6.0")
-    mx.add_argument("--wheels", help="folder of wheels tried before the package index (pip download)")
-    _suite_options(mx)
-    mx.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
-    mx.add_argument("--max-tokens", type=int, help="longest T for error_growth (default as check's)")
-    mx.add_argument("--scale", action="store_true", help="each release's check runs the scale tier too (GPU only)")
-    _compile_option(mx)
-    mx.set_defaults(func=cmd_matrix)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gdn-verify", description="Verify Gated DeltaNet (GDN) implementations.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {gdn_verify.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_check(sub: argparse._SubParsersAction) -> None:
     check = sub.add_parser("check", help="run the property suite against an implementation")
     _impl_options(check)
     _suite_options(check, grad=True)
@@ -665,6 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     _compile_option(check)
     check.set_defaults(func=cmd_check)
 
+
+def add_selftest(sub: argparse._SubParsersAction) -> None:
     selftest = sub.add_parser("selftest", help="check the planted-bug implementations; all must be caught")
     selftest.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     selftest.add_argument("--max-examples", type=int)
@@ -677,6 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(selftest)
     selftest.set_defaults(func=cmd_selftest)
 
+
+def add_replay(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser("replay", help="rerun a saved failing case")
     rp.add_argument("case")
     rp.add_argument("--impl", help="implementation (default: the one recorded in the case)")
@@ -695,6 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.set_defaults(func=cmd_replay)
 
+
+def add_fuzz(sub: argparse._SubParsersAction) -> None:
     fz = sub.add_parser("fuzz", help="long Hypothesis campaign with a persistent example database")
     _impl_options(fz)
     _suite_options(fz)
@@ -711,6 +676,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--campaigns", help="append this campaign's row (impl, dtype, cases, ...) to this JSON list")
     fz.set_defaults(func=cmd_fuzz)
 
+
+def add_report(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="error and precision report: index.html, report.md, results.json, figures")
     rep.add_argument(
         "--impl",
@@ -741,12 +708,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.set_defaults(func=cmd_report)
 
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="GPU benchmarks: decode and prefill, side by side with FLA and a copy")
     bench.add_argument("--what", choices=("decode", "prefill", "all"), default="all")
     bench.add_argument("--out", help="write the Markdown tables to this file")
     bench.add_argument("--json", help="write the rows as JSON: lists under decode, prefill, prefill_accuracy")
     bench.set_defaults(func=cmd_bench)
-    _matrix_parser(sub)
+
+
+def add_matrix(sub: argparse._SubParsersAction) -> None:
+    mx = sub.add_parser(
+        "matrix", help="check one implementation at several releases of its library: release x property"
+    )
+    mx.add_argument("--impl", required=True, help="fla-chunk, fla-recurrent, vllm-chunk, ... (an FLA or vLLM adapter)")
+    mx.add_argument("--versions", required=True, help="comma-separated releases, e.g. 0.5.2,0.6.0")
+    mx.add_argument("--wheels", help="folder of wheels tried before the package index (pip download)")
+    _suite_options(mx)
+    mx.add_argument("--max-examples", type=int, help="examples per property (default: each property's own)")
+    mx.add_argument("--max-tokens", type=int, help="longest T for error_growth (default as check's)")
+    mx.add_argument("--scale", action="store_true", help="each release's check runs the scale tier too (GPU only)")
+    _compile_option(mx)
+    mx.set_defaults(func=cmd_matrix)
+
+
+# A subcommand is a parser function here and its cmd_* function above (set as its func).
+SUBCOMMANDS = (add_check, add_selftest, add_replay, add_fuzz, add_report, add_bench, add_matrix)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gdn-verify", description="Verify Gated DeltaNet (GDN) implementations.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {gdn_verify.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
     return parser
 
 

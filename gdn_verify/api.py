@@ -8,23 +8,22 @@ verifies the backward instead of the forward: the gradient properties
 (``convention="backward"``) or, for a torch forward, autograd's. Bad arguments raise
 :class:`~gdn_verify.core.implementation.ConfigurationError` (a ``ValueError``) naming the argument.
 ``check``'s settings as one object, which the command line, the pytest plugin and the report
-build: :class:`~gdn_verify.options.CheckOptions`.
+build: :class:`~gdn_verify.options.CheckOptions`; resolved against the implementation (every
+setting checked, once) it is a :class:`~gdn_verify.options.ResolvedCheck`, which
+:func:`check_resolved` runs.
 
 Results as JSON: ``CheckResult.as_dict()``, :func:`fuzz_document` and :func:`selftest_document`
 are documents of the versioned schema ``gdn_verify/schema/result.schema.json``
-(:data:`SCHEMA_VERSION`); :func:`writable` checks an output path before a run and
+(:data:`SCHEMA_VERSION`); :func:`~gdn_verify.options.writable` checks an output path before a run and
 :func:`write_json` replaces a document atomically, so that it can be rewritten as results arrive.
 """
 
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 import math
 import os
-import pickle
-import random
 import tempfile
 import time
 import warnings
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gdn_verify import console, implementations
+from gdn_verify import options as _options
 from gdn_verify.core import environment
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
@@ -42,13 +42,22 @@ from gdn_verify.core.property import Property
 from gdn_verify.core.shapes import COMPILED_SCALES
 from gdn_verify.implementations import planted
 from gdn_verify.options import (
+    SCALE_PREFIX,
     CheckOptions,
+    FuzzOptions,
+    ImplLike,
+    ResolvedCheck,
+    ResolvedFuzz,
+    ResolvedSelftest,
+    SelftestOptions,
+    checks_gradients,
+    grad_catalogue,
+    implementation,
+    scale_name,
+    suite_catalogue,
+    suite_limits,
     valid_choice,
     valid_compile_budget,
-    valid_dims,
-    valid_max_examples,
-    valid_max_tokens,
-    valid_timeout,
 )
 from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
 from gdn_verify.properties.strategies import pool_candidates
@@ -81,42 +90,12 @@ from gdn_verify.runners.compile import (
 from gdn_verify.runners.guard import DEFAULT_TIMEOUT, FIRST_CALL_FACTOR, Guard
 from gdn_verify.runners.selftest import Planted, run_selftest
 
+# Moved to gdn_verify.options with the rest of the validating; still here for their callers (the plugin).
+scale_selection, select, writable = _options.scale_selection, _options.select, _options.writable
+
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "result.schema.json"
 RUN_STATUSES = ("running", "complete", "interrupted", "misuse", "stopped")  # a JSON document's own status
-
-ImplLike = Implementation | Callable | str
-
-
-def implementation(impl: ImplLike, array: str | None = None, convention: str = "native") -> Implementation:
-    """``impl`` as an :class:`Implementation` (see the module docstring for what it may be)."""
-    if isinstance(impl, Implementation):
-        return impl
-    if isinstance(impl, str):
-        return implementations.resolve(impl, array, convention)
-    if callable(impl):
-        return implementations.from_callable(impl, array or "numpy", convention)
-    raise ConfigurationError(
-        "impl", f"expected a callable, 'MODULE:FUNCTION' or a built-in name, got {type(impl).__name__}"
-    )
-
-
-def _dtype(dtype: str | None, impl: Implementation) -> str:
-    return valid_choice("dtype", dtype or impl.default_dtype, DTYPES)
-
-
-def _limits(impl: Implementation, dtype: str, dims: Sequence[int] | None, max_tokens: int | None) -> Limits:
-    default_tokens = 2048 if impl.array == "numpy" else 65536
-    limits = Limits(dtype=dtype, max_tokens=valid_max_tokens(max_tokens) or default_tokens)
-    head_dims = valid_dims(dims)
-    return limits if head_dims is None else limits.replace(head_dims=head_dims)
-
-
-def grad_catalogue(limits: Limits) -> dict[str, Property]:
-    """Every gradient property (``gdn_verify.properties.gradients``), by name, drawing within ``limits``."""
-    from gdn_verify.properties.gradients import grad_properties
-
-    return {p.name: p for p in grad_properties(limits)}
 
 
 def grad_names() -> tuple[str, ...]:
@@ -128,37 +107,13 @@ def grad_names() -> tuple[str, ...]:
     return tuple(GRAD_NAMES)
 
 
-def checks_gradients(impl: Implementation, grad: bool = False, convention: str = "native") -> bool:
-    """Whether ``check`` verifies ``impl``'s backward: asked for (``grad``), or a backward is all it has."""
-    return grad or convention == BACKWARD_FORM or implementations.backward_only(impl)
-
-
 def catalogue_for(impl: Implementation, options: CheckOptions | None = None) -> dict[str, Property]:
     """The properties for ``impl`` under ``check``'s ``options`` (``dtype``, ``dims``, ``max_tokens``;
     ``grad``: the gradient properties)."""
     options = options or CheckOptions()
-    dtype = _dtype(options.dtype, impl)
-    limits = _limits(impl, dtype, options.dims, options.max_tokens)
-    grad = checks_gradients(impl, options.grad, options.convention)
-    return grad_catalogue(limits) if grad else catalogue(limits)
-
-
-def _form_kind(form: str) -> str:
-    """The ``Property.form`` that calls an implementation's form ``form``."""
-    return form if form in (SPEC_FORM, BACKWARD_FORM) else "native"
-
-
-def select(available: dict[str, Property], names: Sequence[str] | None, impl: Implementation) -> list[Property]:
-    """The properties named (all by default, those of a form the implementation lacks left out)."""
-    if names is None:
-        forms = {_form_kind(name) for name in impl.forms}
-        return [p for p in available.values() if p.form in forms]
-    unknown = [n for n in names if n not in available]
-    if unknown or not names:
-        raise ConfigurationError(
-            "properties", f"unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(available)}"
-        )
-    return [available[n] for n in names]
+    dtype = valid_choice("dtype", options.dtype or impl.default_dtype, DTYPES)
+    limits = suite_limits(impl, dtype, options.dims, options.max_tokens)
+    return suite_catalogue(limits, checks_gradients(impl, options.grad, options.convention))
 
 
 def jsonable(x: Any) -> Any:
@@ -206,25 +161,6 @@ def totals(results: Sequence[PropertyResult]) -> dict[str, int]:
     return {s: sum(r.status == s for r in results) for s in STATUSES}
 
 
-def writable(path: str | Path, field: str, directory: bool = False) -> Path:
-    """``path`` made absolute, after checking that a file (or, with ``directory``, files inside
-    it) can be written there; raises :class:`ConfigurationError` naming ``field`` otherwise.
-    Called before a run, so that hours of results are not lost to a read-only folder."""
-    target = Path(path).expanduser().resolve()
-    folder = target if directory else target.parent
-    try:
-        if not directory and target.is_dir():
-            raise OSError(f"{target} is a directory")
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gdn-verify-write-test-"):
-            pass
-        if not directory and target.exists() and not os.access(target, os.W_OK):
-            raise PermissionError(f"{target} is read-only")
-    except OSError as exc:
-        raise ConfigurationError(field, f"{path}: cannot write there ({exc.strerror or exc})") from None
-    return target
-
-
 def write_json(path: str | Path, document: dict[str, Any]) -> None:
     """Write ``document`` to ``path`` atomically (a reader never sees half a file)."""
     path = Path(path)
@@ -256,6 +192,19 @@ class CheckResult:
     # Properties not run: a property left the GPU context broken (PropertyResult.context_lost) and
     # every later call of this process would fail alike; run them in a fresh process.
     not_run: list[str] = field(default_factory=list)
+
+    @classmethod
+    def started(cls, run: ResolvedCheck) -> CheckResult:
+        """``run``'s result before its first property: its implementation, dtype, seed and settings,
+        no results yet (what the command line saves as its run goes)."""
+        return cls(
+            run.impl,
+            run.dtype,
+            run.seed,
+            convention=run.options.convention,
+            timeout=run.options.timeout,
+            grad=run.grad,
+        )
 
     @property
     def passed(self) -> bool:
@@ -334,21 +283,6 @@ class CheckResult:
         )
 
 
-def check_arguments(
-    impl: Implementation, options: CheckOptions, grad: bool = False
-) -> tuple[str, list[str], list[str] | None, Limits]:
-    """``(dtype, scale cases, properties, limits)`` of a :func:`check` of ``impl`` (``grad``: its
-    backward) with ``options``, or :class:`ConfigurationError` for what it would refuse, before
-    anything runs or compiles (the command line says so in one line, ahead of its run header)."""
-    dtype = _dtype(options.dtype, impl)
-    properties = options.properties
-    cases, names = ([], properties) if grad else scale_selection(impl, options.scale, options.scale_limits, properties)
-    limits = _limits(impl, dtype, options.dims, options.max_tokens)
-    if not (cases and names == []):
-        select(grad_catalogue(limits) if grad else catalogue(limits), names, impl)
-    return dtype, cases, None if names is None else list(names), limits
-
-
 def check(
     impl: ImplLike,
     *,
@@ -404,9 +338,10 @@ def check(
     dh0)``) and by an implementation with only a backward form. Not with ``scale`` (yet).
 
     The same settings as one object: ``check(impl, **options.keywords())`` with a
-    :class:`~gdn_verify.options.CheckOptions`, which validates them (as this call does first).
+    :class:`~gdn_verify.options.CheckOptions`, which validates them (as this call does first), then
+    :meth:`~gdn_verify.options.CheckOptions.resolve` checks them against ``impl`` before anything
+    runs; :func:`check_resolved` runs what that gives.
     """
-    start, startup = time.perf_counter(), environment.process_seconds()
     options = CheckOptions(
         array=array,
         dtype=dtype,
@@ -425,94 +360,46 @@ def check(
         scale_limits=scale_limits,
         grad=grad,
     )
-    impl = implementation(impl, options.array, options.convention)
-    grad = checks_gradients(impl, options.grad, options.convention)
-    if grad:
-        if options.scale:
-            raise ConfigurationError("scale", "the scale tier checks the forward pass; not with grad (yet)")
-        impl = implementations.with_backward(impl)
-    impl.check_signatures()
-    dtype, scale_cases, names, limits = check_arguments(impl, options, grad)
-    scale_only = bool(scale_cases) and names == []
-    shapes = None
-    if not scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
+    return check_resolved(options.resolve(impl), progress=progress, on_result=on_result, on_compile=on_compile)
+
+
+def check_resolved(
+    run: ResolvedCheck,
+    *,
+    progress: Progress | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+    on_compile: CompileProgress | None = None,
+) -> CheckResult:
+    """Run a check that :meth:`CheckOptions.resolve` made (every setting checked there): the shape
+    pool planned, the properties, then the scale cases; the callbacks as for :func:`check`. Asks
+    nothing of its caller and validates nothing again: it runs to the end and returns the result."""
+    start, startup = time.perf_counter(), environment.process_seconds()
+    options, impl = run.options, run.impl
+    limits, shapes = run.limits, None
+    if not run.scale_only:  # the scale tier alone compiles nothing up front (each child compiles its own case)
         limits, shapes = plan_limits(
             impl, limits, options.compile_budget, on_compile, options.timeout, options.plans_dir
         )
-    available = grad_catalogue(limits) if grad else catalogue(limits)
-    props = [] if scale_only else select(available, names, impl)
-    seed = options.seed if options.seed is not None else random.randrange(2**31)
-    run = RunSettings(
+    available = suite_catalogue(limits, run.grad)
+    props = [available[name] for name in run.properties]
+    settings = RunSettings(
         max_examples=options.max_examples,
-        seed=seed,
+        seed=run.seed,
         database=None if options.database is None else str(options.database),
         cases_dir=Path(options.cases_dir),
         timeout=options.timeout,
     )
-    result = CheckResult(
-        impl,
-        dtype,
-        seed,
-        convention=options.convention,
-        timeout=run.timeout,
-        shapes=shapes,
-        startup_seconds=startup,
-        grad=grad,
-    )
-    result.results = run_check(impl, props, run, progress, on_result)
+    result = CheckResult.started(run)
+    result.shapes, result.startup_seconds = shapes, startup
+    result.results = run_check(impl, props, settings, progress, on_result)
     if result.results and result.results[-1].context_lost:
         result.not_run = [p.name for p in props[len(result.results) :]]
-    if scale_cases:
+    if run.scale_cases:
         result.results += _run_scale(
-            impl, dtype, scale_cases, options.scale_limits, seed, run.timeout, progress, on_result
+            impl, run.dtype, list(run.scale_cases), options.scale_limits, run.seed, options.timeout, progress, on_result
         )
     result.seconds = time.perf_counter() - start
     return result
-
-
-SCALE_PREFIX = "scale_"
-
-
-def scale_selection(
-    impl: Implementation, scale: bool, limits: scale_runner.ScaleLimits | None, properties: Sequence[str] | None
-) -> tuple[list[str], list[str] | None]:
-    """(scale cases to run, properties to run: None for all, [] for none) from ``check``'s arguments."""
-    cases = [c.name for c in scale_runner.plan(limits or scale_runner.ScaleLimits())]
-    named = [n.removeprefix(SCALE_PREFIX) for n in properties or () if n.startswith(SCALE_PREFIX)]
-    unknown = [SCALE_PREFIX + n for n in named if n not in cases]
-    if unknown:
-        choices = ", ".join(SCALE_PREFIX + c for c in cases)
-        raise ConfigurationError("properties", f"unknown {', '.join(unknown)}; the scale cases are {choices}")
-    rest = None if properties is None else [n for n in properties if not n.startswith(SCALE_PREFIX)]
-    if not (scale or named):
-        return [], rest
-    if limits is None and impl.array == "numpy":
-        raise ConfigurationError(
-            "scale", f"the scale tier needs a GPU implementation ({impl.name} takes NumPy arrays; problems of GiBs)"
-        )
-    if _scale_name(impl) is None:
-        raise ConfigurationError(
-            "scale",
-            "the scale tier runs each case in a child process: give the implementation by name "
-            "(built-in or MODULE:FUNCTION)",
-        )
-    if named:
-        return [c for c in cases if c in named], (rest or [])
-    return cases, rest
-
-
-def _builtin(impl: Implementation) -> bool:
-    """Whether ``impl`` is a resolved built-in or planted bug, which another process resolves by name."""
-    return impl.name in implementations.names() or implementations.planted_prefix(impl.name) is not None
-
-
-def _scale_name(impl: Implementation) -> str | None:
-    """The name a child process resolves ``impl`` by (built-in, planted or ``MODULE:FUNCTION``)."""
-    if _builtin(impl):
-        return impl.name
-    module, _, function = impl.name.partition(":")
-    plugin = impl.description.startswith("plug-in") and module and function.isidentifier()
-    return impl.name if plugin else None
 
 
 def _run_scale(
@@ -544,8 +431,8 @@ def _run_scale(
                 started(case)
                 finished(scale_runner.ScaleOutcome(case.name, "unsupported", why, case.describe(), 0.0))
         return results
-    name = _scale_name(impl)
-    assert name is not None  # checked by _scale_selection
+    name = scale_name(impl)
+    assert name is not None  # checked by options.scale_selection
     scale_runner.run_scale(
         name,
         dtype,
@@ -687,58 +574,77 @@ def fuzz(
     NumPy implementations (``"auto"``: as many as GPUs, or cores), sharing ``database``; their
     reports are merged.
     """
-    seconds = fuzz_runner.parse_budget(budget)
-    timeout = valid_timeout(timeout)
-    impl_obj = implementation(impl, array, convention)
-    if checks_gradients(impl_obj, False, convention):
-        raise ConfigurationError(
-            "convention", "backward: fuzz runs the forward properties; check a backward with check --grad (grad=True)"
-        )
-    impl_obj.check_signatures()
-    dtype = _dtype(dtype, impl_obj)
-    limits = _limits(impl_obj, dtype, dims, max_tokens)
-    n = _workers(workers, impl_obj)
-    if n > 1:
-        names = [p.name for p in select(catalogue(limits), properties, impl_obj)]
+    options = FuzzOptions(
+        budget=budget,
+        array=array,
+        dtype=dtype,
+        properties=properties,
+        seed=seed,
+        dims=dims,
+        max_tokens=max_tokens,
+        database=database,
+        cases_dir=cases_dir,
+        plans_dir=plans_dir,
+        convention=convention,
+        timeout=timeout,
+        compile_budget=compile_budget,
+        workers=workers,
+    )
+    return fuzz_resolved(
+        options.resolve(impl), progress=progress, on_result=on_result, on_round=on_round, on_compile=on_compile
+    )
+
+
+def fuzz_resolved(
+    run: ResolvedFuzz,
+    *,
+    progress: Callable[[fuzz_runner.FuzzReport, str], None] | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+    on_round: Callable[[fuzz_runner.FuzzReport], None] | None = None,
+    on_compile: CompileProgress | None = None,
+) -> fuzz_runner.FuzzReport:
+    """Run a campaign that :meth:`FuzzOptions.resolve` made (every setting checked there), the
+    callbacks as for :func:`fuzz`: in this process, or sharded over ``run.workers`` processes, each
+    a :func:`fuzz` of its own share of the properties."""
+    options, impl, seconds = run.options, run.impl, run.seconds
+    if run.workers > 1:
         common = dict(
-            impl=_portable(impl),
+            options.keywords(),
+            impl=run.portable,
             budget=seconds,
-            array=array,
-            dtype=dtype,
-            dims=dims,
-            max_tokens=max_tokens,
-            database=str(database),
-            cases_dir=str(cases_dir),
-            plans_dir=None if plans_dir is None else str(plans_dir),
-            convention=convention,
-            compile_budget=compile_budget,
-            timeout=timeout,
+            database=str(options.database),
+            cases_dir=str(options.cases_dir),
+            plans_dir=None if options.plans_dir is None else str(options.plans_dir),
+            workers=1,
         )
         shards = [
-            dict(common, properties=part, seed=None if seed is None else seed + 1_000_003 * i)
-            for i, part in enumerate(workers_runner.shard(names, n))
+            dict(common, properties=part, seed=None if options.seed is None else options.seed + 1_000_003 * i)
+            for i, part in enumerate(workers_runner.shard(list(run.properties), run.workers))
         ]
-        envs = workers_runner.worker_environments(n, gpu=impl_obj.array != "numpy")
+        envs = workers_runner.worker_environments(run.workers, gpu=impl.array != "numpy")
         return workers_runner.run_sharded(fuzz, shards, envs, progress, on_result, on_round)
     # A short campaign must not spend all of its time compiling; an explicit budget re-plans.
     default_budget = min(DEFAULT_COMPILE_BUDGET, seconds / 2)
-    limits, shapes = plan_limits(impl_obj, limits, compile_budget, on_compile, timeout, plans_dir, default_budget)
-    oracle_name, oracle = implementations.choose_oracle(impl_obj.array)
-    large = LARGE_GPU if impl_obj.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
-    large = large.replace(dtype=dtype, head_dims=limits.head_dims if dims is not None else large.head_dims)
+    limits, shapes = plan_limits(
+        impl, run.limits, options.compile_budget, on_compile, options.timeout, options.plans_dir, default_budget
+    )
+    oracle_name, oracle = implementations.choose_oracle(impl.array)
+    large = LARGE_GPU if impl.array != "numpy" and oracle_name.startswith("cupy") else LARGE_CPU
+    large = large.replace(dtype=run.dtype, head_dims=limits.head_dims if options.dims is not None else large.head_dims)
     large = large.replace(shape_classes=limits.shape_classes)
-    props = select(catalogue(limits, large, oracle), properties, impl_obj)
+    available = catalogue(limits, large, oracle)
+    props = [available[name] for name in run.properties]
     report = fuzz_runner.run_fuzz(
-        impl_obj,
+        impl,
         props,
         max(seconds - shapes.compile_seconds, 0.1 * seconds),  # compilation is part of the budget
-        seed=seed,
-        database=database if str(database).startswith("redis://") else Path(database),
-        cases_dir=Path(cases_dir),
+        seed=options.seed,
+        database=options.database if str(options.database).startswith("redis://") else Path(options.database),
+        cases_dir=Path(options.cases_dir),
         progress=progress,
         on_result=on_result,
         on_round=on_round,
-        timeout=timeout,
+        timeout=options.timeout,
     )
     report.compile_seconds = shapes.compile_seconds
     report.shape_classes = None if shapes.classes is None else len(shapes.classes)
@@ -839,33 +745,6 @@ def selftest_document(
     )
 
 
-def _workers(workers: int | str, impl: Implementation) -> int:
-    if workers == "auto":
-        return workers_runner.default_workers(gpu=impl.array != "numpy")
-    try:
-        n = int(workers)
-    except (TypeError, ValueError):
-        raise ConfigurationError("workers", f"{workers!r}: expected a number of processes or 'auto'") from None
-    if n < 1:
-        raise ConfigurationError("workers", f"{workers!r}: must be at least 1")
-    return n
-
-
-def _portable(impl: ImplLike) -> ImplLike:
-    """``impl`` in a form a worker process can rebuild (a name, or a picklable callable)."""
-    if isinstance(impl, str):
-        return impl
-    if isinstance(impl, Implementation) and _builtin(impl):
-        return impl.name  # a resolved built-in (the CLI's case): the worker resolves it again
-    try:
-        pickle.dumps(impl)
-    except Exception:  # noqa: BLE001 - any pickling failure means the same thing
-        raise ConfigurationError(
-            "workers", "worker processes need the implementation by name (built-in or MODULE:FUNCTION)"
-        ) from None
-    return impl
-
-
 def selftest(
     *,
     dtype: str = "float32",
@@ -881,16 +760,19 @@ def selftest(
     ``grad``: the planted gradient bugs (``gdn_verify.implementations.planted_grad``) against the
     gradient properties, the named causes judged against its ``RIGHT_CAUSES``.
     """
-    dtype = valid_choice("dtype", dtype, DTYPES)
-    limits = Limits(dtype=dtype)
-    run = RunSettings(max_examples=valid_max_examples(max_examples), seed=seed, timeout=valid_timeout(timeout))
-    if not grad:
-        return run_selftest(list(catalogue(limits).values()), run, on_bug, not_applicable=planted.not_applicable(dtype))
-    try:
-        planted_grad: Any = importlib.import_module("gdn_verify.implementations.planted_grad")
-    except ImportError as exc:
-        raise ConfigurationError("grad", f"the planted gradient bugs are unavailable here: {exc}") from None
-    return run_selftest(list(grad_catalogue(limits).values()), run, on_bug, bugs=planted_grad)
+    options = SelftestOptions(dtype=dtype, seed=seed, max_examples=max_examples, timeout=timeout, grad=grad)
+    return selftest_resolved(options.resolve(), on_bug=on_bug)
+
+
+def selftest_resolved(run: ResolvedSelftest, *, on_bug: Callable[[Planted], None] | None = None) -> list[Planted]:
+    """Run a selftest that :meth:`SelftestOptions.resolve` made; ``on_bug`` as for :func:`selftest`."""
+    options = run.options
+    limits = Limits(dtype=options.dtype)
+    settings = RunSettings(max_examples=options.max_examples, seed=run.seed, timeout=options.timeout)
+    if not options.grad:
+        properties = list(catalogue(limits).values())
+        return run_selftest(properties, settings, on_bug, not_applicable=planted.not_applicable(options.dtype))
+    return run_selftest(list(grad_catalogue(limits).values()), settings, on_bug, bugs=run.bugs)
 
 
 # Compile-aware shape planning (issue 14) ----------------------------------------------------

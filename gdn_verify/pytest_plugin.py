@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from gdn_verify import api, console, implementations
+from gdn_verify import api, console
 from gdn_verify.core.implementation import ConfigurationError
-from gdn_verify.options import CheckOptions, flag_name
+from gdn_verify.options import SCALE_PREFIX, CheckOptions, flag_name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -132,36 +132,14 @@ def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("gdn_impl", None)
     if not name:
         return
-    try:
-        options = check_options(config.option)
-        impl = api.implementation(name, options.array, options.convention)
-        if api.checks_gradients(impl, options.grad, options.convention):
-            options = options.replace(grad=True)
-            if options.scale:
-                raise ConfigurationError("scale", "the scale tier checks the forward pass; not with --gdn-grad (yet)")
-            impl = implementations.with_backward(impl)
-        impl.check_signatures()
+    try:  # the same checks, in the same place, as check's flags (CheckOptions.resolve)
+        run = check_options(config.option).resolve(name)
     except ConfigurationError as exc:
         raise _usage_error(exc) from None
-    import random
-
     # Drawn and filled in once, so that the header shows them and every item runs with them.
-    options = options.replace(
-        seed=random.randrange(2**31) if options.seed is None else options.seed,
-        dtype=options.dtype or impl.default_dtype,
-    )
-    scale: list[str] = []
-    if options.scale:
-        try:
-            scale, _ = api.scale_selection(impl, True, None, None)
-        except ConfigurationError as exc:
-            raise pytest.UsageError(f"--gdn-scale: {exc.message}") from None
-    try:
-        props = api.select(api.catalogue_for(impl, options), options.properties, impl)
-    except ConfigurationError as exc:
-        raise _usage_error(exc) from None
-    names = [p.name for p in props] + [api.SCALE_PREFIX + name for name in scale]
-    config.stash[_SUITE] = dict(impl=impl, options=options, names=names)
+    options = run.options.replace(seed=run.seed, dtype=run.dtype, grad=run.grad)
+    names = [*run.properties, *(SCALE_PREFIX + case for case in run.scale_cases)]
+    config.stash[_SUITE] = dict(impl=run.impl, options=options, names=names)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -22,6 +22,7 @@ import numpy as np
 
 from gdn_verify.core.implementation import Implementation
 from gdn_verify.implementations import numpy_impl
+from gdn_verify.runners.compile_workers import CHILD_MODULE
 
 COMPILE_SECONDS = float(os.environ.get("GDN_TEST_COMPILE_SECONDS", "3"))
 CACHE_ENV = "GDN_TEST_COMPILE_CACHE"
@@ -110,7 +111,7 @@ def worker_children() -> list[int]:
         except OSError:
             continue
         ppid = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("PPid:")), None)
-        if ppid == os.getpid() and b"compile_workers" in cmdline:
+        if ppid == os.getpid() and CHILD_MODULE.encode() in cmdline:
             found.append(int(status.parent.name))
     return found
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,8 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def cli(*args, cwd=ROOT, env_path=None):
     env = None
     if env_path is not None:
-        import os
-
         env = {**os.environ, "PYTHONPATH": str(env_path)}
     return subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
@@ -70,6 +69,13 @@ def plugins(tmp_path):
         (["check", "--impl", "numpy", "--dims", "a,b"], "--dims"),
         (["check", "--impl", "numpy", "--array", "torch"], "--array"),
         (["fuzz", "--impl", "numpy", "--budget", "soon"], "budget"),
+        (["fuzz", "--impl", "numpy", "--workers", "two"], "--workers: 'two': expected a number of processes"),
+        (["fuzz", "--impl", "numpy", "--properties", "bogus"], "--properties: unknown bogus"),
+        (
+            ["check", "--impl", "my_kernels:good", "--array", "torch", "--grad", "--scale"],
+            "--scale: the scale tier checks the forward pass",
+        ),
+        (["selftest", "--max-examples", "0"], "--max-examples: 0: must be at least 1"),
         (["check", "--impl", "numpy", "--scale"], "--scale: the scale tier needs a GPU"),
         pytest.param(
             ["check", "--impl", "numpy", "--sanitize"],
@@ -253,7 +259,7 @@ def test_selftest_prints_the_seed_it_runs_with(monkeypatch, capsys):
     import cli
 
     used = []
-    monkeypatch.setattr(cli.api, "selftest", lambda **kw: used.append(kw["seed"]))
+    monkeypatch.setattr(cli.api, "selftest_resolved", lambda run, **kw: used.append(run.seed))
     cli.main(["selftest"])
     printed = re.search(r"seed=(\d+)", capsys.readouterr().out)
     assert printed is not None and used == [int(printed.group(1))]
@@ -275,12 +281,55 @@ def test_selftest_shortens_a_long_message_at_a_word(monkeypatch, capsys):
         description="",
         not_applicable="",
     )
-    monkeypatch.setattr(cli.api, "selftest", lambda **kw: kw["on_bug"](row))
+    monkeypatch.setattr(cli.api, "selftest_resolved", lambda run, **kw: kw["on_bug"](row))
     monkeypatch.setattr(cli.api, "selftest_document", lambda *a, **kw: {})
     cli.main(["selftest"])
     line = next(x for x in capsys.readouterr().out.splitlines() if "a_bug" in x)
     shown = line.split("): ", 1)[1]
     assert shown.endswith(" ...") and all(w in words.split() for w in shown.removesuffix(" ...").split())
+
+
+# One BLAS thread for the command line, set before NumPy loads -------------------------------------
+BLAS_THREADS_AT_NUMPY = textwrap.dedent("""
+    import importlib.abc, os, runpy, sys
+
+    class AtNumPy(importlib.abc.MetaPathFinder):
+        # What OpenBLAS will read: the variable at the moment NumPy is first imported.
+        def find_spec(self, name, path=None, target=None):
+            if name == "numpy":
+                sys.meta_path.remove(self)
+                sys.stderr.write(f"numpy loads with {os.environ.get('OPENBLAS_NUM_THREADS')}\\n")
+            return None
+
+    sys.meta_path.insert(0, AtNumPy())
+    entry, sys.argv = sys.argv[1], sys.argv[1:]
+    if entry == "-m":
+        runpy.run_module("gdn_verify", run_name="__main__", alter_sys=True)
+    elif entry == "library":  # gdn_verify as a program or pytest imports it
+        import gdn_verify.api, gdn_verify.pytest_plugin
+    else:
+        sys.path.insert(0, os.path.dirname(entry))
+        runpy.run_path(entry, run_name="__main__")
+""")
+
+
+@pytest.mark.parametrize("entry", [str(ROOT / "cli.py"), "-m", "library"])
+@pytest.mark.parametrize("given", [None, "3"])
+def test_the_command_line_gives_openblas_one_thread_unless_told_otherwise(entry, given, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    done = subprocess.run(
+        [sys.executable, "-c", BLAS_THREADS_AT_NUMPY, entry, "--version"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = given if given is not None else (None if entry == "library" else "1")
+    assert f"numpy loads with {expected}\n" in done.stderr
 
 
 # Ctrl-C before the first property runs ---------------------------------------------------------
@@ -329,7 +378,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(where, monkeypatch, cap
         raise KeyboardInterrupt
 
     monkeypatch.setattr(
-        *((cli, "build_parser") if where == "build_parser" else (cli.api, "implementation")), interrupted
+        *((cli, "build_parser") if where == "build_parser" else (cli.implementations, "resolve")), interrupted
     )
     out = tmp_path / "r.json"
     try:

@@ -9,6 +9,8 @@ gdn_verify.runners            core, implementations (properties arrive as object
 gdn_verify.bench              core, implementations (the peer bench loads the adapters' libraries), cupy_kernels
 gdn_verify.api, options, console, pytest_plugin: the library below them; report: the same, on the API
 cli.py                        anything; nothing in gdn_verify imports it but __main__
+
+and no two modules import each other, however indirectly (no import circle), lazy imports included.
 """
 
 from __future__ import annotations
@@ -145,3 +147,135 @@ def test_the_wheel_installs_no_top_level_cli_or_properties():
     assert {p.split(".")[0] for p in config["packages"]} == {"gdn_verify", "cupy_kernels"}
     assert (ROOT / "gdn_verify" / "_cli.py").resolve() == ROOT / "cli.py"
     assert (ROOT / "gdn_verify" / "properties").resolve() == ROOT / "properties"
+
+
+# Import circles ------------------------------------------------------------------------------
+# An import inside a function counts: it only hides a circle from the interpreter (both circles
+# found here were of that kind), the two modules still cannot be understood, tested or moved
+# apart. So do imports under ``if TYPE_CHECKING:``: none closes a circle today. An import edge
+# goes to the module named (``from gdn_verify import api``: gdn_verify.api), not to the packages
+# above it, whose ``__init__`` Python runs first but which the importer does not depend on.
+KNOWN_CIRCLES: list[set[str]] = []  # each with the branch or issue that breaks it; empty since issue 49
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the installed packages, gdn_verify (its properties included) and cupy_kernels, by name."""
+    found = {}
+    for package in ("gdn_verify", "cupy_kernels"):
+        for path in (ROOT / package).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            if rel.parts[:2] == ("gdn_verify", "_cli"):  # the command line: nothing in the library imports it
+                continue
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            found[".".join(parts)] = path
+    for path in (ROOT / "properties").glob("*.py"):  # installed as gdn_verify.properties (a symlink here)
+        found[".".join(("gdn_verify", "properties", *([] if path.stem == "__init__" else [path.stem])))] = path
+    return found
+
+
+def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    """For each module, the modules of ``files`` it imports (at any depth, relative imports resolved)."""
+
+    def known(name: str) -> str | None:  # the module itself, else the nearest package above it
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {known(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    above = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*above, *([node.module] if node.module else [])])
+                for alias in node.names:  # "from a import b": the module a.b when there is one, else a
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else known(base))
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            step = next(successors, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph.get(step, ())))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    files = module_files()
+    found = circles(import_graph(files))
+    new = [sorted(c) for c in found if c not in KNOWN_CIRCLES]
+    assert not new, "import circles:\n" + "\n".join(" <-> ".join(c) for c in new)
+    stale = [sorted(c) for c in KNOWN_CIRCLES if c not in found]
+    assert not stale, f"listed as known but broken now; remove from KNOWN_CIRCLES: {stale}"
+
+
+def test_the_graph_sees_lazy_relative_and_package_imports():
+    files = module_files()
+    assert {"gdn_verify.api", "gdn_verify.properties.native", "cupy_kernels.chunk"} <= set(files)
+    graph = import_graph(files)
+    assert "gdn_verify.options" in graph["gdn_verify.api"]  # "from gdn_verify.options import ..."
+    assert "gdn_verify.implementations" in graph["gdn_verify.api"]  # "from gdn_verify import implementations"
+    assert "gdn_verify.runners.compile" in graph["gdn_verify.runners.compile_child"]
+
+
+@pytest.mark.parametrize(
+    "sources, circle",
+    [
+        ({"a": "import b", "b": "def f():\n    import a"}, {"a", "b"}),  # lazy imports count
+        ({"a": "from b import x", "b": "from c import y", "c": "from a import z"}, {"a", "b", "c"}),
+        # relative imports; "from p import NAME" (no module p.NAME) imports the package p
+        ({"p": "from . import q", "p.q": "from p import NAME", "p.r": "from .q import x"}, {"p", "p.q"}),
+        ({"p": "x = 1", "p.q": "from p import r", "p.r": "from p import NAME"}, None),  # "from p import r": p.r
+        ({"a": "import b", "b": "import c", "c": "x = 1"}, None),
+    ],
+)
+def test_a_circle_is_found(sources, circle, tmp_path):
+    files = {}
+    for name, source in sources.items():
+        is_package = any(other.startswith(name + ".") for other in sources)
+        path = tmp_path / Path(*name.split("."), "__init__.py") if is_package else tmp_path / f"{name}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        files[name] = path
+    assert circles(import_graph(files)) == ([] if circle is None else [circle])

@@ -15,11 +15,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from gdn_verify.core import reference as ref
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.conventions import Packed, export_state, unpack_output
 from gdn_verify.core.oracle import numpy_oracle, numpy_oracle_stacked, numpy_oracle_with_norms, pack_problem, token_loop
 from gdn_verify.core.problem import DTYPES, Problem
-from gdn_verify.core.reference import chunk_core, recurrent_core
+from gdn_verify.core.reference import chunk_core, recurrent_core, stack_packed
 from gdn_verify.core.shapes import ShapeClass
 from gdn_verify.core.verdict import oracle_and_tolerance
 
@@ -200,6 +201,38 @@ def test_recurrent_core_is_the_plain_token_loop_bitwise(name):
     np.testing.assert_array_equal(o, plain_o)
     np.testing.assert_array_equal(S, plain_S)
     np.testing.assert_array_equal(norms, plain_norms)
+
+
+TILED = [
+    ("gva bfloat16 batched scale blas", 64),  # one head a tile (the BLAS update's 32 x 48 blocks)
+    ("gva bfloat16 batched scale blas", 3072),  # two heads a tile
+    ("gva bfloat16 batched scale blas", 12288),  # two sequences a tile, the last one's norms not kept
+    ("float32 saturated gate", 64),
+    ("float32 saturated gate", 256),  # one sequence a tile
+    ("float32 no gates", 256),
+]
+
+
+@pytest.mark.parametrize(("name", "tile"), TILED)
+def test_the_token_loop_by_tiles_is_the_whole_loop_bitwise(name, tile, monkeypatch):
+    """Tiles of one head, of several heads and of several sequences (``reference.TILE_ELEMENTS`` made
+    small), with per-sequence scales of stacked problems and norms for all but the last sequence,
+    give the results of one tile over the whole state, bitwise."""
+    problem = CORPUS[name]
+    scales = (0.5, 0.7, 1.3, 0.9, 1.1)
+    parts = [pack_problem(problem.replace(scale=x)) for x in scales]
+    p = stack_packed(parts)
+    N = p.v.shape[0]
+    scale = np.repeat(scales, parts[0].v.shape[0])
+    norms = {x: np.zeros((N - 1,) + p.v.shape[1:3]) for x in ("tiled", "whole")}
+    monkeypatch.setattr(ref, "TILE_ELEMENTS", tile)
+    assert len(ref._tiles(N, p.v.shape[2], p.k.shape[-1] * p.v.shape[-1])) > 1
+    o, S = recurrent_core(p, norms["tiled"], scale=scale)
+    monkeypatch.setattr(ref, "TILE_ELEMENTS", 1 << 40)
+    want_o, want_S = recurrent_core(p, norms["whole"], scale=scale)
+    np.testing.assert_array_equal(o, want_o)
+    np.testing.assert_array_equal(S, want_S)
+    np.testing.assert_array_equal(norms["tiled"], norms["whole"])
 
 
 def test_stacked_oracle_runs_each_problem_as_numpy_oracle_does():

@@ -177,6 +177,8 @@ def test_a_wrong_signature_is_one_misuse_line(fn, folder):
     assert done.stderr.startswith("error: --impl: ") and len(done.stderr.strip().splitlines()) == 1
     assert "argument" in done.stderr and "Traceback" not in done.stderr
     assert "FAILED" not in done.stdout and "MISUSE" not in done.stdout
+    if fn == "wrong_signature":  # refused from its signature with the other options: before the header
+        assert done.stdout == "" and not out.exists()
     if fn == "no_signature":  # found at the first call: one property, status misuse, the run stopped
         doc = validate(json.loads(out.read_text()))
         assert doc["status"] == "misuse" and [r["status"] for r in doc["results"]] == ["misuse"]

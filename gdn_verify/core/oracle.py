@@ -8,6 +8,7 @@ NumPy. ``gdn_verify.implementations.choose_oracle`` is the one place that picks 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,24 @@ def pack_problem(problem: Problem, pad: int = 1) -> Packed:
     kw.pop("output_final_state")
     kw["state_v_first"] = problem.state_v_first
     return pack(**kw, dtype=np.float64, pad_to_multiple=pad)
+
+
+def problem_digest(problem: Problem) -> str:
+    """A digest of everything the oracle and the tolerance read from ``problem`` (its arrays with their
+    dtypes and shapes, and its flags; not ``notes``)."""
+    h = hashlib.sha256()
+    for name in ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens"):
+        x = getattr(problem, name)
+        h.update(
+            name.encode()
+            + (b"-" if x is None else str((x.dtype, x.shape)).encode() + np.ascontiguousarray(x).tobytes())
+        )
+    h.update(
+        repr(
+            (problem.scale, problem.use_qk_l2norm_in_kernel, problem.output_final_state, problem.state_v_first)
+        ).encode()
+    )
+    return h.hexdigest()
 
 
 def token_loop(problem: Problem) -> bool:

@@ -8,8 +8,10 @@ run of the same implementation, with a factor).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,7 @@ import numpy as np
 from gdn_verify.core import processes, timing
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.implementation import ContractError, Implementation, Result, host_array
-from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_with_norms, token_loop
+from gdn_verify.core.oracle import Oracle, numpy_oracle, numpy_oracle_with_norms, problem_digest, token_loop
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement, Violation
 
@@ -169,12 +171,76 @@ def state_dtype_of(impl: Implementation) -> Any:
     return declared
 
 
+class OracleMemo:
+    """:func:`oracle_and_tolerance`'s NumPy-oracle results by problem (``oracle.problem_digest``) and
+    declared state dtype, the least recently used dropped past ``budget`` bytes of arrays. The
+    reference arrays it hands out are read-only: every caller shares them."""
+
+    def __init__(self, budget: int):
+        self.budget, self.size, self.hits = budget, 0, 0
+        self._items: collections.OrderedDict[tuple[str, str], tuple[tuple, tol.Tolerance, int]] = (
+            collections.OrderedDict()
+        )
+
+    @staticmethod
+    def key(problem: Problem, state_dtype: Any) -> tuple[str, str]:
+        return problem_digest(problem), repr(state_dtype)
+
+    def get(self, key: tuple[str, str]) -> tuple[tuple, tol.Tolerance] | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return item[0], item[1]
+
+    def put(self, key: tuple[str, str], reference: tuple, bound: tol.Tolerance) -> None:
+        arrays = [x for x in reference if x is not None]
+        for x in arrays:
+            x.flags.writeable = False
+        scales = [] if bound.scales is None else [bound.scales.token, bound.scales.state]
+        size = sum(x.nbytes for x in arrays + scales)
+        self._items[key] = (reference, bound, size)
+        self.size += size
+        while self.size > self.budget and len(self._items) > 1:
+            self.size -= self._items.popitem(last=False)[1][2]
+
+
+# What a selftest's memo may hold: a default float32 check's references and scales come to about 210 MiB.
+MEMO_BYTES = 256 << 20
+_memo: OracleMemo | None = None
+
+
+@contextlib.contextmanager
+def remembered_oracles(budget: int = MEMO_BYTES) -> Iterator[OracleMemo]:
+    """Within it :func:`oracle_and_tolerance` remembers its results with the NumPy oracle
+    (:class:`OracleMemo`), for a run that meets the same problems again: a selftest's properties draw
+    the same examples for every planted bug until one fails, and Hypothesis replays examples. Outside
+    it nothing is kept, since a result also depends on module settings (``tolerance.SCALE_BUDGET``)
+    that a caller may change between calls. Nested, the outer memo serves."""
+    global _memo
+    if _memo is not None:
+        yield _memo
+        return
+    _memo = OracleMemo(budget)
+    try:
+        yield _memo
+    finally:
+        _memo = None
+
+
 def oracle_and_tolerance(
     problem: Problem, oracle: Oracle = numpy_oracle, state_dtype: Any = None
 ) -> tuple[tuple, tol.Tolerance]:
     """The oracle's ``(o, final_state or None)`` and the tolerance a correct implementation meets
-    (``state_dtype``: the implementation's declared state dtype, :func:`state_dtype_of`)."""
+    (``state_dtype``: the implementation's declared state dtype, :func:`state_dtype_of`); within
+    :func:`remembered_oracles`, a problem met before is not computed again."""
     with timing.timed(timing.ORACLE):
+        memo = _memo if oracle is numpy_oracle else None
+        key = None if memo is None else memo.key(problem, state_dtype)
+        kept = None if memo is None or key is None else memo.get(key)
+        if kept is not None:
+            return kept[0], kept[1].for_problem(problem)
         norms = None
         if oracle is numpy_oracle:  # the same outputs, plus the state norms the scales need, in one run
             reference, norms = numpy_oracle_with_norms(problem)
@@ -182,7 +248,10 @@ def oracle_and_tolerance(
             reference = oracle(problem)
         ref_state = reference[1] if problem.output_final_state else None
         kappa = tol.condition(problem, reference, oracle=oracle, state_dtype=state_dtype, norms=norms)
-        return (reference[0], ref_state), tol.tolerance(problem, kappa)
+        result = (reference[0], ref_state), tol.tolerance(problem, kappa)
+        if memo is not None and key is not None:
+            memo.put(key, *result)
+        return result
 
 
 # Below this many tokens in all, oracles run here: a spawned process costs about a second to start.

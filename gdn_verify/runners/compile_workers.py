@@ -2,9 +2,10 @@
 
 Triton and TileLang keep compiled kernels (and autotuning results) in an on-disk cache shared by
 the processes of a machine: a class compiled in a child is cheap in the parent afterwards. A child
-(``python -m gdn_verify.runners.compile_workers REQUEST``) re-creates the implementation from the
-arguments it was resolved by (:class:`ImplSpec`), warms one *unit* under a :class:`Guard` and
-prints its :class:`Outcome` as one JSON line on stdout. A unit is a class and some of its warm
+(``python -m gdn_verify.runners.compile_child REQUEST``, :data:`CHILD_MODULE`) re-creates the
+implementation from the arguments it was resolved by (:class:`ImplSpec`), warms one *unit* under a
+guard and prints its :class:`Outcome` as one JSON line on stdout. This module is the parent's side
+and imports neither the child nor ``runners.compile`` (which imports it). A unit is a class and some of its warm
 calls (``runners.compile.class_calls``): a class whose implementation declares warm variants
 that compile apart (FlashQLA: 12 calls for a batched class) is cut into several units
 (:func:`split_units`), any other is one unit of all its calls. :class:`CompilePool` runs at most
@@ -25,16 +26,17 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import IO, Any
+from typing import IO
 
 from gdn_verify import implementations
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.shapes import ShapeClass
-from gdn_verify.runners.guard import Guard
 from gdn_verify.runners.workers import SINGLE_THREAD
 
 WORKERS_ENV = "GDN_VERIFY_COMPILE_WORKERS"  # a number of worker processes; 1: compile in this process
 MAX_WORKERS = 16
+# The child's module, run by name: importing it here would import runners.compile, which imports this module.
+CHILD_MODULE = "gdn_verify.runners.compile_child"
 RESULT_PREFIX = "gdn-verify-compile: "  # marks the result line among whatever the kernel library prints
 POLL_SECONDS = 0.05
 STATUSES = ("compiled", "unsupported", "error", "timeout", "unresolvable", "died")
@@ -304,7 +306,7 @@ class CompilePool:
         )
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # files: no pipe to drain
         proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, json.dumps(request)],
+            [sys.executable, "-m", CHILD_MODULE, json.dumps(request)],
             stdin=subprocess.PIPE,  # never written: its end at our exit tells the child to exit
             stdout=out,
             stderr=err,
@@ -341,52 +343,6 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-# The child ---------------------------------------------------------------------------------------
-def _exit_with_parent() -> None:
-    sys.stdin.read()  # returns at end of file: the parent closed the pipe or died
-    os._exit(3)
-
-
 def error_text(exc: BaseException, limit: int = 500) -> str:
     """``Type: message`` on one line, at most ``limit`` characters."""
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
-
-
-def compile_one(request: dict[str, Any]) -> dict[str, Any]:
-    """A child's work: resolve the implementation and warm one unit (its class's warm calls numbered
-    ``request["calls"]``; None or absent: all of them); the outcome as a dict."""
-    from gdn_verify.runners.compile import try_warm  # imported here: compile.py imports this module
-
-    start = time.perf_counter()
-    spec = ImplSpec(**dict(request["impl"], forms=tuple(request["impl"]["forms"])))
-    c = ShapeClass.from_dict(request["shape_class"])
-    try:
-        impl = spec.resolve()
-    except Exception as exc:  # noqa: BLE001 - the parent compiles in its own process instead
-        return dict(status="unresolvable", seconds=time.perf_counter() - start, error=error_text(exc))
-    guard = Guard(request.get("timeout"))
-    try:
-        calls = request.get("calls")
-        status, seconds, error = try_warm(guard.guarded(impl), c, bool(request.get("options")), calls)
-    finally:
-        guard.close()
-    if seconds is None:  # not compiled: the child's time until then
-        return dict(status=status, seconds=time.perf_counter() - start, error=error)
-    return dict(status=status, seconds=seconds)
-
-
-def main(argv: Sequence[str]) -> None:
-    request = json.loads(argv[0])
-    sys.path.extend(p for p in request.get("path", []) if p not in sys.path)  # plug-ins the parent imports
-    threading.Thread(target=_exit_with_parent, daemon=True).start()
-    try:
-        result = compile_one(request)
-    except KeyboardInterrupt:
-        os._exit(130)
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
-    sys.stderr.flush()
-    os._exit(0)  # an abandoned kernel thread or a broken CUDA context must not hang the exit

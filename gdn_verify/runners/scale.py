@@ -21,7 +21,6 @@ not fit in the device's free memory is skipped, saying how much it needs.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pickle
@@ -39,7 +38,7 @@ import numpy as np
 
 from gdn_verify.core import arrays
 from gdn_verify.core.implementation import ContractError, Implementation, Result, returned_pair
-from gdn_verify.core.oracle import Oracle
+from gdn_verify.core.oracle import Oracle, problem_digest
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Measurement, Violation
 from gdn_verify.core.verdict import compare, floating, oracle_and_tolerance
@@ -416,23 +415,6 @@ def _where(pairs: list[tuple[int, int]]) -> str:
     return "probed sequences (sub-problem index: sequence, value head): " + ", ".join(
         f"{i}: ({n}, {h})" for i, (n, h) in enumerate(pairs)
     )
-
-
-def problem_digest(problem: Problem) -> str:
-    """A digest of everything the oracle and the tolerance read from ``problem``."""
-    h = hashlib.sha256()
-    for name in ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens"):
-        x = getattr(problem, name)
-        h.update(
-            name.encode()
-            + (b"-" if x is None else str((x.dtype, x.shape)).encode() + np.ascontiguousarray(x).tobytes())
-        )
-    h.update(
-        repr(
-            (problem.scale, problem.use_qk_l2norm_in_kernel, problem.output_final_state, problem.state_v_first)
-        ).encode()
-    )
-    return h.hexdigest()
 
 
 def cached_reference(problem: Problem, oracle: Oracle) -> tuple[tuple, Any]:
