@@ -67,6 +67,7 @@ RESULT_LINE = re.compile(
     r"|  [a-z_]+ +(passed|failed|unsupported|timeout|error) +\d+ examples  .*\d\.\ds.*"
     r"|FAILED [a-z_]+: .*"
     r"|  (minimal example|parameters|kind|likely cause|replay): .*"
+    r"|  (worst (token|final state)|also over|bounds, uniform|kappa_o=).*"  # a failed comparison's details
     r"|\d+ passed, \d+ failed, \d+ unsupported.*"
     r"|time: .*"
 )
@@ -133,3 +134,22 @@ def test_a_passed_gradient_property_shows_each_gradients_closest_approach():
     assert "of their bounds at most: dq 0.50, dg 0.40" in format_result(r)
     r.status = "failed"  # a failure shows its own example's gradients
     assert "dq 0.5/1, dg 0/2" in format_result(r)
+
+
+def test_a_failed_comparison_leads_with_its_worst_metric_and_says_each_part_once(tmp_path):
+    """The FAILED line is the worst metric against its bound (one terminal line); where it is worst,
+    the other metrics over their bounds, the bound's algorithm-aware part (its cause said once,
+    not per metric) and the condition numbers follow on their own lines."""
+    from gdn_verify.api import check
+
+    result = check(
+        "planted:gate_ignored", dtype="float32", properties=["matches_reference"], seed=1, cases_dir=tmp_path
+    )["matches_reference"]
+    assert result.status == "failed"
+    first, *rest = result.failure.message.splitlines()
+    assert first.startswith("output_rms error ") and first.endswith("(against the oracle)")
+    assert len("FAILED matches_reference: " + first) <= 120
+    assert rest[0].startswith("worst token ") and rest[-1].startswith("kappa_o=")
+    assert any(line.startswith("also over: output_token error ") for line in rest)
+    cause = [line for line in rest if line.startswith("bounds, uniform + the float32 chunk-local gate cumsum")]
+    assert len(cause) == 1 and result.failure.message.count("chunk-local gate cumsum") == 1

@@ -144,19 +144,34 @@ def compare(
         getattr(errors, name), getattr(bound, name), f"{name} vs {what}", bound.uniform(name), bound.note(errors)
     )
     if bad:
-        where = []
-        if errors.worst_token is not None and worst < 2:
-            where.append(f"worst token {errors.worst_token[0]} (flat B*T index), value head {errors.worst_token[1]}")
-        if errors.worst_sequence is not None and worst == 2:
-            where.append(
-                f"worst final state: sequence {errors.worst_sequence[0]}, value head {errors.worst_sequence[1]}"
-            )
-        raise Violation(
-            f"{'; '.join(bad)} (against the {what}; kappa_o={tolerance.kappa_output:.3g}, "
-            f"kappa_s={tolerance.kappa_state:.3g}){'; ' + '; '.join(where) if where else ''}",
-            m,
-        )
+        raise Violation(_violation_text(errors, bound, tolerance, name, what), m)
     return m
+
+
+def _violation_text(errors: tol.Errors, bound: tol.Tolerance, tolerance: tol.Tolerance, worst: str, what: str) -> str:
+    """A failed comparison as lines: the worst metric against its bound alone on the first (short
+    enough for one terminal line), then where it is worst, the other metrics over their bounds,
+    how each bound is made up where it has an algorithm-aware part, and the condition numbers."""
+    over = [n for n in tol.METRICS if not getattr(errors, n) <= getattr(bound, n)]
+    lead = worst if worst in over else over[0]
+
+    def metric(n: str) -> str:
+        return f"{n} error {getattr(errors, n):.3g} > tolerance {getattr(bound, n):.3g}"
+
+    lines = [f"{metric(lead)} (against the {what})"]
+    if errors.worst_token is not None and lead != "state":
+        lines.append(f"worst token {errors.worst_token[0]} (flat B*T index), value head {errors.worst_token[1]}")
+    if errors.worst_sequence is not None and lead == "state":
+        lines.append(f"worst final state: sequence {errors.worst_sequence[0]}, value head {errors.worst_sequence[1]}")
+    others = [metric(n) for n in over if n != lead]
+    if others:
+        lines.append("also over: " + "; ".join(others))
+    extras = [(n, bound.algorithm[tol.METRICS.index(n)]) for n in over]
+    split = [f"{n} {bound.uniform(n):.3g} + {extra:.3g}" for n, extra in extras if extra]
+    if split:  # one cause for every metric: said once
+        lines.append(f"bounds, uniform + the {bound.cause}: {'; '.join(split)}")
+    lines.append(f"kappa_o={tolerance.kappa_output:.3g}, kappa_s={tolerance.kappa_state:.3g}")
+    return "\n".join(lines)
 
 
 def state_dtype_of(impl: Implementation) -> Any:
