@@ -229,7 +229,8 @@ def test_a_plugin_with_the_readme_signature_is_told_which_keyword_it_lacks(tmp_p
     assert rows["in_kernel_beta_sigmoid"]["status"] == "unsupported"
     dropped = rows["matches_reference"]["unsupported_reasons"]
     assert set(dropped) == {"needs state_v_first="} and dropped["needs state_v_first="] > 0
-    assert f"examples unsupported (needs state_v_first=: {dropped['needs state_v_first=']})" in result.stdout
+    assert f"examples unsupported (needs state_v_first=: {dropped['needs state_v_first=']}): optional" in result.stdout
+    assert "take them in the signature to have them checked" in result.stdout  # that this is fine, and the way in
     assert "raised NotImplementedError" not in result.stdout
 
 

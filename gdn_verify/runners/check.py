@@ -406,6 +406,8 @@ def run_property(
             result.note = f"unsupported on every example: {_reasons(reasons)}"
         elif result.unsupported:
             result.note = f"{result.unsupported} of {result.examples} examples unsupported ({_reasons(reasons)})"
+            if any(reason.startswith("needs ") for reason in reasons):  # a keyword the signature lacks
+                result.note += OPTIONAL_KEYWORD
         if result.status == "passed" and result.explained is not None:
             note = f"{result.above_uniform} of {result.examples} examples {result.explained.note}"
             result.note = f"{result.note}; {note}" if result.note else note
@@ -441,6 +443,11 @@ def time_split(seconds: float, labelled: dict[str, float]) -> dict[str, float]:
     split = {label: labelled[label] for label in SPLIT_LABELS if labelled.get(label)}
     split["ours"] = max(seconds - sum(labelled.values()), 0.0)
     return split
+
+
+# Said after the count of examples dropped for a keyword the kernel's signature lacks
+# (state_v_first, FLA's in-kernel gate options): not a failure, and how to have them checked.
+OPTIONAL_KEYWORD = ": optional FLA keywords, the other examples ran; take them in the signature to have them checked"
 
 
 def _reasons(reasons: Counter[str]) -> str:
