@@ -20,6 +20,11 @@ are judged bitwise against what was read back before the call. Properties:
 - ``guarded_inputs`` (native form): ``q, k, v, g, beta`` and ``initial_state`` are views into
   guarded buffers; after the call every input and every canary is bitwise unchanged (the message
   names the input and what changed) and the outputs are within the tolerance model.
+- ``output_isolation`` (native form): a call's outputs, read again after a second call of the same
+  shapes and dtypes (``v`` and the initial state negated, so every output differs), are bitwise
+  what they were: an implementation that hands out an output buffer it reuses across calls (one
+  cached per shape, say) loses a caller's earlier result. Its check keeps the implementation's own
+  arrays (``Implementation.call``), which every other property copies at once.
 - ``spec_decode_stream`` (speculative-decoding form): ``S`` (up to 48) decode steps of a few
   requests through one pool, one token per request or, where the rules allow, 2-4 drafts with
   an accepted count feeding the next step. Each step's outputs are held to the normal output
@@ -41,7 +46,7 @@ from hypothesis import strategies as st
 from gdn_verify.core import arrays
 from gdn_verify.core import tolerance as tol
 from gdn_verify.core.conventions import SpecRules, spec_rules_of
-from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result
+from gdn_verify.core.implementation import SPEC_FORM, Implementation, Result, result_of
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement, Property, Violation
@@ -246,6 +251,30 @@ def check_guarded_pool(impl: Implementation, problem: Problem, params: dict) -> 
         raise
 
 
+# output_isolation -------------------------------------------------------------------------------
+def check_output_isolation(impl: Implementation, problem: Problem, params: dict) -> Measurement:
+    """A first call's outputs, read again after a second call of the same shapes, bitwise unchanged."""
+    first = impl.call(problem)  # the implementation's own arrays, not copies
+    taken = result_of(*first)
+    negated = problem.initial_state if problem.initial_state is None else -problem.initial_state
+    impl.call(problem.replace(v=-problem.v, initial_state=negated))  # every output differs from the first
+    again = result_of(*first)
+    for name in ("o", "final_state"):
+        before, after = getattr(taken, name), getattr(again, name)
+        if before is None or after is None:
+            continue
+        changed = np.flatnonzero(_bits(after).reshape(-1) != _bits(before).reshape(-1))
+        if changed.size:
+            diff = float(np.nanmax(np.abs(after.astype(np.float64) - before.astype(np.float64))))
+            raise Violation(
+                f"the {name} a call returned changed when the next call ran: {changed.size} of {before.size} "
+                f"elements, by up to {diff:.3g} (the implementation reuses one output buffer across calls; a "
+                "caller keeping a result loses it)",
+                Measurement(diff, 0.0),
+            )
+    return Measurement(0.0, 0.0, "bitwise")
+
+
 # guarded_inputs ---------------------------------------------------------------------------------
 def check_guarded_inputs(impl: Implementation, problem: Problem, params: dict) -> Measurement:
     """Inputs as guarded views: inputs and canaries bitwise unchanged, outputs within tolerance."""
@@ -398,7 +427,8 @@ def check_stream(impl: Implementation, problem: Problem, params: dict) -> Measur
 
 
 def pool_properties(limits: Limits) -> list[Property]:
-    """``spec_guarded_pool``, ``guarded_inputs`` and ``spec_decode_stream``, drawing within ``limits``."""
+    """``spec_guarded_pool``, ``guarded_inputs``, ``output_isolation`` and ``spec_decode_stream``, drawing
+    within ``limits``."""
     inputs: st.SearchStrategy = gs.problems(limits, max_len=40).map(lambda p: (p, {}))
     return [
         Property(
@@ -416,6 +446,14 @@ def pool_properties(limits: Limits) -> list[Property]:
             lambda impl: inputs,
             check_guarded_inputs,
             30,
+            _needs_native,
+        ),
+        Property(
+            "output_isolation",
+            "a call's outputs stay bitwise intact when the next call runs (no shared output buffer)",
+            lambda impl: inputs,
+            check_output_isolation,
+            20,
             _needs_native,
         ),
         Property(

@@ -18,7 +18,7 @@ from gdn_verify.properties import NAMES
 from gdn_verify.properties.pools import CANARY, LAYOUTS, check_stream, guard
 from gdn_verify.properties.strategies import unit_rows
 
-NEW = ("spec_guarded_pool", "guarded_inputs", "spec_decode_stream")
+NEW = ("spec_guarded_pool", "guarded_inputs", "output_isolation", "spec_decode_stream")
 SPEC_NEW = [name for name in NEW if name.startswith("spec_")]
 # A fresh seed each run for the correct forms (printed on failure); fixed seeds for the bugs.
 SEED = random.randrange(2**31)
@@ -114,6 +114,7 @@ CAUGHT = {
     "spec_updates_a_copy": ("the caller's pool was not updated", "updated a copy"),
     "spec_state_cache_bf16": ("state drift after", "the float32-state bound"),
     "normalizes_k_in_place": ("input k was written",),
+    "shared_output_buffer": ("the o a call returned changed when the next call ran", "reuses one output buffer"),
 }
 
 
@@ -197,4 +198,27 @@ def test_the_reference_under_other_rules_passes(rules, tmp_path):
 
 
 def test_the_new_properties_are_in_the_catalogue():
-    assert set(NEW) <= set(NAMES) and len(NAMES) == 22
+    assert set(NEW) <= set(NAMES) and len(NAMES) == 23
+
+
+# output_isolation ---------------------------------------------------------------------------------
+def test_a_shared_output_buffer_misleads_no_other_property(tmp_path):
+    """Every other property copies each result as it comes back: the planted cache of one output
+    buffer per shape passes them all (output_isolation alone names it, above)."""
+    others = ["matches_reference", "linearity", "determinism", "varlen_equals_separate"]
+    done = check(pm.implementation("shared_output_buffer"), dtype="float32", properties=others, max_examples=15,
+                 seed=3, cases_dir=tmp_path)  # fmt: skip
+    assert all(r.status == "passed" for r in done.results), done.as_dict()
+
+
+def test_a_result_is_a_copy_of_what_the_kernel_returned():
+    """Implementation.run copies a NumPy return (and a CPU torch one): the kernel writing its buffer
+    later changes nothing already taken."""
+    impl = Implementation("shared", {"chunk": pm.shared_output_buffer})
+    problem = Problem(
+        *(np.ones((1, 3, 1, 2), np.float32) for _ in range(3)), np.zeros((1, 3, 1), np.float32),
+        np.full((1, 3, 1), 0.5, np.float32),
+    )  # fmt: skip
+    first = impl.run(problem)
+    raw, _ = impl.call(problem.replace(v=-problem.v))
+    assert np.array_equal(raw, -first.o) and np.all(first.o > 0)  # the buffer moved on, the result did not

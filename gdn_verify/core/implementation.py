@@ -138,11 +138,31 @@ def host_array(x: Any, name: str) -> np.ndarray | None:
     :class:`ContractError` naming ``name``. Arrays convert unguarded: a CUDA error surfacing at the
     copy is the kernel's, and must keep its own type."""
     if x is None or isinstance(x, np.ndarray) or type(x).__module__.startswith(("torch", "cupy")):
-        return arrays.to_numpy(x)
+        host = arrays.to_numpy(x)
+        # A NumPy array, or a torch tensor in host memory, converts without a copy: keep one, so that
+        # a later call writing the same buffer cannot change a result already taken (output_isolation
+        # is the property that says whether an implementation does that).
+        return host.copy() if host is not None and _in_host_memory(x) else host
     try:
         return np.asarray(x)
     except Exception as exc:  # noqa: BLE001 - whatever NumPy makes of it, it is not an array
         raise ContractError(f"{name} is a {type(x).__name__} that is not an array ({exc})") from None
+
+
+def _in_host_memory(x: Any) -> bool:
+    """Whether ``arrays.to_numpy(x)`` may share ``x``'s memory: a NumPy array, a CPU torch tensor."""
+    return isinstance(x, np.ndarray) or (type(x).__module__.startswith("torch") and x.device.type == "cpu")
+
+
+def result_of(o: Any, final_state: Any) -> Result:
+    """A call's ``(o, final_state)`` (the implementation's own arrays) as a :class:`Result` of host copies."""
+    return Result(
+        host_array(o, "o"),
+        host_array(final_state, "final_state"),
+        _dtype_name(o),
+        _dtype_name(final_state),
+        (array_kind(o), array_kind(final_state)),
+    )
 
 
 @dataclass(frozen=True)
@@ -224,7 +244,20 @@ class Implementation:
         options: dict[str, Any] | None = None,
         arguments: dict[str, Any] | None = None,
     ) -> Result:
-        """Call the implementation on ``problem`` and bring the outputs back to NumPy.
+        """Call the implementation on ``problem`` and bring the outputs back to NumPy (copies).
+
+        The arguments as for :meth:`call`.
+        """
+        return result_of(*self.call(problem, form, options, arguments))
+
+    def call(
+        self,
+        problem: Problem,
+        form: str | None = None,
+        options: dict[str, Any] | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> tuple[Any, Any]:
+        """Call the implementation on ``problem``: its ``(o, final_state)`` as it returned them.
 
         ``options``: extra keyword arguments (FLA's in-kernel gate options); NumPy arrays among
         them are converted like the inputs. An option the callable does not accept (a
@@ -248,14 +281,7 @@ class Implementation:
             if rejected:
                 raise NotImplementedError(f"needs {rejected[0]}=") from exc
             raise
-        o, final_state = returned_pair(out)
-        return Result(
-            host_array(o, "o"),
-            host_array(final_state, "final_state"),
-            _dtype_name(o),
-            _dtype_name(final_state),
-            (array_kind(o), array_kind(final_state)),
-        )
+        return returned_pair(out)
 
     def run_backward(
         self,
