@@ -340,3 +340,26 @@ def test_error_growth_details_print_three_significant_digits():
     assert detail.startswith("errors at the rounding floor")
     digits = [len(re.sub(r"[^0-9]", "", m.split("e")[0]).lstrip("0")) for m in re.findall(r": ([-0-9.e+]+)", detail)]
     assert digits and max(digits) <= 3, detail
+
+
+def test_determinism_names_a_nan_that_comes_and_goes():
+    """Uninitialised memory read as NaN on one call and not the other: the message says so (FLA
+    0.4.2's chunk on an H200 read 'max difference 0' there, the NaN being left out of the max)."""
+    from gdn_verify.core.implementation import Implementation
+    from gdn_verify.implementations import numpy_impl
+    from gdn_verify.properties.native import check_determinism
+
+    calls = []
+
+    def flaky(**kw):
+        o, s = numpy_impl.chunk_gated_delta_rule(**kw)
+        calls.append(1)
+        if len(calls) % 2 == 0:
+            o = o.copy()
+            o.reshape(-1)[0] = np.nan
+        return o, s
+
+    ones = np.ones((1, 4, 1, 2), np.float32)
+    problem = Problem(ones, ones, ones, np.zeros((1, 4, 1), np.float32), np.full((1, 4, 1), 0.5, np.float32))
+    with pytest.raises(Violation, match=r"different o \(max difference 0; NaN in one where the other is a number\)"):
+        check_determinism(Implementation("flaky", {"chunk": flaky}), problem, {})
