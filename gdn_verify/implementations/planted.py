@@ -341,6 +341,24 @@ def empty_sequence_state_zeroed(**kw):
     return o, state
 
 
+def empty_sequence_shifts_outputs(**kw):
+    """The output pass numbers the sequences over the non-empty ones only (a chunk index table built
+    without the empty ones), and reads that number's ``cu_seqlens`` bounds: after a leading or middle
+    empty sequence each later sequence's outputs land on an earlier sequence's bounds, and the last
+    ones are never written (zeros here; uninitialised memory in a kernel). A trailing empty sequence
+    is harmless. FLA <= 0.4.2's and vLLM's ``chunk_gated_delta_rule`` (H200, 2026-12-05)."""
+    o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+    cu = kw.get("cu_seqlens")
+    if cu is None:
+        return o, state
+    bounds = np.asarray(cu)
+    written = np.zeros_like(o)
+    nonempty = [n for n in range(len(bounds) - 1) if bounds[n + 1] > bounds[n]]
+    for j in range(len(nonempty)):  # the j-th non-empty sequence's chunks read sequence j's bounds
+        written[:, bounds[j] : bounds[j + 1]] = o[:, bounds[j] : bounds[j + 1]]
+    return written, state
+
+
 def key_dim_tail_truncated(**kw):
     """Key dims past the last full 32-wide tile are dropped (``32 * (K // 32)`` of them kept, K > 32)."""
     K = np.shape(kw["q"])[-1]
@@ -432,6 +450,10 @@ BUGS: dict[str, tuple[str, Callable]] = {
     ),
     "initial_state_ignored_varlen": ("with cu_seqlens the initial state is ignored", initial_state_ignored_varlen),
     "empty_sequence_state_zeroed": ("a sequence of length 0 returns a zero final state", empty_sequence_state_zeroed),
+    "empty_sequence_shifts_outputs": (
+        "outputs placed by a sequence number that skips empty sequences",
+        empty_sequence_shifts_outputs,
+    ),
     "ragged_gate_from_padding": (
         "a ragged last chunk takes G_last from its zero-staged padding",
         _loop(chunk_loop, "ragged_gate_from_padding"),
@@ -505,6 +527,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "log_of_log_gate": ("log_of_log_gate",),
     "initial_state_ignored_varlen": ("initial_state_ignored",),
     "empty_sequence_state_zeroed": ("empty_sequence_state_zeroed",),
+    "empty_sequence_shifts_outputs": (),  # no error model reproduces it: named by its failing examples
     "ragged_gate_from_padding": ("ragged_gate_from_padding_c16",),
     "key_dim_tail_truncated": ("key_dim_tail_truncated",),
     "wy_decay_on_u": ("wy_decay_on_u_c16",),
