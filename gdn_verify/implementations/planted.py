@@ -359,6 +359,13 @@ def empty_sequence_shifts_outputs(**kw):
     return written, state
 
 
+def inputs_read_as_bf16(**kw):
+    """q, k and v read as bfloat16 whatever their dtype (float16 inputs down a path written for
+    bfloat16): each element rounded to bfloat16's 8-bit significand before the arithmetic."""
+    read = {n: np.asarray(kw[n]).astype(ml_dtypes.bfloat16).astype(np.asarray(kw[n]).dtype) for n in "qkv"}
+    return numpy_impl.chunk_gated_delta_rule(**{**kw, **read})
+
+
 def key_dim_tail_truncated(**kw):
     """Key dims past the last full 32-wide tile are dropped (``32 * (K // 32)`` of them kept, K > 32)."""
     K = np.shape(kw["q"])[-1]
@@ -454,6 +461,7 @@ BUGS: dict[str, tuple[str, Callable]] = {
         "outputs placed by a sequence number that skips empty sequences",
         empty_sequence_shifts_outputs,
     ),
+    "inputs_read_as_bf16": ("q, k and v rounded to bfloat16 whatever their dtype", inputs_read_as_bf16),
     "ragged_gate_from_padding": (
         "a ragged last chunk takes G_last from its zero-staged padding",
         _loop(chunk_loop, "ragged_gate_from_padding"),
@@ -528,6 +536,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "initial_state_ignored_varlen": ("initial_state_ignored",),
     "empty_sequence_state_zeroed": ("empty_sequence_state_zeroed",),
     "empty_sequence_shifts_outputs": (),  # no error model reproduces it: named by its failing examples
+    "inputs_read_as_bf16": (),  # a rounding of the inputs: "precision loss", no error model
     "ragged_gate_from_padding": ("ragged_gate_from_padding_c16",),
     "key_dim_tail_truncated": ("key_dim_tail_truncated",),
     "wy_decay_on_u": ("wy_decay_on_u_c16",),
@@ -538,6 +547,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
 
 # Bugs that are no bug on some input dtypes: selftest lists them there as not applicable, unrun.
 NOT_A_BUG_ON: dict[str, tuple[tuple[str, ...], str]] = {
+    "inputs_read_as_bf16": (("bfloat16",), "bfloat16 inputs read as bfloat16 is the identity"),
     "beta_rounded_bf16": (
         ("float16", "bfloat16"),
         "beta already is 16 bits, so the rounding is the identity; from in-kernel sigmoid logits "
