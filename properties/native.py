@@ -264,8 +264,10 @@ def check_determinism(impl: Implementation, problem: Problem, params: dict) -> M
     for name in ("o", "final_state"):
         a, b = getattr(first, name), getattr(second, name)
         if not bitwise_equal(Result(a, None, None, None), Result(b, None, None, None)):
-            diff = np.nanmax(np.abs(as64(a) - as64(b))) if a is not None and b is not None else float("nan")
-            nan = a is not None and b is not None and not np.array_equal(np.isnan(as64(a)), np.isnan(as64(b)))
+            diff, nan = float("nan"), False
+            if a is not None and b is not None:
+                a64, b64 = as64(a), as64(b)
+                diff, nan = np.nanmax(np.abs(a64 - b64)), not np.array_equal(np.isnan(a64), np.isnan(b64))
             what = f"max difference {diff:.3g}" + ("; NaN in one where the other is a number" if nan else "")
             raise Violation(f"two identical calls returned different {name} ({what})", Measurement(float(diff), 0.0))
     return Measurement(0.0, 0.0, "bitwise")

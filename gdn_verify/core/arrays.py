@@ -70,7 +70,9 @@ def to_kind(x: np.ndarray | None, kind: str) -> Any:
 
 
 def to_numpy(x: Any) -> np.ndarray | None:
-    """A NumPy copy of a NumPy, torch or CuPy array, keeping its dtype (bfloat16 included)."""
+    """A NumPy array of a NumPy, torch or CuPy array, keeping its dtype (bfloat16 included): a copy
+    for device arrays, the same memory for a NumPy array or a CPU torch tensor (outputs are copied
+    by ``implementation.host_array``)."""
     if x is None or isinstance(x, np.ndarray):
         return x
     module = type(x).__module__

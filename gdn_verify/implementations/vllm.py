@@ -344,7 +344,7 @@ def raw_gate_kwargs(ops: Any) -> GateKwargs:
         g, beta = g.reshape(-1, HV), beta.reshape(-1, HV)  # [tokens, HV] rows, as the layer has them
         a, b = raw_gates(ops, g, beta)
         ba = ops.cat([ops.cast_like(b, like), ops.cast_like(a, like)], axis=-1)
-        zeros = ops.cast_like(ops.zeros((HV,), like=g), like)
+        zeros = ops.zeros((HV,), like=like)
         return dict(A_log=ops.float32(zeros), a=ba[..., HV:], b=ba[..., :HV], dt_bias=zeros)
 
     return gates
