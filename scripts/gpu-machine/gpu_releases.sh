@@ -10,7 +10,7 @@
 # Carried: .whl/releases, the release sites unpacked here (no network there):
 #   GDN_VERIFY_RELEASES=$PWD/.whl/releases python -c "from gdn_verify.runners import releases; \
 #     [releases.site(l, v, Path('wheels')) for l, v in ...]"   (see the report's README)
-# Knobs: FLA_VERSIONS, VLLM_VERSIONS (comma lists), FLA_IMPLS, VLLM_IMPLS, SCALE_IMPLS (space lists),
+# Knobs: FLA_VERSIONS, VLLM_VERSIONS (comma lists), FLA_IMPLS, VLLM_IMPLS, SCALE_IMPLS (space lists; empty: none),
 # DEFAULT_JOBS (10), SCALE_LANES (2), CHECK_ARGS (extra check flags: a reduced check for a dry run on
 # a CPU under TRITON_INTERPRET=1, with SCALE_IMPLS=""), JOB_TIMEOUT (s, 1500).
 set -u -o pipefail
@@ -27,8 +27,8 @@ detached "$@"
 
 FLA_VERSIONS=${FLA_VERSIONS:-0.4.2,0.5.2,0.6.0}
 VLLM_VERSIONS=${VLLM_VERSIONS:-0.10.2,0.16.0,0.20.0,0.34.0}
-FLA_IMPLS=${FLA_IMPLS:-fla-chunk fla-recurrent}
-VLLM_IMPLS=${VLLM_IMPLS:-vllm-chunk vllm-recurrent vllm-spec vllm-packed-decode vllm-sigmoid-recurrent vllm-sigmoid-spec}
+FLA_IMPLS=${FLA_IMPLS-fla-chunk fla-recurrent}
+VLLM_IMPLS=${VLLM_IMPLS-vllm-chunk vllm-recurrent vllm-spec vllm-packed-decode vllm-sigmoid-recurrent vllm-sigmoid-spec}
 SCALE_IMPLS=${SCALE_IMPLS-fla-chunk vllm-recurrent fla-recurrent vllm-chunk vllm-packed-decode}
 SCALE_CASES=scale_decode_batch,scale_varlen_many_short,scale_many_chunks,scale_batch_offset,scale_varlen_offset,scale_long_sequence
 # One BLAS thread per process: many checks share the cores (the float64 oracle is NumPy); a
