@@ -369,7 +369,13 @@ def inputs_read_as_bf16(**kw):
 def key_dim_tail_truncated(**kw):
     """Key dims past the last full 32-wide tile are dropped (``32 * (K // 32)`` of them kept, K > 32)."""
     K = np.shape(kw["q"])[-1]
-    kept = 32 * (K // 32) if K > 32 else K
+    return truncated_keys(kw, 32 * (K // 32) if K > 32 else K)
+
+
+def truncated_keys(kw: dict, kept: int):
+    """The native call with key dims ``kept`` and after dropped (after the in-kernel l2norm over the
+    whole row; the default scale still ``K ** -0.5``); the dropped state rows keep their initial state."""
+    K = np.shape(kw["q"])[-1]
     if kept == K:
         return numpy_impl.chunk_gated_delta_rule(**kw)
     q, k = (np.asarray(kw[name], np.float32) for name in ("q", "k"))
