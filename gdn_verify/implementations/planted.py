@@ -19,7 +19,7 @@ from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implem
 from gdn_verify.core.max_convention import native_form
 from gdn_verify.core.reference import segment_sums, unit_lower_inverse
 from gdn_verify.implementations import max_numpy, numpy_impl
-from gdn_verify.implementations.speculative import spec_reads_first_slot
+from gdn_verify.implementations.speculative import spec_reads_first_slot, spec_reference
 
 
 def _packed(kw: dict, pad: int = 1):
@@ -413,6 +413,29 @@ def scale_from_value_dim(**kw):
     return numpy_impl.chunk_gated_delta_rule(**{**kw, "scale": V**-0.5 if kw.get("scale") is None else kw["scale"]})
 
 
+def spec_gates_not_regathered(
+    q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale=None,
+    use_qk_l2norm_in_kernel=False,
+):  # fmt: skip
+    """A batch of one-token (decode) and several-token (speculative) requests is split in two and the
+    speculative requests' gates are not gathered again (vLLM PR #51812): a speculative request reads
+    ``g`` and ``beta`` from its token offset less the number of one-token requests before it (its
+    offset in a batch without them). q, k, v are read at the right offsets; a batch with no
+    one-token request before a longer one is right."""
+    cu = np.asarray(cu_seqlens, np.int64)
+    lengths = np.diff(cu)
+    g_read, beta_read = np.array(g), np.array(beta)
+    for n in np.flatnonzero(lengths > 1):
+        shift = int(np.sum(lengths[:n] == 1))
+        if shift:
+            g_read[:, cu[n] : cu[n + 1]] = np.asarray(g)[:, cu[n] - shift : cu[n + 1] - shift]
+            beta_read[:, cu[n] : cu[n + 1]] = np.asarray(beta)[:, cu[n] - shift : cu[n + 1] - shift]
+    return spec_reference(
+        q, k, v, g_read, beta_read, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale,
+        use_qk_l2norm_in_kernel,
+    )  # fmt: skip
+
+
 def _loop(fn, bug):
     return lambda **kw: fn(bug, **kw)
 
@@ -487,6 +510,10 @@ BUGS: dict[str, tuple[str, Callable]] = {
         "speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
         spec_reads_first_slot,
     ),
+    "spec_gates_not_regathered": (
+        "after one-token rows, a speculative row reads g and beta at its offset less their count",
+        spec_gates_not_regathered,
+    ),
     # Kernels in Modular MAX's convention (max_numpy.py), run through --convention max's adapter.
     "max_decay_as_log_rate": (
         "MAX convention: the linear decay_per_token read as a log-space rate, the state times exp(-decay)",
@@ -529,6 +556,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "neg_eigval_ignored": ("neg_eigval_ignored",),
     "nondeterministic": (),
     "spec_reads_first_slot": (),
+    "spec_gates_not_regathered": (),
     # exp(-exp(g)) is no error model's decay; the row after an item's slot is a spare zero row
     # (max_convention's layout), so the state read is zero: the initial state ignored.
     "max_decay_as_log_rate": (),
