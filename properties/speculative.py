@@ -24,6 +24,10 @@ cases are drawn in that convention. Properties:
   accepted some drafts starts from the accepted slot and stores to column 0.
 - ``spec_poisoned_output``: the form's ``output=`` buffer is filled with NaN first; every output
   element the contract writes is written, padding rows as the rules document.
+- ``spec_batch_mix``: decode rows (one token) first, then a speculative row (2 to ``C`` drafts),
+  then rows of any length, in one call, judged as ``spec_decode_slots`` judges them; only under
+  rules that take mixed lengths (not ``uniform_lengths``, ``min_tokens`` 1). After vLLM PR #51812:
+  with one-token rows first, the speculative rows' gates were not re-gathered.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from gdn_verify.core.verdict import compare, spec_output, state_dtype_of
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.strategies import Limits
 
-MODES = ("slots", "duplicate", "bounds", "chain", "poison")
+MODES = ("slots", "duplicate", "bounds", "chain", "poison", "mix")
 
 
 def make_pool(params: dict, HV: int, K: int, V: int, v_first: bool = False) -> np.ndarray:
@@ -105,7 +109,12 @@ def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str =
     low = max(1, rules.min_tokens)
     C = draw(st.integers(max(low, 2 if mode in ("duplicate", "chain") else 1), max(max_columns, low)))
     N = draw(st.integers(3 if mode == "bounds" else (2 if mode == "duplicate" else 1), 4))
-    if rules.uniform_lengths:
+    if mode == "mix":  # one-token rows first, then a speculative row, then any (needs mixed lengths)
+        C, N = max(C, 2), max(N, 2)
+        decode = draw(st.integers(1, N - 1))
+        lengths = [1] * decode + [draw(st.integers(2, C))]
+        lengths += draw(st.lists(st.integers(1, C), min_size=N - decode - 1, max_size=N - decode - 1))
+    elif rules.uniform_lengths:
         lengths = [draw(st.integers(max(low, 2 if mode == "duplicate" else 1), C))] * N
     else:
         lengths = draw(st.lists(st.integers(2 if mode == "duplicate" else low, C), min_size=N, max_size=N))
@@ -115,6 +124,9 @@ def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str =
         accepted = draw(st.lists(st.integers(1, C), min_size=N, max_size=N))
     if mode in ("duplicate", "chain", "bounds"):
         padding = [False] * N
+    elif mode == "mix":  # the first speculative row stays live: it is the row the mix is about
+        padding = draw(st.lists(st.booleans(), min_size=N, max_size=N))
+        padding[lengths.index(max(lengths))] = False
     else:
         padding = draw(st.lists(st.booleans(), min_size=N, max_size=N).filter(lambda p: not all(p)))
     first = rules.first_live_slot
@@ -128,7 +140,7 @@ def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str =
         if rules.padding_entries != "spare":
             indices[n] = -1 if rules.padding_entries == "negative" else null
         indices[n, accepted[n] - 1] = marker
-    if rules.skip_entries and mode in ("slots", "poison"):
+    if rules.skip_entries and mode in ("slots", "poison", "mix"):
         # "store nothing" entries in live rows, never in the start column
         for n in np.flatnonzero(~np.array(padding)):
             skip = draw(st.lists(st.booleans(), min_size=C, max_size=C))
@@ -437,6 +449,8 @@ def _explain_start(
     notes = []
     for n in real:
         native_o = np.asarray(o)[:, bounds[n] : bounds[n + 1]]
+        if _fits(_requests(problem, [n], before_k[[indices[n, accepted[n] - 1]]]), native_o, state_dtype):
+            continue  # this request's outputs are right: nothing to explain
         for column in range(indices.shape[1]):
             if column == accepted[n] - 1 or rules.is_padding_slot(int(indices[n, column])):
                 continue
@@ -459,12 +473,32 @@ def _explain_start(
     return ("; " + "; ".join(notes)) if notes else ""
 
 
+def _fits(native: Problem, o: np.ndarray, state_dtype: Any = None) -> bool:
+    """Whether outputs ``o`` are within tolerance of the oracle of ``native``."""
+    ref = numpy_oracle(native)
+    bound = tol.tolerance(native, tol.condition(native, ref, state_dtype=state_dtype))
+    try:
+        compare(native, Result(o, None, None, None), (ref[0], None), bound)
+    except Violation:
+        return False
+    return True
+
+
 # the property check the earlier single-property API exported
 check_spec_decode_slots = check_slots
 
 
 def _needs_spec(impl: Implementation) -> str | None:
     return None if SPEC_FORM in impl.forms else f"{impl.name} has no speculative-decoding form"
+
+
+def _needs_mixed_lengths(impl: Implementation) -> str | None:
+    """``spec_batch_mix``: a spec form whose rules take one-token and several-token requests in one call."""
+    reason = _needs_spec(impl)
+    rules = spec_rules_of(impl.extra)
+    if reason is None and (rules.uniform_lengths or rules.min_tokens > 1):
+        reason = f"{impl.name}'s slot rules ({rules.name}) take no one-token request beside a speculative one"
+    return reason
 
 
 def _needs_output(impl: Implementation) -> str | None:
@@ -503,8 +537,59 @@ def spec_properties(limits: Limits) -> list[Property]:
             _needs_spec,
         ),
         ("spec_poisoned_output", "poison", "every output element the contract writes is written", 30, _needs_output),
+        (
+            "spec_batch_mix",
+            "mix",
+            "one-token decode rows before speculative rows in one call: outputs and slots right",
+            30,
+            _needs_mixed_lengths,
+        ),
     )
     return [
-        Property(name, summary, cases(mode), check_slots, n, needs, form=SPEC_FORM)
+        Property(name, summary, cases(mode), check_mix if mode == "mix" else check_slots, n, needs, form=SPEC_FORM)
         for name, mode, summary, n, needs in table
     ]
+
+
+def check_mix(impl: Implementation, problem: Problem, params: dict) -> Measurement:
+    """``check_slots`` on a batch mix; a failure says the mix (the requests' lengths) first."""
+    try:
+        return check_slots(impl, problem, params)
+    except Violation as exc:
+        lengths = problem.lengths.tolist()
+        decode = next(i for i, n in enumerate(lengths) if n > 1)
+        raise Violation(
+            f"batch mix of requests of {lengths} tokens ({decode} one-token row{'s' if decode > 1 else ''} "
+            f"before the first speculative row): {exc}{_explain_gates(impl, problem, params)}",
+            exc.measurement,
+        ) from None
+
+
+def _explain_gates(impl: Implementation, problem: Problem, params: dict) -> str:
+    """Name the mix's own mistake where it reproduces the outputs: each speculative row read ``g`` and
+    ``beta`` at its token offset less the number of one-token rows before it (its offset in the batch
+    without them: gates not gathered again after the split, vLLM PR #51812)."""
+    rules = spec_rules_of(impl.extra)
+    indices = np.asarray(params["ssm_state_indices"], np.int64)
+    accepted = np.asarray(params["num_accepted_tokens"], np.int64)
+    starts = indices[np.arange(len(accepted)), accepted - 1]
+    lengths, bounds = problem.lengths, problem.bounds
+    live = [n for n in range(len(lengths)) if not rules.is_padding_slot(int(starts[n]))]
+    spec = [n for n in live if lengths[n] > 1 and np.sum(lengths[:n] == 1)]
+    if not spec:
+        return ""
+    g, beta = np.array(problem.g), np.array(problem.beta)
+    for n in spec:
+        shift = int(np.sum(lengths[:n] == 1))
+        g[:, bounds[n] : bounds[n + 1]] = problem.g[:, bounds[n] - shift : bounds[n + 1] - shift]
+        beta[:, bounds[n] : bounds[n + 1]] = problem.beta[:, bounds[n] - shift : bounds[n + 1] - shift]
+    o, before, _, _ = run_spec(impl, problem, params)
+    before_k = kfirst(before, rules)
+    shifted = _requests(problem.replace(g=g, beta=beta), spec, before_k[starts[spec]])
+    take = np.concatenate([np.arange(bounds[n], bounds[n + 1]) for n in spec])
+    if not _fits(shifted, np.asarray(o)[:, take], state_dtype_of(impl)):
+        return ""
+    return (
+        f"; the speculative rows {spec} match the oracle with g and beta read at their token offsets less the "
+        "one-token rows before them: the gates were not gathered again for the speculative rows"
+    )

@@ -115,6 +115,8 @@ CAUGHT = {
     "spec_state_cache_bf16": ("state drift after", "the float32-state bound"),
     "normalizes_k_in_place": ("input k was written",),
     "shared_output_buffer": ("the o a call returned changed when the next call ran", "reuses one output buffer"),
+    "initial_state_cache_without_dtype": ("call 2 of 3 (initial_state in bfloat16", "a cache keyed without that dtype"),
+    "key_tile_from_previous_call": ("a heuristic or launch configuration kept from the previous call",),
 }
 
 
@@ -198,7 +200,7 @@ def test_the_reference_under_other_rules_passes(rules, tmp_path):
 
 
 def test_the_new_properties_are_in_the_catalogue():
-    assert set(NEW) <= set(NAMES) and len(NAMES) == 23
+    assert set(NEW) <= set(NAMES) and len(NAMES) == 26
 
 
 # output_isolation ---------------------------------------------------------------------------------

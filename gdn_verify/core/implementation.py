@@ -180,6 +180,10 @@ class Implementation:
 
     ``forms`` maps a form name (``"chunk"``, ``"recurrent"``, ``"spec"``) to a callable; the first
     native (non-spec) form is the default. ``array`` is the array type the callables take.
+    ``extra["optional_dtypes"]`` (``{name: (dtype, dtype)}``, names among ``initial_state``,
+    ``A_log``, ``dt_bias``; ``"half"`` the input dtype where it has 16 bits, else bfloat16): the
+    optional arguments the implementation takes in either dtype, for the process property
+    ``optional_dtypes`` (undeclared: ``initial_state`` in float32 and ``"half"``).
     """
 
     name: str

@@ -19,7 +19,7 @@ from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implem
 from gdn_verify.core.max_convention import native_form
 from gdn_verify.core.reference import segment_sums, unit_lower_inverse
 from gdn_verify.implementations import max_numpy, numpy_impl
-from gdn_verify.implementations.speculative import spec_reads_first_slot
+from gdn_verify.implementations.speculative import spec_reads_first_slot, spec_reference
 
 
 def _packed(kw: dict, pad: int = 1):
@@ -369,7 +369,13 @@ def inputs_read_as_bf16(**kw):
 def key_dim_tail_truncated(**kw):
     """Key dims past the last full 32-wide tile are dropped (``32 * (K // 32)`` of them kept, K > 32)."""
     K = np.shape(kw["q"])[-1]
-    kept = 32 * (K // 32) if K > 32 else K
+    return truncated_keys(kw, 32 * (K // 32) if K > 32 else K)
+
+
+def truncated_keys(kw: dict, kept: int):
+    """The native call with key dims ``kept`` and after dropped (after the in-kernel l2norm over the
+    whole row; the default scale still ``K ** -0.5``); the dropped state rows keep their initial state."""
+    K = np.shape(kw["q"])[-1]
     if kept == K:
         return numpy_impl.chunk_gated_delta_rule(**kw)
     q, k = (np.asarray(kw[name], np.float32) for name in ("q", "k"))
@@ -405,6 +411,29 @@ def scale_from_value_dim(**kw):
     """The default scale is ``V ** -0.5`` instead of ``K ** -0.5``."""
     V = np.shape(kw["v"])[-1]
     return numpy_impl.chunk_gated_delta_rule(**{**kw, "scale": V**-0.5 if kw.get("scale") is None else kw["scale"]})
+
+
+def spec_gates_not_regathered(
+    q, k, v, g, beta, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale=None,
+    use_qk_l2norm_in_kernel=False,
+):  # fmt: skip
+    """A batch of one-token (decode) and several-token (speculative) requests is split in two and the
+    speculative requests' gates are not gathered again (vLLM PR #51812): a speculative request reads
+    ``g`` and ``beta`` from its token offset less the number of one-token requests before it (its
+    offset in a batch without them). q, k, v are read at the right offsets; a batch with no
+    one-token request before a longer one is right."""
+    cu = np.asarray(cu_seqlens, np.int64)
+    lengths = np.diff(cu)
+    g_read, beta_read = np.array(g), np.array(beta)
+    for n in np.flatnonzero(lengths > 1):
+        shift = int(np.sum(lengths[:n] == 1))
+        if shift:
+            g_read[:, cu[n] : cu[n + 1]] = np.asarray(g)[:, cu[n] - shift : cu[n + 1] - shift]
+            beta_read[:, cu[n] : cu[n + 1]] = np.asarray(beta)[:, cu[n] - shift : cu[n + 1] - shift]
+    return spec_reference(
+        q, k, v, g_read, beta_read, state_pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, scale,
+        use_qk_l2norm_in_kernel,
+    )  # fmt: skip
 
 
 def _loop(fn, bug):
@@ -481,6 +510,10 @@ BUGS: dict[str, tuple[str, Callable]] = {
         "speculative decoding starts from ssm_state_indices[n, 0], ignoring the accepted count",
         spec_reads_first_slot,
     ),
+    "spec_gates_not_regathered": (
+        "after one-token rows, a speculative row reads g and beta at its offset less their count",
+        spec_gates_not_regathered,
+    ),
     # Kernels in Modular MAX's convention (max_numpy.py), run through --convention max's adapter.
     "max_decay_as_log_rate": (
         "MAX convention: the linear decay_per_token read as a log-space rate, the state times exp(-decay)",
@@ -523,6 +556,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "neg_eigval_ignored": ("neg_eigval_ignored",),
     "nondeterministic": (),
     "spec_reads_first_slot": (),
+    "spec_gates_not_regathered": (),
     # exp(-exp(g)) is no error model's decay; the row after an item's slot is a spare zero row
     # (max_convention's layout), so the state read is zero: the initial state ignored.
     "max_decay_as_log_rate": (),

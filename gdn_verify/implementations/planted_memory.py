@@ -20,6 +20,7 @@ import numpy as np
 from gdn_verify.core.conventions import NATIVE_SPEC, l2norm, start_slots
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations import numpy_impl
+from gdn_verify.implementations.planted import truncated_keys
 from gdn_verify.implementations.speculative import _spec_numpy, spec_reference
 
 
@@ -188,6 +189,53 @@ def shared_output_buffer(**kw):
     return buffer, S
 
 
+def read_as(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``x``'s bytes read as ``dtype`` elements, ``x.size`` of them, ``x``'s shape (a kernel compiled
+    for a pointer of ``dtype`` handed ``x``); bytes past ``x``'s end read as zeros (NumPy has no
+    memory there to read)."""
+    raw = np.ascontiguousarray(x).tobytes()
+    need = x.size * np.dtype(dtype).itemsize
+    raw = raw[:need] + bytes(max(0, need - len(raw)))
+    return np.frombuffer(raw, dtype=dtype).reshape(x.shape).copy()
+
+
+class InitialStateCacheWithoutDtype:
+    """A kernel compiled on first use and cached by the shapes and the input dtype, not by the dtypes
+    of its optional arrays (``initial_state``, and ``A_log``/``dt_bias`` where passed: FlashInfer PR
+    #4219): a later call with one of them in another dtype runs the first call's kernel, which reads
+    its bytes as the first dtype. One cache per instance (``implementation`` makes a fresh one: a
+    fresh process)."""
+
+    def __init__(self) -> None:
+        self.compiled: dict[tuple, np.dtype] = {}
+
+    def __call__(self, **kw):
+        shapes = (np.shape(kw["q"]), np.shape(kw["v"]), np.asarray(kw["q"]).dtype.str)
+        for name in ("initial_state", "A_log", "dt_bias"):
+            if kw.get(name) is not None:
+                x = np.asarray(kw[name])
+                compiled = self.compiled.setdefault((*shapes, name, x.shape), x.dtype)
+                kw = {**kw, name: read_as(x, compiled)}
+        return numpy_impl.chunk_gated_delta_rule(**kw)
+
+
+class KeyTileFromPreviousCall:
+    """A launch heuristic kept in one per-process slot keyed without the head size: the key-dim tile
+    ``BK`` a call launches with is the one computed for the previous call (the slot is refreshed
+    after the launch; the first call computes its own). A call whose ``K`` exceeds the previous
+    call's covers only its first ``BK`` key dims (the rest dropped, as
+    ``planted.key_dim_tail_truncated`` drops them). One slot per instance."""
+
+    def __init__(self) -> None:
+        self.tile: int | None = None
+
+    def __call__(self, **kw):
+        K = np.shape(kw["q"])[-1]
+        tile = K if self.tile is None else self.tile
+        self.tile = K
+        return truncated_keys(kw, min(K, tile))
+
+
 # name: (description, callable, form, the property meant to catch it)
 BUGS: dict[str, tuple[str, Callable, str, str]] = {
     "spec_writes_past_last_slot": (
@@ -226,7 +274,22 @@ BUGS: dict[str, tuple[str, Callable, str, str]] = {
         "default",
         "output_isolation",
     ),
+    "initial_state_cache_without_dtype": (
+        "a kernel cache keyed without the initial state's dtype reads it as the first call's dtype",
+        InitialStateCacheWithoutDtype(),
+        "default",
+        "optional_dtypes",
+    ),
+    "key_tile_from_previous_call": (
+        "each call launched with the previous call's key-dim tile: a larger K is truncated",
+        KeyTileFromPreviousCall(),
+        "default",
+        "shape_class_return",
+    ),
 }
+
+# Bugs whose callable keeps state across calls (a cache): ``implementation`` gives each a fresh one.
+STATEFUL = (InitialStateCacheWithoutDtype, KeyTileFromPreviousCall)
 
 
 def implementation(bug: str) -> Implementation:
@@ -234,4 +297,6 @@ def implementation(bug: str) -> Implementation:
     if bug not in BUGS:
         raise ConfigurationError("impl", f"{bug}: unknown planted memory bug; choose from {', '.join(BUGS)}")
     description, fn, form, _ = BUGS[bug]
+    if isinstance(fn, STATEFUL):
+        fn = type(fn)()
     return Implementation(f"planted-memory:{bug}", {form: fn}, description=description)
