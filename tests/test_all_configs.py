@@ -102,6 +102,19 @@ def test_configs_differing_only_in_num_warps_must_agree_bitwise_under_the_interp
     _validate(doc)  # a failed agreement (no saved case) is a valid row too
 
 
+@pytest.mark.interpreter
+def test_the_pytest_plugin_runs_each_property_under_every_config(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--gdn-impl", "triton_gdn:floor_grid"]
+    argv += ["--gdn-array", "torch", "--gdn-dtype", "float32", "--gdn-dims", "16", "--gdn-max-examples", "3"]
+    argv += ["--gdn-properties", "matches_reference", "--gdn-seed", "1", "--gdn-all-configs"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text
+    assert "every autotuner config" in text  # the header
+    assert f"FAILED matches_reference {BAD}" in text and "1 failed" in text, text
+
+
 def test_the_cli_refuses_all_configs_for_an_implementation_without_triton_in_one_line():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "gdn_verify", "check", "--impl", "numpy", "--all-configs"]

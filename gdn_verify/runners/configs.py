@@ -31,6 +31,7 @@ Progress goes through callbacks; nothing here prints.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,13 +314,16 @@ def run_all_configs(
     try:
         for tuned in plan.kernels:
             per_config: list[dict[str, np.ndarray] | str] = []
+            seconds = 0.0  # the fixed problem's calls: the agreement's time
             for index, config in enumerate(tuned.configs):
                 where = dict(kernel=tuned.kernel, config=config_text(config), index=index)
                 with pinned(tuned, config):
+                    start = time.perf_counter()
                     try:
                         per_config.append(outputs(guard.guarded(impl), problem, grad))
                     except Exception as exc:  # noqa: BLE001 - the properties report it under this config
                         per_config.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                    seconds += time.perf_counter() - start
                     for prop in properties:
                         r = run_property(prop, impl, run, progress, guard)
                         r.config = where
@@ -331,7 +335,9 @@ def run_all_configs(
                         emit(r)
                         if r.status == "misuse" or r.context_lost:
                             return results
-            emit(agreement(tuned, per_config, plan.interpreted, problem))
+            r = agreement(tuned, per_config, plan.interpreted, problem)
+            r.seconds, r.split = seconds, {"kernel": seconds, "ours": 0.0}
+            emit(r)
     finally:
         guard.close()
     return results
