@@ -186,6 +186,27 @@ def test_pinning_runs_exactly_the_config_given_and_restores_the_list():
     assert kernel.launches[-1]["BV"] == 16
 
 
+def test_a_config_the_autotuner_would_drop_on_this_gpu_is_unsupported_not_failed():
+    from triton.runtime.errors import OutOfResources
+
+    class TooBig(_Kernel):
+        def run(self, *args, **kwargs):
+            if kwargs["BV"] == 128:
+                raise OutOfResources(300000, 232448, "shared memory")
+            super().run(*args, **kwargs)
+
+    kernel = TooBig()
+    listed = [triton.Config({"BV": 16}), triton.Config({"BV": 128})]
+    tuner = _autotuner(listed, kernel)
+    tuned = configs.Tuned("scaled_kernel", tuner, tuple(listed))
+    with configs.pinned(tuned, listed[1]), pytest.raises(NotImplementedError, match=r"BV=128.*cannot launch here"):
+        tuner.run(1, grid=(1,), warmup=False)
+    with configs.pinned(tuned, listed[0]):
+        tuner.run(1, grid=(1,), warmup=False)
+    assert kernel.launches[-1]["BV"] == 16
+    assert "run" not in vars(tuner)  # the class's own run again
+
+
 def _outputs(x: float) -> dict[str, np.ndarray]:
     return {"chunk.o": np.full((2, 3), x, np.float32)}
 

@@ -174,18 +174,44 @@ def no_kernel_message(impl: Implementation) -> str:
     return f"{impl.name} launches no autotuned Triton kernel (no triton.autotune was reached): nothing to pin"
 
 
+def _skipped_by_autotuner() -> tuple[type[BaseException], ...]:
+    """The errors for which Triton's autotuner drops a config when it times them (the config does not
+    fit this GPU: shared memory, registers, a compile-time assertion), as ``Autotuner._bench`` does."""
+    try:
+        from triton.compiler.errors import CompileTimeAssertionFailure
+        from triton.runtime.errors import OutOfResources, PTXASError
+    except ImportError:
+        return ()
+    return (OutOfResources, CompileTimeAssertionFailure, PTXASError)
+
+
 @contextlib.contextmanager
 def pinned(tuned: Tuned, config: Any) -> Iterator[None]:
     """While open, ``tuned``'s autotuner runs ``config`` and nothing else: its list is ``[config]``,
     which ``Autotuner.run`` launches directly (no pruning, no timing, no cache, the interpreter's
-    patches not reached). Other autotuners are untouched. Restored on leaving."""
+    patches not reached). Other autotuners are untouched. Restored on leaving.
+
+    A config the autotuner itself would drop on this GPU (:func:`_skipped_by_autotuner`) raises
+    ``NotImplementedError`` saying so: the example is unsupported there, not a failure of the kernel."""
     tuner = tuned.autotuner
-    saved = tuner.configs
+    saved, run, skipped = tuner.configs, tuner.run, _skipped_by_autotuner()
+
+    def pinned_run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except skipped as exc:
+            raise NotImplementedError(
+                f"{label(tuned.kernel, config)} cannot launch here, so the autotuner never picks it: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
+
     tuner.configs = [config]
+    tuner.run = pinned_run  # an instance attribute: what @heuristics and kernel[grid] call
     try:
         yield
     finally:
         tuner.configs = saved
+        del tuner.run
 
 
 def differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[bool, float]:
