@@ -164,6 +164,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         + (", gradients (the backward)" if run.grad else ""),
         flush=True,
     )
+    if run.configs is not None:
+        _print_configs_plan(run.configs)
     partial = api.CheckResult.started(run)
 
     def save(status: str) -> None:
@@ -211,9 +213,18 @@ def cmd_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
+    if result.configs is not None:
+        print(console.format_configs_summary(result.results))
     _print_compile(result.shapes, result.seconds)
     print(console.format_time_split(result.time_split(), result.seconds, result.startup_seconds))
     return 0 if result.passed else 1
+
+
+def _print_configs_plan(plan) -> None:
+    """--all-configs: the cost (kernels, configs, properties) and each kernel's configs, before the run."""
+    print(f"all configs: {plan.describe()}", flush=True)
+    for tuned in plan.kernels:
+        print(f"  {tuned.kernel}: {len(tuned.configs)} configs", flush=True)
 
 
 def _print_compile(plan, seconds: float) -> None:
@@ -620,6 +631,14 @@ def add_check(sub: argparse._SubParsersAction) -> None:
         help="verify the backward instead of the forward: the gradient properties (dq, dk, dv, dg, dbeta, dh0 "
         "against the float64 adjoint, ...) on the implementation's functional backward (--convention backward) "
         "or, for a torch function (--array torch, fla-chunk), its autograd backward; not with --scale",
+    )
+    check.add_argument(
+        "--all-configs",
+        action="store_true",
+        help="for each autotuned Triton kernel the implementation launches, run the properties (default: "
+        "matches_reference, varlen_equals_separate, determinism; or --properties) under every config of its "
+        "autotuner, one at a time; a failure names the kernel and the config. Costs configs x properties; "
+        "not with --scale",
     )
     _compile_option(check)
     check.set_defaults(func=cmd_check)

@@ -61,6 +61,7 @@ from gdn_verify.options import (
 )
 from gdn_verify.properties import LARGE_CPU, LARGE_GPU, Limits, catalogue
 from gdn_verify.properties.strategies import pool_candidates
+from gdn_verify.runners import configs as configs_runner
 from gdn_verify.runners import fuzz as fuzz_runner
 from gdn_verify.runners import scale as scale_runner
 from gdn_verify.runners import workers as workers_runner
@@ -192,6 +193,8 @@ class CheckResult:
     # Properties not run: a property left the GPU context broken (PropertyResult.context_lost) and
     # every later call of this process would fail alike; run them in a fresh process.
     not_run: list[str] = field(default_factory=list)
+    # check --all-configs: the autotuned kernels and configs the properties ran under (None: not asked)
+    configs: configs_runner.Plan | None = None
 
     @classmethod
     def started(cls, run: ResolvedCheck) -> CheckResult:
@@ -204,6 +207,7 @@ class CheckResult:
             convention=run.options.convention,
             timeout=run.options.timeout,
             grad=run.grad,
+            configs=run.configs,
         )
 
     @property
@@ -280,6 +284,7 @@ class CheckResult:
             time_split={label: round(t, 2) for label, t in self.time_split().items()},
             **({} if self.startup_seconds is None else {"startup_seconds": round(self.startup_seconds, 1)}),
             **({"not_run": self.not_run} if self.not_run else {}),
+            **({"all_configs": self.configs.as_dict()} if self.configs is not None else {}),
         )
 
 
@@ -305,6 +310,7 @@ def check(
     scale: bool = False,
     scale_limits: scale_runner.ScaleLimits | None = None,
     grad: bool = False,
+    all_configs: bool = False,
 ) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
 
@@ -336,6 +342,12 @@ def check(
     (``impl`` a functional backward ``fn(q, k, v, g, beta, scale=None, initial_state=None,
     use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, do, dht=None) -> (dq, dk, dv, dg, dbeta,
     dh0)``) and by an implementation with only a backward form. Not with ``scale`` (yet).
+    ``all_configs``: for each autotuned Triton kernel the implementation launches, the properties
+    (by default ``runners.configs.DEFAULT_PROPERTIES``) under each config of its autotuner, one at a
+    time, each result labelled with the kernel and config (``PropertyResult.config``), then one
+    ``same_across_configs`` result per kernel (``gdn_verify.runners.configs`` says what is promised);
+    torch implementations with Triton kernels only, not with ``scale``. The cost, known before the
+    run: ``CheckOptions(all_configs=True).resolve(impl).configs.describe()``.
 
     The same settings as one object: ``check(impl, **options.keywords())`` with a
     :class:`~gdn_verify.options.CheckOptions`, which validates them (as this call does first), then
@@ -359,6 +371,7 @@ def check(
         scale=scale,
         scale_limits=scale_limits,
         grad=grad,
+        all_configs=all_configs,
     )
     return check_resolved(options.resolve(impl), progress=progress, on_result=on_result, on_compile=on_compile)
 
@@ -391,8 +404,13 @@ def check_resolved(
     )
     result = CheckResult.started(run)
     result.shapes, result.startup_seconds = shapes, startup
-    result.results = run_check(impl, props, settings, progress, on_result)
-    if result.results and result.results[-1].context_lost:
+    if run.configs is not None:  # --all-configs: every property under each (kernel, config)
+        result.results = configs_runner.run_all_configs(
+            impl, run.configs, props, settings, run.grad, progress, on_result
+        )
+    else:
+        result.results = run_check(impl, props, settings, progress, on_result)
+    if result.results and result.results[-1].context_lost and run.configs is None:
         result.not_run = [p.name for p in props[len(result.results) :]]
     if run.scale_cases:
         result.results += _run_scale(

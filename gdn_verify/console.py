@@ -114,7 +114,7 @@ def format_result(r: PropertyResult) -> str:
             worst = f"exact ({r.worst.detail})"
     notes = [n for n in (r.note, r.warning) if n]
     note = f"  [{'; '.join(notes)}]" if notes else ""
-    return f"  {r.name:<24} {r.status:<11} {r.examples:4d} examples  {worst}  {r.seconds:.1f}s{note}"
+    return f"  {r.label:<24} {r.status:<11} {r.examples:4d} examples  {worst}  {r.seconds:.1f}s{note}"
 
 
 def format_failure(r: PropertyResult, replay: str | None, headline: bool = True) -> str:
@@ -129,7 +129,7 @@ def format_failure(r: PropertyResult, replay: str | None, headline: bool = True)
     example = "example that hung" if f.status == "timeout" else "minimal example"
     message, *details = f.message.splitlines() or [""]
     if headline:
-        first = f"{f.status.upper()} {r.name}: {message}"
+        first = f"{f.status.upper()} {r.label}: {message}"
     else:
         first = message if f.status == "failed" else f"{f.status.upper()}: {message}"
     lines = [first, *("  " + line for line in details), f"  {example}: {f.describe()}"]
@@ -144,6 +144,14 @@ def format_failure(r: PropertyResult, replay: str | None, headline: bool = True)
     if replay:
         lines.append(f"  replay: {replay}")
     return "\n".join(lines)
+
+
+def format_configs_summary(results: list[PropertyResult]) -> str:
+    """``check --all-configs``: how many (kernel, config) pairs ran and which failed, by label."""
+    pairs = {(r.config["kernel"], r.config["config"]) for r in results if r.config and "index" in r.config}
+    failed = [r.label for r in results if r.config and r.status not in ("passed", "unsupported")]
+    text = f"all configs: {len(pairs)} (kernel, config) pairs run"
+    return text + (f"; not passed: {', '.join(failed)}" if failed else "; every one passed")
 
 
 def duration(seconds: float) -> str:

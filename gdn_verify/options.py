@@ -41,6 +41,7 @@ from gdn_verify.core.problem import DTYPES
 from gdn_verify.core.property import Property
 from gdn_verify.implementations import CONVENTIONS
 from gdn_verify.properties import Limits, catalogue
+from gdn_verify.runners import configs as configs_runner
 from gdn_verify.runners import fuzz as fuzz_runner
 from gdn_verify.runners import scale as scale_runner
 from gdn_verify.runners import workers as workers_runner
@@ -129,10 +130,13 @@ class CheckOptions(_Settings):
     scale: bool = False
     scale_limits: ScaleLimits | None = None
     grad: bool = False
+    all_configs: bool = False
 
     def __post_init__(self) -> None:
         _check_suite(self)
         valid_max_examples(self.max_examples)
+        if self.all_configs and self.scale:
+            raise ConfigurationError(ALL_CONFIGS, SCALE_REFUSED)
 
     def resolve(self, impl: ImplLike) -> ResolvedCheck:
         """These settings against ``impl``, loaded (:func:`implementation`): every check that needs
@@ -155,10 +159,13 @@ class CheckOptions(_Settings):
         if not grad:  # with grad, a scale_ name is an unknown gradient property: the scale tier is forward problems
             cases, names = scale_selection(loaded, self.scale, self.scale_limits, self.properties)
         limits = suite_limits(loaded, dtype, self.dims, self.max_tokens)
+        if self.all_configs and names is None:
+            names = configs_runner.default_properties(suite_catalogue(limits, grad), grad)
         scale_only = bool(cases) and names == []
         chosen = () if scale_only else tuple(p.name for p in select(suite_catalogue(limits, grad), names, loaded))
         seed = self.seed if self.seed is not None else random.randrange(2**31)
-        return ResolvedCheck(loaded, self, grad, dtype, seed, limits, chosen, tuple(cases))
+        plan = all_configs_plan(loaded, self, grad, dtype, limits, chosen) if self.all_configs else None
+        return ResolvedCheck(loaded, self, grad, dtype, seed, limits, chosen, tuple(cases), plan)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +185,7 @@ class ResolvedCheck:
     limits: Limits
     properties: tuple[str, ...]
     scale_cases: tuple[str, ...] = ()
+    configs: configs_runner.Plan | None = None  # all_configs: the autotuned kernels and their configs
 
     @property
     def scale_only(self) -> bool:
@@ -354,6 +362,39 @@ class SelftestCommand:
         options = SelftestOptions.from_flags(values)
         out = writable(values["json"], "json") if values.get("json") else None
         return cls(options.resolve(), out)
+
+
+ALL_CONFIGS = "all_configs"
+SCALE_REFUSED = "pins autotuner configs for the properties; not with the scale tier"
+
+
+def all_configs_plan(
+    impl: Implementation, options: CheckOptions, grad: bool, dtype: str, limits: Limits, properties: Sequence[str]
+) -> configs_runner.Plan:
+    """``check --all-configs``: the autotuned Triton kernels ``impl`` launches (a few small calls,
+    ``runners.configs.discover``) and their configs, or :class:`ConfigurationError` naming
+    ``all_configs`` where it cannot apply: with the scale tier, an implementation that takes
+    NumPy or CuPy arrays (no Triton), or one that launches no autotuned kernel."""
+    if any(n.startswith(SCALE_PREFIX) for n in options.properties or ()):
+        raise ConfigurationError(ALL_CONFIGS, SCALE_REFUSED)
+    if impl.array != "torch":
+        raise ConfigurationError(
+            ALL_CONFIGS, f"pins Triton autotuner configs; {impl.name} takes {impl.array} arrays (no Triton kernels)"
+        )
+    from gdn_verify.implementations import interpreter
+
+    problems = configs_runner.probe_problems(dtype, limits.head_dims)
+    try:
+        tuned = configs_runner.discover(impl, problems, grad)
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line: the call discovery needs could not run
+        raise ConfigurationError(
+            ALL_CONFIGS, f"{impl.name} raised on the small call that finds its kernels: {type(exc).__name__}: {exc}"
+        ) from None
+    if not tuned:
+        raise ConfigurationError(ALL_CONFIGS, configs_runner.no_kernel_message(impl))
+    return configs_runner.Plan(tuned, list(properties), interpreter.requested(), problems[0])
 
 
 # The implementation and the property suite it is checked with -------------------------------

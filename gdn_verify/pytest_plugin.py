@@ -2,9 +2,11 @@
 
 ``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
 [--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
-[--gdn-convention native|spec|backward|max] [--gdn-timeout SECONDS] [--gdn-scale] [--gdn-grad]`` adds one
+[--gdn-convention native|spec|backward|max] [--gdn-timeout SECONDS] [--gdn-scale] [--gdn-grad]
+[--gdn-all-configs]`` adds one
 test item per property (``gdn-verify::NAME``), in any folder (``--gdn-grad``: the gradient properties,
-against the implementation's backward, as ``check --grad``); an item that fails, times out or on which the kernel
+against the implementation's backward, as ``check --grad``; ``--gdn-all-configs``: each item runs its
+property under every autotuner config, as ``check --all-configs``); an item that fails, times out or on which the kernel
 raised shows the minimal example (the kernel's traceback too) and the replay command, an
 unsupported one is skipped with the reason. A kernel that cannot take the arguments is a usage
 error before any item runs. For tests of one's own, the ``gdn_check`` fixture calls
@@ -57,6 +59,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the gradient properties instead, against the implementation's backward (its own with "
         "--gdn-convention backward, else autograd's of a torch function)",
     )
+    group.addoption(
+        "--gdn-all-configs",
+        action="store_true",
+        help="run each property under every config of each autotuned Triton kernel, one at a time (as check "
+        "--all-configs; default properties: matches_reference, varlen_equals_separate, determinism)",
+    )
 
 
 def check_options(option: Any) -> CheckOptions:
@@ -94,6 +102,8 @@ class PropertyItem(pytest.Item):
         # already: array and convention applied there.
         options = self.suite["options"].replace(properties=[self.prop], scale=False, array=None, convention="native")
         result = api.check(impl, **options.keywords())
+        if options.all_configs:
+            return _all_configs_verdict(result)
         (r,) = result.results
         if r.context_lost:
             self.suite["context_lost"] = self.prop
@@ -112,6 +122,15 @@ class PropertyItem(pytest.Item):
         return self.suite["impl"].name, None, f"gdn-verify::{self.prop}"
 
 
+def _all_configs_verdict(result: api.CheckResult) -> None:
+    """One item under ``--gdn-all-configs``: its property under each (kernel, config), and each
+    kernel's agreement across configs; every failure shown, each naming its kernel and config."""
+    if result.failures:
+        raise PropertyFailed("\n".join(console.format_failure(r, result.replay_command(r)) for r in result.failures))
+    if all(r.status == "unsupported" for r in result.results if r.config and r.name != "same_across_configs"):
+        pytest.skip("; ".join(sorted({r.note for r in result.results if r.note})))
+
+
 class PropertyFailed(AssertionError):
     """A property failed; the message is the minimal example and the replay command."""
 
@@ -122,7 +141,8 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         return None
     impl, options = suite["impl"], suite["options"]
     header = f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={options.dtype}, seed={options.seed}"
-    return header + (", gradients (the backward)" if options.grad else "")
+    header += ", gradients (the backward)" if options.grad else ""
+    return header + (", every autotuner config" if options.all_configs else "")
 
 
 _SUITE = pytest.StashKey[dict]()

@@ -8,6 +8,9 @@ module and applied by :func:`install` (idempotent, before the kernels run):
    driver, and there is none (``0 active drivers``). Here it takes a config without timing:
    :func:`chosen_config` (the first of the pruned list unless :data:`CONFIG` pins one), and
    never touches the on-disk autotuning cache (whose key asks the driver for its target).
+   ``check --all-configs`` (``gdn_verify.runners.configs.pinned``) replaces an autotuner's list by
+   one config, which ``Autotuner.run`` launches without pruning or timing: these patches are
+   not reached then, and :data:`CONFIG` does not apply to the kernel pinned.
 2. **Loop variables as int32 tensors.** Compiled Triton makes a ``range``/``tl.range`` loop
    variable an int32 tensor; the interpreter leaves it a Python int, and FLA's kernels call
    ``i_t.to(tl.int64)`` on it. The kernel's AST is rewritten so that such loops yield int32
@@ -45,7 +48,7 @@ TESTED = ("3.7",)  # Triton minor versions whose interpreter internals these wor
 LIMITS = (
     "Triton interpreter on the CPU: programs run one after another in NumPy, so launch limits, races and "
     "the GPU's rounding (TF32, fused multiply-adds, fast exp) are not exercised; autotuned kernels run one "
-    "config each; bfloat16 inputs are widened to float32"
+    "config each (check --all-configs: each in turn); bfloat16 inputs are widened to float32"
 )
 BF16_LABEL = (
     "bfloat16 inputs widened to float32 for the interpreter (its bfloat16 arithmetic is wrong); "

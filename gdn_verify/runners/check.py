@@ -143,6 +143,17 @@ class PropertyResult:
     # cause) and "ours" (the rest: Hypothesis, strategies, comparisons); they add up to ``seconds``.
     split: dict[str, float] = field(default_factory=dict)
     context_lost: bool = False  # the kernel left the GPU context broken (run_check stops after it)
+    # check --all-configs (gdn_verify.runners.configs): the autotuned kernel pinned to one config
+    # while the property ran: {"kernel": name, "config": "BV=32, num_warps=4, num_stages=2", "index": i}
+    config: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        """The property's name, and under ``--all-configs`` the kernel and config it ran under:
+        ``matches_reference chunk_fwd_kernel_o[BV=32, num_warps=4, num_stages=2]``."""
+        if self.config is None:
+            return self.name
+        return f"{self.name} {self.config['kernel']}[{self.config['config']}]"
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(
@@ -156,6 +167,8 @@ class PropertyResult:
             split={label: round(t, 2) for label, t in self.split.items()},
             note=self.note,
         )
+        if self.config is not None:
+            d["config"] = dict(self.config)
         if self.warnings:
             d["warnings"] = dict(count=self.warnings, summary=self.warning)
         if self.worst is not None:
