@@ -46,6 +46,7 @@ try:
 
     import gdn_verify
     from gdn_verify import api, console, implementations
+    from gdn_verify.core.backends import BACKENDS
     from gdn_verify.core.implementation import ConfigurationError
     from gdn_verify.core.problem import DTYPES
     from gdn_verify.options import (
@@ -213,6 +214,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
     _print_compile(result.shapes, result.seconds)
     print(console.format_time_split(result.time_split(), result.seconds, result.startup_seconds))
+    print(console.format_backends(result.backends(), result.backend))
     return 0 if result.passed else 1
 
 
@@ -622,6 +624,12 @@ def add_check(sub: argparse._SubParsersAction) -> None:
         "or, for a torch function (--array torch, fla-chunk), its autograd backward; not with --scale",
     )
     _compile_option(check)
+    check.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="every kernel call must run on this backend, else its property fails (a fallback); "
+        f"one of {', '.join(BACKENDS)} (default: any, recorded)",
+    )
     check.set_defaults(func=cmd_check)
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from gdn_verify import console, implementations
 from gdn_verify import options as _options
 from gdn_verify.core import environment
+from gdn_verify.core.backends import Tally
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Property
@@ -192,6 +193,7 @@ class CheckResult:
     # Properties not run: a property left the GPU context broken (PropertyResult.context_lost) and
     # every later call of this process would fail alike; run them in a fresh process.
     not_run: list[str] = field(default_factory=list)
+    backend: str | None = None  # the backend every call had to run on (check's ``backend``), or None
 
     @classmethod
     def started(cls, run: ResolvedCheck) -> CheckResult:
@@ -204,7 +206,15 @@ class CheckResult:
             convention=run.options.convention,
             timeout=run.options.timeout,
             grad=run.grad,
+            backend=run.options.backend,
         )
+
+    def backends(self) -> Tally:
+        """The backend each call of the whole check ran on, over every property."""
+        tally = Tally()
+        for r in self.results:
+            tally.merge(r.backends)
+        return tally
 
     @property
     def passed(self) -> bool:
@@ -280,6 +290,7 @@ class CheckResult:
             time_split={label: round(t, 2) for label, t in self.time_split().items()},
             **({} if self.startup_seconds is None else {"startup_seconds": round(self.startup_seconds, 1)}),
             **({"not_run": self.not_run} if self.not_run else {}),
+            backend=dict(self.backends().as_dict(), required=self.backend),
         )
 
 
@@ -305,6 +316,7 @@ def check(
     scale: bool = False,
     scale_limits: scale_runner.ScaleLimits | None = None,
     grad: bool = False,
+    backend: str | None = None,
 ) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
 
@@ -336,6 +348,9 @@ def check(
     (``impl`` a functional backward ``fn(q, k, v, g, beta, scale=None, initial_state=None,
     use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, do, dht=None) -> (dq, dk, dv, dg, dbeta,
     dh0)``) and by an implementation with only a backward form. Not with ``scale`` (yet).
+    ``backend``: every call must run on this backend (``gdn_verify.core.backends.BACKENDS``: ``triton``,
+    ``flash_qla``, ``cupy-fused``, ...); a call that ran elsewhere fails its property ("ran on triton,
+    not flash_qla (fallback)"). Without it the backends are recorded (``CheckResult.backends()``).
 
     The same settings as one object: ``check(impl, **options.keywords())`` with a
     :class:`~gdn_verify.options.CheckOptions`, which validates them (as this call does first), then
@@ -359,6 +374,7 @@ def check(
         scale=scale,
         scale_limits=scale_limits,
         grad=grad,
+        backend=backend,
     )
     return check_resolved(options.resolve(impl), progress=progress, on_result=on_result, on_compile=on_compile)
 
@@ -388,6 +404,7 @@ def check_resolved(
         database=None if options.database is None else str(options.database),
         cases_dir=Path(options.cases_dir),
         timeout=options.timeout,
+        backend=options.backend,
     )
     result = CheckResult.started(run)
     result.shapes, result.startup_seconds = shapes, startup

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TextIO
 from gdn_verify.core.property import Measurement
 
 if TYPE_CHECKING:
+    from gdn_verify.core.backends import Tally
     from gdn_verify.core.implementation import Implementation
     from gdn_verify.runners.check import PropertyResult
 
@@ -144,6 +145,13 @@ def format_failure(r: PropertyResult, replay: str | None, headline: bool = True)
     if replay:
         lines.append(f"  replay: {replay}")
     return "\n".join(lines)
+
+
+def format_backends(tally: Tally, required: str | None = None) -> str:
+    """ "backend: triton (3 Triton kernels: a, b, c)": what every call of a check ran on, and the
+    backend ``--backend`` required, if any."""
+    line = f"backend: {tally.describe() or 'no kernel call recorded'}"
+    return line + (f" (required: {required})" if required else "")
 
 
 def duration(seconds: float) -> str:
