@@ -43,6 +43,25 @@ def test_what_the_adapter_notes_wins_over_its_declaration():
     backends.note("triton")  # outside a recording: ignored, no error
 
 
+def test_a_hook_that_cannot_be_installed_leaves_the_call_running_and_says_why(monkeypatch):
+    class Frozen(type):
+        def __setattr__(cls, name, value):
+            raise AttributeError("read-only launcher")
+
+    class JITFunction(metaclass=Frozen):
+        def run(self, *args, grid, warmup, **kw):
+            return "launched"
+
+    monkeypatch.setitem(sys.modules, "triton.runtime.jit", type(sys)("triton.runtime.jit"))
+    sys.modules["triton.runtime.jit"].JITFunction = JITFunction  # type: ignore[attr-defined]
+    monkeypatch.setattr(backends, "_install_failures", {})
+    with backends.recording() as record:
+        assert JITFunction().run(grid=(1,), warmup=False) == "launched"
+    ran = record.ran()
+    assert ran is not None and ran.names == (backends.UNKNOWN,)
+    assert "JITFunction.run: cannot hook (AttributeError: read-only launcher)" in ran.why
+
+
 def test_the_tally_counts_calls_per_backend_and_lists_kernels():
     tally = backends.Tally().add(
         [backends.Ran(("triton",), ("a_kernel", "b_kernel")), backends.Ran(("triton",), ("b_kernel",))]
@@ -185,3 +204,19 @@ def test_triton_kernels_launched_are_recorded_under_the_interpreter(tmp_path):
     assert code == 1, text
     (row,) = doc["results"]
     assert row["status"] == "failed" and row["failure"]["message"] == "ran on triton, not flash_qla (fallback)"
+
+
+# -- the pytest plugin ----------------------------------------------------------------------------------
+
+
+def test_the_pytest_plugin_takes_gdn_backend(tmp_path):
+    from tests.test_pytest_plugin import run_pytest
+
+    done = run_pytest(
+        tmp_path, "--gdn-impl", "numpy", "--gdn-properties", "matches_reference", "--gdn-max-examples", "2",
+        "--gdn-seed", "1", "--gdn-backend", "triton", quiet=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "backend triton required" in done.stdout and "ran on numpy, not triton (fallback)" in done.stdout
+    done = run_pytest(tmp_path, "--gdn-impl", "numpy", "--gdn-backend", "trition")
+    assert done.returncode == 4 and "--gdn-backend: 'trition'" in done.stderr, done.stderr
