@@ -237,26 +237,15 @@ class Guard:
         return "".join(lines).rstrip()
 
 
-# Top-level modules that are never an implementation's library: ours, and the interpreter's.
-NOT_A_LIBRARY = ("gdn_verify", "cupy_kernels", "builtins", "__main__", "functools")
-
-
 def library_of(impl: Implementation) -> tuple[str | None, tuple[str, ...]]:
-    """The library ``impl`` calls and the modules (with their submodules) that are its code:
-    ``extra["library"]`` (with ``extra["library_modules"]`` where its modules are named otherwise),
-    else the top-level module of the first form's function unless that is ours; ``(None, ())``
-    when none is known."""
+    """The third-party library ``impl``'s adapter calls and the modules (with their submodules) that
+    are its code: ``extra["library"]``, with ``extra["library_modules"]`` where its modules are
+    named otherwise; ``(None, ())`` when none is declared. Never guessed: a plug-in's own function
+    raising is the kernel's error (its author's code), not a library declining the call."""
     declared = impl.extra.get("library")
-    if isinstance(declared, str):
-        return declared, (declared, *impl.extra.get("library_modules", ()))
-    fn = next(iter(impl.forms.values()), None)
-    while getattr(fn, "__wrapped__", None) is not None:
-        fn = fn.__wrapped__  # type: ignore[union-attr]
-    fn = getattr(fn, "func", fn)  # a functools.partial
-    top = str(getattr(fn, "__module__", None) or "").split(".")[0]
-    if not top or top in NOT_A_LIBRARY:
+    if not isinstance(declared, str):
         return None, ()
-    return top, (top,)
+    return declared, (declared, *impl.extra.get("library_modules", ()))
 
 
 def _innermost_module(tb: TracebackType | None) -> str | None:
