@@ -104,7 +104,13 @@ class _Record:
 
     def ran(self, declared: str | None = None, raised: bool = False) -> Ran | None:
         """The call's :class:`Ran`; None for a call that raised before anything ran (no launch, no
-        dispatch, nothing noted): it ran on no backend, and is not counted."""
+        dispatch, nothing noted): it ran on no backend, and is not counted. Never raises."""
+        try:
+            return self._ran(declared, raised)
+        except Exception as exc:  # noqa: BLE001 - recording must never break a check
+            return Ran((UNKNOWN,), why=f"recording failed ({type(exc).__name__}: {exc})")
+
+    def _ran(self, declared: str | None, raised: bool) -> Ran | None:
         kernels, declined = tuple(self.kernels), tuple(dict.fromkeys(self.declined))
         if raised and not (kernels or self.noted or self.dispatched):
             return None
@@ -141,14 +147,18 @@ def recording() -> Iterator[_Record]:
 
 
 def install() -> None:
-    """Hook Triton's launchers and FLA's dispatch where they are imported and not yet hooked."""
-    for module, cls in TRITON_LAUNCHERS:
-        _hook(getattr(sys.modules.get(module), cls, None), "run", _triton_run)
-    module, cls = FLA_DISPATCH
-    base = getattr(sys.modules.get(module), cls, None)
-    for backend in _with_subclasses(base) if isinstance(base, type) else ():
-        _hook(backend, "get_implementation", _fla_implementation)
-        _hook(backend, "verify", _fla_verify)
+    """Hook Triton's launchers and FLA's dispatch where they are imported and not yet hooked; never
+    raises (a failure is kept and said as the reason a backend is unknown)."""
+    try:
+        for module, cls in TRITON_LAUNCHERS:
+            _hook(getattr(sys.modules.get(module), cls, None), "run", _triton_run)
+        module, cls = FLA_DISPATCH
+        base = getattr(sys.modules.get(module), cls, None)
+        for backend in _with_subclasses(base) if isinstance(base, type) else ():
+            _hook(backend, "get_implementation", _fla_implementation)
+            _hook(backend, "verify", _fla_verify)
+    except Exception as exc:  # noqa: BLE001 - recording must never break a check
+        _install_failures["install"] = f"{type(exc).__name__}: {exc}"
 
 
 def _with_subclasses(cls: type) -> list[type]:

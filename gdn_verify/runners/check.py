@@ -347,13 +347,12 @@ def run_property(
                 result.context_lost = True
                 raise _Stop from None
             raise
-        elsewhere = (
-            next((r for r in guard.calls[calls_before:] if not r.ran_on(run.backend)), None) if run.backend else None
-        )
-        if elsewhere is not None and run.backend is not None:
-            counts["failed"] += 1
-            failures.append(Failure(elsewhere.mismatch(run.backend), problem, params, None, fallback=True))
-            raise Violation(failures[-1].message)
+        if run.backend is not None:  # every call of the example must have run there
+            elsewhere = [r for r in guard.calls[calls_before:] if not r.ran_on(run.backend)]
+            if elsewhere:
+                counts["failed"] += 1
+                failures.append(Failure(elsewhere[0].mismatch(run.backend), problem, params, None, fallback=True))
+                raise Violation(failures[-1].message)
         counts["passed"] += 1
         if result.worst is None or m.ratio > result.worst.ratio:
             result.worst = m
