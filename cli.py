@@ -211,10 +211,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"process: gdn-verify check --impl {impl.name} --properties {','.join(result.not_run)}",
             file=sys.stderr,
         )
-    print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
+    print(
+        f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed}); "
+        + console.format_backends(result.backends(), result.backend)
+    )
     _print_compile(result.shapes, result.seconds)
     print(console.format_time_split(result.time_split(), result.seconds, result.startup_seconds))
-    print(console.format_backends(result.backends(), result.backend))
     return 0 if result.passed else 1
 
 

@@ -198,7 +198,7 @@ def test_triton_kernels_launched_are_recorded_under_the_interpreter(tmp_path):
     code, doc, text = run("--backend", "triton")
     assert code == 0, text
     assert set(doc["backend"]["calls"]) == {"triton"} and doc["backend"]["kernels"] == ["_recurrent_kernel"]
-    assert "backend: triton (1 Triton kernel: _recurrent_kernel) (required: triton)" in text
+    assert "; backend: triton (1 Triton kernel: _recurrent_kernel) (required: triton)" in text
 
     code, doc, text = run("--backend", "flash_qla")
     assert code == 1, text
