@@ -71,7 +71,7 @@ class Ran:
 
     ``names``: most specific first (``("cupy-fused", "cupy-context-parallel")``, ``("flash_qla",)``,
     ``("triton",)``, ``("unknown",)``); ``kernels``: the Triton kernels launched, in first-launch
-    order; ``declined``: ``"flash_qla: <reason>"`` for each FLA backend that declined the call;
+    order; ``declined``: ``"flash_qla declined: <reason>"`` for each FLA backend that declined it;
     ``why``: why the backend is unknown (empty otherwise).
     """
 

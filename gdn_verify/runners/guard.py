@@ -113,7 +113,7 @@ class Guard:
         self.slowest = 0.0  # slowest call of an already-compiled shape class, in seconds
         self.kernel_error: BaseException | None = None  # the last exception the kernel raised
         self.kernel_frames: traceback.StackSummary | None = None
-        self.calls: list[backends.Ran] = []  # the backend of every call that returned or raised, in order
+        self.calls: list[backends.Ran] = []  # the backend of each call that ran somewhere (backends.Ran), in order
         self._worker: _Worker | None = None
 
     def guarded(self, impl: Implementation) -> Implementation:
