@@ -46,6 +46,7 @@ try:
 
     import gdn_verify
     from gdn_verify import api, console, implementations
+    from gdn_verify.core.backends import BACKENDS
     from gdn_verify.core.implementation import ConfigurationError
     from gdn_verify.core.problem import DTYPES
     from gdn_verify.options import (
@@ -212,9 +213,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"process: gdn-verify check --impl {impl.name} --properties {','.join(result.not_run)}",
             file=sys.stderr,
         )
-    print(f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed})")
     if result.configs is not None:
         print(console.format_configs_summary(result.results))
+    print(
+        f"{console.format_counts(result.counts())} (impl={impl.name}, dtype={result.dtype}, seed={result.seed}); "
+        + console.format_backends(result.backends(), result.backend)
+    )
     _print_compile(result.shapes, result.seconds)
     print(console.format_time_split(result.time_split(), result.seconds, result.startup_seconds))
     return 0 if result.passed else 1
@@ -641,6 +645,12 @@ def add_check(sub: argparse._SubParsersAction) -> None:
         "not with --scale",
     )
     _compile_option(check)
+    check.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="every kernel call must run on this backend, else its property fails (a fallback); "
+        f"one of {', '.join(BACKENDS)} (default: any, recorded)",
+    )
     check.set_defaults(func=cmd_check)
 
 

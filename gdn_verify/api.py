@@ -36,6 +36,7 @@ from typing import Any
 from gdn_verify import console, implementations
 from gdn_verify import options as _options
 from gdn_verify.core import environment
+from gdn_verify.core.backends import Tally
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Property
@@ -195,6 +196,7 @@ class CheckResult:
     not_run: list[str] = field(default_factory=list)
     # check --all-configs: the autotuned kernels and configs the properties ran under (None: not asked)
     configs: configs_runner.Plan | None = None
+    backend: str | None = None  # the backend every call had to run on (check's ``backend``), or None
 
     @classmethod
     def started(cls, run: ResolvedCheck) -> CheckResult:
@@ -208,7 +210,15 @@ class CheckResult:
             timeout=run.options.timeout,
             grad=run.grad,
             configs=run.configs,
+            backend=run.options.backend,
         )
+
+    def backends(self) -> Tally:
+        """The backend each call of the whole check ran on, over every property."""
+        tally = Tally()
+        for r in self.results:
+            tally.merge(r.backends)
+        return tally
 
     @property
     def passed(self) -> bool:
@@ -285,6 +295,7 @@ class CheckResult:
             **({} if self.startup_seconds is None else {"startup_seconds": round(self.startup_seconds, 1)}),
             **({"not_run": self.not_run} if self.not_run else {}),
             **({"all_configs": self.configs.as_dict()} if self.configs is not None else {}),
+            backend=dict(self.backends().as_dict(), required=self.backend),
         )
 
 
@@ -311,6 +322,7 @@ def check(
     scale_limits: scale_runner.ScaleLimits | None = None,
     grad: bool = False,
     all_configs: bool = False,
+    backend: str | None = None,
 ) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
 
@@ -348,6 +360,9 @@ def check(
     ``same_across_configs`` result per kernel (``gdn_verify.runners.configs`` says what is promised);
     torch implementations with Triton kernels only, not with ``scale``. The cost, known before the
     run: ``CheckOptions(all_configs=True).resolve(impl).configs.describe()``.
+    ``backend``: every call must run on this backend (``gdn_verify.core.backends.BACKENDS``: ``triton``,
+    ``flash_qla``, ``cupy-fused``, ...); a call that ran elsewhere fails its property ("ran on triton,
+    not flash_qla (fallback)"). Without it the backends are recorded (``CheckResult.backends()``).
 
     The same settings as one object: ``check(impl, **options.keywords())`` with a
     :class:`~gdn_verify.options.CheckOptions`, which validates them (as this call does first), then
@@ -372,6 +387,7 @@ def check(
         scale_limits=scale_limits,
         grad=grad,
         all_configs=all_configs,
+        backend=backend,
     )
     return check_resolved(options.resolve(impl), progress=progress, on_result=on_result, on_compile=on_compile)
 
@@ -401,6 +417,7 @@ def check_resolved(
         database=None if options.database is None else str(options.database),
         cases_dir=Path(options.cases_dir),
         timeout=options.timeout,
+        backend=options.backend,
     )
     result = CheckResult.started(run)
     result.shapes, result.startup_seconds = shapes, startup

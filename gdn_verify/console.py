@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TextIO
 from gdn_verify.core.property import Measurement
 
 if TYPE_CHECKING:
+    from gdn_verify.core.backends import Tally
     from gdn_verify.core.implementation import Implementation
     from gdn_verify.runners.check import PropertyResult
 
@@ -152,6 +153,13 @@ def format_configs_summary(results: list[PropertyResult]) -> str:
     failed = [r.label for r in results if r.config and r.status not in ("passed", "unsupported")]
     text = f"all configs: {len(pairs)} (kernel, config) pairs run"
     return text + (f"; not passed: {', '.join(failed)}" if failed else "; every one passed")
+
+
+def format_backends(tally: Tally, required: str | None = None) -> str:
+    """ "backend: triton (3 Triton kernels: a, b, c)": what every call of a check ran on, and the
+    backend ``--backend`` required, if any."""
+    line = f"backend: {tally.describe() or 'no kernel call recorded'}"
+    return line + (f" (required: {required})" if required else "")
 
 
 def duration(seconds: float) -> str:

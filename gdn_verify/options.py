@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gdn_verify import implementations
-from gdn_verify.core import arrays
+from gdn_verify.core import arrays, backends
 from gdn_verify.core.implementation import BACKWARD_FORM, SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.core.problem import DTYPES
 from gdn_verify.core.property import Property
@@ -131,12 +131,17 @@ class CheckOptions(_Settings):
     scale_limits: ScaleLimits | None = None
     grad: bool = False
     all_configs: bool = False
+    # Every call must run on this backend (gdn_verify.core.backends.BACKENDS); a call that ran
+    # elsewhere fails its property. None: any backend, recorded.
+    backend: str | None = None
 
     def __post_init__(self) -> None:
         _check_suite(self)
         valid_max_examples(self.max_examples)
         if self.all_configs and self.scale:
             raise ConfigurationError(ALL_CONFIGS, SCALE_REFUSED)
+        if self.backend is not None:
+            valid_choice("backend", self.backend, backends.BACKENDS)
 
     def resolve(self, impl: ImplLike) -> ResolvedCheck:
         """These settings against ``impl``, loaded (:func:`implementation`): every check that needs

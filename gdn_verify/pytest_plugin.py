@@ -3,10 +3,12 @@
 ``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
 [--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
 [--gdn-convention native|spec|backward|max] [--gdn-timeout SECONDS] [--gdn-scale] [--gdn-grad]
-[--gdn-all-configs]`` adds one
-test item per property (``gdn-verify::NAME``), in any folder (``--gdn-grad``: the gradient properties,
-against the implementation's backward, as ``check --grad``; ``--gdn-all-configs``: each item runs its
-property under every autotuner config, as ``check --all-configs``); an item that fails, times out or on which the kernel
+[--gdn-all-configs] [--gdn-backend NAME]`` adds one test item per property (``gdn-verify::NAME``), in
+any folder (``--gdn-grad``: the gradient properties, against the implementation's backward, as
+``check --grad``; ``--gdn-all-configs``: each item runs its property under every autotuner config, as
+``check --all-configs``; ``--gdn-backend``: every call must run on that backend, as ``check
+--backend``; each item records the backends its calls ran on as the user property ``backend``); an
+item that fails, times out or on which the kernel
 raised shows the minimal example (the kernel's traceback too) and the replay command, an
 unsupported one is skipped with the reason. A kernel that cannot take the arguments is a usage
 error before any item runs. For tests of one's own, the ``gdn_check`` fixture calls
@@ -65,6 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run each property under every config of each autotuned Triton kernel, one at a time (as check "
         "--all-configs; default properties: matches_reference, varlen_equals_separate, determinism)",
     )
+    group.addoption(
+        "--gdn-backend",
+        metavar="NAME",
+        help="every kernel call must run on this backend (triton, flash_qla, cupy-fused, ...; see "
+        "docs/commands.md), else the property fails as a fallback",
+    )
 
 
 def check_options(option: Any) -> CheckOptions:
@@ -105,6 +113,8 @@ class PropertyItem(pytest.Item):
         if options.all_configs:
             return _all_configs_verdict(result)
         (r,) = result.results
+        if r.backends.calls:
+            self.user_properties.append(("backend", r.backends.describe()))
         if r.context_lost:
             self.suite["context_lost"] = self.prop
         if r.status == "unsupported":
@@ -142,7 +152,8 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     impl, options = suite["impl"], suite["options"]
     header = f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={options.dtype}, seed={options.seed}"
     header += ", gradients (the backward)" if options.grad else ""
-    return header + (", every autotuner config" if options.all_configs else "")
+    header += ", every autotuner config" if options.all_configs else ""
+    return header + (f", backend {options.backend} required" if options.backend else "")
 
 
 _SUITE = pytest.StashKey[dict]()

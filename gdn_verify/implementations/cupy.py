@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from gdn_verify.core import arrays
+from gdn_verify.core import arrays, backends
 from gdn_verify.core.implementation import SPEC_FORM, Implementation
 
 arrays.check_kind("cupy")
@@ -32,7 +32,8 @@ def _array_kind() -> str:
 
 
 def _reporting(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, then the deferred ``ValueError`` its kernel reported for bad device metadata.
+    """``fn``, then the deferred ``ValueError`` its kernel reported for bad device metadata, then
+    the backend it ran noted (:func:`_ran`).
 
     Unchecked launchers report a bad ``num_accepted_tokens`` or ``cu_seqlens`` on the device at
     the *next* call (the package's tensor policy). The verifier must see the rejection on the call
@@ -44,9 +45,20 @@ def _reporting(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kw: Any) -> Any:
         out = fn(*args, **kw)
         check_errors()
+        backends.note(*_ran(fn))
         return out
 
     return call
+
+
+def _ran(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The backend names of the call of ``fn`` that just returned: the chunked kernel's path as it
+    decided it (``chunk.last_kernels``), else the kernel family (:func:`auto` notes its own)."""
+    if fn is auto:
+        return ()
+    if fn is chunk.chunk_gated_delta_rule:
+        return backends.cupy_chunk_names(chunk.last_kernels)
+    return ("cupy-spec",) if fn is decode.spec_decode else ("cupy-recurrent",)
 
 
 def _longest_sequence(q, cu_seqlens) -> int:
@@ -57,10 +69,14 @@ def _longest_sequence(q, cu_seqlens) -> int:
 
 
 def auto(q, k, v, g, beta, cu_seqlens=None, **kw):
-    """Recurrent kernel for decode-sized sequences, chunked kernel for prefill."""
+    """Recurrent kernel for decode-sized sequences, chunked kernel for prefill (the one taken noted)."""
     if _longest_sequence(q, cu_seqlens) <= RECURRENT_MAX_TOKENS:
-        return recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
-    return chunk.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+        out = recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+        backends.note("cupy-recurrent")
+        return out
+    out = chunk.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+    backends.note(*backends.cupy_chunk_names(chunk.last_kernels))
+    return out
 
 
 def gpu_oracle(q, k, v, g, beta, **kw):

@@ -213,6 +213,7 @@ def _implementation(name: str, form: str, fla: Installed, **extra: Any) -> Imple
             compiled,
             release=fla.version,
             distribution=fla.dist,
+            library="fla",  # its own raise is a refusal; its backend is recorded (Triton, FLA >= 0.6's dispatch)
             version=f"{fla.dist} {fla.version}",
             conventions="probed" if fla.probed else f"table row {row.first}-{row.last}",
             # what the release's entry point lacks, for callers that plan draws around it

@@ -460,7 +460,7 @@ def flashinfer_prefill() -> Implementation:
         "torch",
         "FlashInfer chunk_gated_delta_rule (alpha gate, k-last state, packed tokens)",
         "bfloat16",
-        extra=jit_compiled(),
+        extra=jit_compiled(backend="flashinfer", library="flashinfer"),  # use_cp=False: never the CP kernel
     )
 
 
@@ -472,7 +472,7 @@ def flashinfer_prefill_cp() -> Implementation:
         "torch",
         "FlashInfer chunk_gated_delta_rule(use_cp=True): context-parallel prefill, exact max_seqlen hint",
         "bfloat16",
-        extra=jit_compiled(),
+        extra=jit_compiled(backend="flashinfer-cp", library="flashinfer"),  # use_cp=True raises, never falls back
     )
 
 
@@ -484,7 +484,7 @@ def flashinfer_decode() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
-        extra=jit_compiled(raw_gates=True),
+        extra=jit_compiled(raw_gates=True, backend="flashinfer-decode", library="flashinfer"),
     )
 
 
@@ -508,7 +508,9 @@ def flashinfer_decode_bf16() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose with a bfloat16 state (K = V = 128), one token per step",
         "bfloat16",
-        extra=jit_compiled(state_dtype="bfloat16", raw_gates=True),
+        extra=jit_compiled(
+            state_dtype="bfloat16", raw_gates=True, backend="flashinfer-decode-bf16", library="flashinfer"
+        ),
     )
 
 
@@ -520,7 +522,7 @@ def flashinfer_decode_kmajor() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode (k-major state), one token per step",
         "bfloat16",
-        extra={"raw_gates": True},
+        extra={"raw_gates": True, "backend": "flashinfer-decode-kmajor", "library": "flashinfer"},
     )
 
 
@@ -532,5 +534,5 @@ def flashinfer_mtp() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_mtp (speculative verify, per-token pool scatter)",
         "bfloat16",
-        extra={"spec_rules": FLASHINFER_SPEC, "raw_gates": True},
+        extra={"spec_rules": FLASHINFER_SPEC, "raw_gates": True, "backend": "flashinfer-mtp", "library": "flashinfer"},
     )

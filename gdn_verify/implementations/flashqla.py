@@ -133,7 +133,13 @@ def class_key(c: ShapeClass) -> ShapeClass:
 def declarations() -> dict[str, Any]:
     """FlashQLA's ``Implementation.extra``: JIT-compiled per :func:`class_key`, warmed with
     :func:`warm_variants` (also what ``tests/jit_like.QlaLike`` declares)."""
-    return jit_compiled(compile_classes=class_key, warm_variants=warm_variants, compile_scales=True)
+    return jit_compiled(
+        compile_classes=class_key,
+        warm_variants=warm_variants,
+        compile_scales=True,
+        backend="flash_qla",  # TileLang kernels, which no hook sees: the adapter says so
+        library="flash_qla",
+    )
 
 
 def flash_qla() -> Implementation:

@@ -561,7 +561,8 @@ def _ops() -> tuple[types.SimpleNamespace, vllm_releases.Release]:
 
 
 def _extra(release: vllm_releases.Release, **extra: Any) -> dict[str, Any]:
-    return {**extra, "vllm_release": release.label()}
+    # Its own raise is a refusal: vLLM's ops load as PRIVATE's modules. Its backend is recorded (Triton).
+    return {**extra, "vllm_release": release.label(), "library": "vllm", "library_modules": (PRIVATE,)}
 
 
 def vllm_chunk() -> Implementation:

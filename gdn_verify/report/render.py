@@ -102,7 +102,7 @@ def summary_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def property_rows(row: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["property", "status", "examples", "worst error", "bound", "detail", "note"]
+    head = ["property", "status", "examples", "worst error", "bound", "detail", "backend", "note"]
     rows = []
     for r in row["results"]:
         worst = r.get("worst") or {}
@@ -114,10 +114,17 @@ def property_rows(row: dict) -> tuple[list[str], list[list[str]]]:
                 _fmt(worst.get("error")),
                 _fmt(worst.get("bound")),
                 worst.get("detail", ""),
+                backend_cell(r.get("backend")),
                 r.get("note", ""),
             ]
         )
     return head, rows
+
+
+def backend_cell(tally: dict | None) -> str:
+    """A property's ``backend`` (``$defs/backend_tally``) in a cell: "triton: 12", "flash_qla: 40, triton: 2"."""
+    calls = (tally or {}).get("calls", {})
+    return ", ".join(f"{name}: {n}" for name, n in calls.items())
 
 
 def failures(doc: dict) -> list[dict]:

@@ -8,7 +8,11 @@ so are counted per reason); ``timeout`` (a kernel call
 overran the limit of ``gdn_verify.runners.guard``; the example that hung is saved, nothing is
 shrunk); ``error`` (the kernel raised: shrunk like a failure, with the kernel's own traceback; a sticky
 CUDA error, :func:`device_lost`, is not shrunk and ends the run);
-``misuse`` (the kernel cannot take the arguments: :func:`run_check` stops there). Each example
+``misuse`` (the kernel cannot take the arguments: :func:`run_check` stops there). An exception
+raised by the implementation's library's own code is reported as its refusal ("fla refused: ...",
+status ``error``). Every call's backend is recorded (``PropertyResult.backends``); with
+``RunSettings.backend`` an example whose calls ran elsewhere fails ("ran on triton, not flash_qla
+(fallback)"). Each example
 has one of the same statuses (``PropertyResult.example_counts``). Warnings raised while a
 property runs are counted, never shown one by one. Properties arrive as objects
 (``gdn_verify.properties.catalogue``); progress is reported through a callback.
@@ -31,7 +35,7 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 
-from gdn_verify.core import processes, timing
+from gdn_verify.core import backends, processes, timing
 from gdn_verify.core.implementation import BACKWARD_FORM, Implementation
 from gdn_verify.core.problem import Problem
 from gdn_verify.core.property import Measurement, Property, Violation
@@ -63,6 +67,7 @@ class Failure:
     cause_model: str = ""  # the error model behind ``cause`` (its name in causes.MODELS)
     kind: str = ""  # "logic error" or "precision loss" (a numeric failure against the oracle)
     description: str = ""  # the example in words, where ``problem`` is None
+    fallback: bool = False  # ran on another backend than RunSettings.backend (no numeric cause to name)
 
     def describe(self) -> str:
         return self.description if self.problem is None else self.problem.describe()
@@ -146,6 +151,7 @@ class PropertyResult:
     # check --all-configs (gdn_verify.runners.configs): the autotuned kernel pinned to one config
     # while the property ran: {"kernel": name, "config": "BV=32, num_warps=4, num_stages=2", "index": i}
     config: dict[str, Any] | None = None
+    backends: backends.Tally = field(default_factory=backends.Tally)  # the backend each call ran on
 
     @property
     def label(self) -> str:
@@ -171,6 +177,8 @@ class PropertyResult:
             d["config"] = dict(self.config)
         if self.warnings:
             d["warnings"] = dict(count=self.warnings, summary=self.warning)
+        if self.backends.calls:
+            d["backend"] = self.backends.as_dict()
         if self.worst is not None:
             d["worst"] = dict(
                 error=self.worst.error,
@@ -211,6 +219,7 @@ class RunSettings:
     # time.monotonic() after which no further example starts (a fuzz budget); the property's verdict
     # is then that of the examples run so far. A failure being shrunk is finished regardless.
     deadline: float | None = None
+    backend: str | None = None  # every call must run on this backend (gdn_verify.core.backends.BACKENDS)
 
 
 def example_database(location: str) -> hypothesis.database.ExampleDatabase:
@@ -295,6 +304,7 @@ def run_property(
     counts: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     start, clock = time.perf_counter(), timing.snapshot()
+    first_call = len(guard.calls)
 
     def test(case):
         if run.deadline is not None and result.examples and not failures and time.monotonic() >= run.deadline:
@@ -302,6 +312,7 @@ def run_property(
         problem, params = case
         problem = impl.as_called(problem)  # the gates a raw-gate kernel computes (the oracle's too)
         result.examples += 1
+        calls_before = len(guard.calls)
         try:
             m = prop.check(called, problem, params)
         except NotImplementedError as exc:
@@ -324,7 +335,8 @@ def run_property(
             if _interrupted(exc):
                 raise KeyboardInterrupt from exc
             origin = guard.origin(exc)
-            message = f"raised {type(exc).__name__}: {exc}"
+            refused = None if origin is None else guard.refusal(origin, impl)
+            message = refused or f"raised {type(exc).__name__}: {exc}"
             if origin is not None and guard.is_misuse(origin):
                 counts["misuse"] += 1
                 failures.append(
@@ -348,6 +360,12 @@ def run_property(
                 result.context_lost = True
                 raise _Stop from None
             raise
+        if run.backend is not None:  # every call of the example must have run there
+            elsewhere = [r for r in guard.calls[calls_before:] if not r.ran_on(run.backend)]
+            if elsewhere:
+                counts["failed"] += 1
+                failures.append(Failure(elsewhere[0].mismatch(run.backend), problem, params, None, fallback=True))
+                raise Violation(failures[-1].message)
         counts["passed"] += 1
         if result.worst is None or m.ratio > result.worst.ratio:
             result.worst = m
@@ -406,7 +424,7 @@ def run_property(
         # The worst error is the failure's (none for a non-numeric one), not the passing examples'.
         result.worst = result.failure.measurement
         f = result.failure  # named cause: short experiments on the minimal example, confirmed on others
-        if f.status == "failed" and f.problem is not None:
+        if f.status == "failed" and f.problem is not None and not f.fallback:
             with timing.timed(CAUSES):
                 cause = name_cause(
                     impl, prop, f.problem, f.params, f.message, f.measurement, _before_shrinking(failures)
@@ -427,6 +445,8 @@ def run_property(
     finally:
         if own_guard:
             guard.close()
+        result.backends.add(guard.calls[first_call:])
+        del guard.calls[first_call:]  # tallied: a long run keeps no per-call record
     result.example_counts = {s: counts[s] for s in STATUSES if counts[s]}
     result.unsupported_reasons = dict(reasons.most_common())
     result.warnings, result.warning = sum(counter.counts.values()), counter.summary()

@@ -23,7 +23,10 @@ hangs while holding the GIL freezes the whole process; no in-process guard can h
 An exception raised by the kernel is re-raised unchanged (the runners and
 ``Implementation.run`` classify it), and the guard keeps its traceback from the kernel's own
 frames down (:meth:`Guard.kernel_traceback`). A ``TypeError`` raised while binding the arguments
-(before any frame of the kernel ran) is argument misuse (:meth:`Guard.is_misuse`).
+(before any frame of the kernel ran) is argument misuse (:meth:`Guard.is_misuse`). One raised by
+a ``raise`` in the implementation's library's own Python code is that library's refusal
+(:meth:`Guard.refusal`), not a crash. Each call's backend is recorded (``gdn_verify.core.backends``)
+in :attr:`Guard.calls`.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
-from gdn_verify.core import timing
+from gdn_verify.core import backends, timing
 from gdn_verify.core.implementation import Implementation
 
 DEFAULT_TIMEOUT = 60.0
@@ -88,12 +92,14 @@ class _Worker:
             job = self.jobs.get()
             if job is None:
                 return
-            fn, args, kw, box, done = job
-            try:
-                box["value"] = fn(*args, **kw)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
-                box["error"] = exc
-                box["frames"] = traceback.extract_tb(exc.__traceback__)[1:]  # from the kernel's frame down
+            fn, args, kw, box, done, declared = job
+            with backends.recording() as record:
+                try:
+                    box["value"] = fn(*args, **kw)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
+                    box["error"] = exc
+                    box["frames"] = traceback.extract_tb(exc.__traceback__)[1:]  # from the kernel's frame down
+                box["ran"] = record.ran(declared, raised="error" in box)
             done.set()
 
 
@@ -107,15 +113,20 @@ class Guard:
         self.slowest = 0.0  # slowest call of an already-compiled shape class, in seconds
         self.kernel_error: BaseException | None = None  # the last exception the kernel raised
         self.kernel_frames: traceback.StackSummary | None = None
+        self.calls: list[backends.Ran] = []  # the backend of each call that ran somewhere (backends.Ran), in order
         self._worker: _Worker | None = None
 
     def guarded(self, impl: Implementation) -> Implementation:
-        """``impl`` with every form called through this guard."""
-        return dataclasses.replace(impl, forms={name: self.wrap(fn) for name, fn in impl.forms.items()})
+        """``impl`` with every form called through this guard (its backend recorded: ``extra["backend"]``
+        names it where the adapter declares one backend throughout; a NumPy implementation's is
+        ``numpy``)."""
+        declared = impl.extra.get("backend", "numpy" if impl.array == "numpy" else None)
+        declared = declared if isinstance(declared, str) else None
+        return dataclasses.replace(impl, forms={name: self.wrap(fn, declared) for name, fn in impl.forms.items()})
 
-    def wrap(self, fn: Callable) -> Callable:
+    def wrap(self, fn: Callable, declared: str | None = None) -> Callable:
         def call(*args: Any, **kw: Any) -> Any:
-            return self.call(fn, args, kw)
+            return self.call(fn, args, kw, declared)
 
         call.__wrapped__ = fn  # type: ignore[attr-defined]
         return call
@@ -129,11 +140,13 @@ class Guard:
             limit = max(limit, FIRST_CALL_FACTOR * self.timeout)
         return limit
 
-    def call(self, fn: Callable, args: tuple, kw: dict[str, Any]) -> Any:
+    def call(self, fn: Callable, args: tuple, kw: dict[str, Any], declared: str | None = None) -> Any:
+        """``fn(*args, **kw)`` in the worker thread, its backend recorded (``declared``: the adapter's
+        one backend, if any) in :attr:`calls`."""
         with timing.timed(timing.KERNEL):
-            return self._call(fn, args, kw)
+            return self._call(fn, args, kw, declared)
 
-    def _call(self, fn: Callable, args: tuple, kw: dict[str, Any]) -> Any:
+    def _call(self, fn: Callable, args: tuple, kw: dict[str, Any], declared: str | None) -> Any:
         key = shape_class(args, kw)
         allowance = key not in self.seen and not abandoned_calls()
         limit = self.limit(key)
@@ -142,7 +155,7 @@ class Guard:
         box: dict[str, Any] = {}
         done = threading.Event()
         start = time.perf_counter()
-        self._worker.jobs.put((fn, args, kw, box, done))
+        self._worker.jobs.put((fn, args, kw, box, done, declared))
         if not done.wait(limit):
             _abandoned.append(self._worker.thread)
             self._worker = None
@@ -154,6 +167,8 @@ class Guard:
                 compiled = " (no compile allowance while an earlier timed-out call still runs)"
             raise KernelTimeout(f"the kernel call did not return within {limit:.3g}s{compiled}", limit)
         seconds = time.perf_counter() - start
+        if box["ran"] is not None:
+            self.calls.append(box["ran"])
         if key in self.seen:
             self.slowest = max(self.slowest, seconds)
         self.seen.add(key)
@@ -194,6 +209,19 @@ class Guard:
             and "argument" in str(exc)
         )
 
+    def refusal(self, exc: BaseException, impl: Implementation) -> str | None:
+        """ "<library> refused: <message>" when the kernel's exception ``exc`` was raised by the
+        implementation's library's own Python code (:func:`library_of`), else None. Decided by where the
+        innermost frame of its traceback lies, never by its message: an exception from the library's
+        runtime (Triton, torch, CUDA) or from the adapter is no refusal."""
+        if exc is not self.kernel_error:
+            return None
+        library, modules = library_of(impl)
+        module = _innermost_module(exc.__traceback__)
+        if library is None or module is None or not any(module == m or module.startswith(m + ".") for m in modules):
+            return None
+        return f"{library} refused: {str(exc) or type(exc).__name__}"
+
     def kernel_traceback(self, exc: BaseException) -> str | None:
         """The traceback of the kernel's exception ``exc``, from its own frames down (the last
         ``MAX_TRACEBACK_FRAMES``)."""
@@ -207,3 +235,24 @@ class Guard:
         lines += traceback.format_list(frames)
         lines += traceback.format_exception_only(type(exc), exc)
         return "".join(lines).rstrip()
+
+
+def library_of(impl: Implementation) -> tuple[str | None, tuple[str, ...]]:
+    """The third-party library ``impl``'s adapter calls and the modules (with their submodules) that
+    are its code: ``extra["library"]``, with ``extra["library_modules"]`` where its modules are
+    named otherwise; ``(None, ())`` when none is declared. Never guessed: a plug-in's own function
+    raising is the kernel's error (its author's code), not a library declining the call."""
+    declared = impl.extra.get("library")
+    if not isinstance(declared, str):
+        return None, ()
+    return declared, (declared, *impl.extra.get("library_modules", ()))
+
+
+def _innermost_module(tb: TracebackType | None) -> str | None:
+    """The module of the frame where the exception was raised (``__name__`` in its globals)."""
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    name = tb.tb_frame.f_globals.get("__name__")
+    return name if isinstance(name, str) else None
