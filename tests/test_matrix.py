@@ -135,6 +135,11 @@ def test_the_table_shows_each_cell_and_the_release_status():
     assert cells["0.4.0"].endswith("misuse: error: --impl: FLA 0.4 has no l2norm option")
     assert "0.6.0 a: logic error, gate ignored" in lines
     assert "FAIL Nx: the worst error was N times its bound" in lines  # the legend, as a cell failed
+    assert not any(line.startswith("FAIL (raised)") for line in lines)  # every failure here has its ratio
+    raised = [Row("0.5.2", "failed", properties={"scale_decode_batch": Cell("failed")})]  # a launch error, say
+    raised_lines = matrix_report.table_lines(MatrixResult("fla-chunk", "fla", ["0.5.2"], [], False, raised))
+    assert raised_lines[2].split() == ["0.5.2", "FAIL", "(raised)", "FAILED"]
+    assert "FAIL (raised): no error was measured: the kernel raised or broke the output contract" in raised_lines
     assert not any(
         "FAIL" in line
         for line in matrix_report.table_lines(MatrixResult("fla-chunk", "fla", ["0.5.2"], [], True, rows[:1]))

@@ -2,10 +2,10 @@
 (:func:`document`, schema ``gdn_verify/schema/matrix.schema.json``).
 
 The table has a row per release and a column per property; a cell is ``pass``, ``FAIL`` with the
-worst error over its bound (``FAIL 41x``), ``unsup``, ``timeout``, ``error``, ``misuse`` or ``-``
-(not run), and the last column the release's status, with its reason when it did not run to a
-verdict. Below it, what each release was (the implementation's description) and each failure's
-kind and likely cause.
+worst error over its bound (``FAIL 41x``; ``FAIL (raised)`` where none was measured), ``unsup``,
+``timeout``, ``error``, ``misuse`` or ``-`` (not run), and the last column the release's status,
+with its reason when it did not run to a verdict. Below it, what each release was (the
+implementation's description) and each failure's kind and likely cause.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def cell_text(cell: Cell | None) -> str:
     if cell is None:
         return "-"
     text = CELLS.get(cell.status, cell.status)
-    return f"{text} {times(cell.ratio)}" if cell.status == "failed" else text
+    if cell.status != "failed":
+        return text
+    # a failure with no error measured (a launch error, a broken output contract): no ratio to give
+    return f"{text} {times(cell.ratio)}" if cell.ratio is not None else f"{text} (raised)"
 
 
 def _description(text: str | None) -> str:
@@ -62,6 +65,8 @@ def table_lines(result: MatrixResult) -> list[str]:
         lines.append("  ".join([*(text.ljust(w) for text, w in zip(line, widths)), line[-1]]).rstrip())
     if any(c.status == "failed" for row in result.rows for c in row.properties.values()):
         lines.append("FAIL Nx: the worst error was N times its bound")
+    if any(c.status == "failed" and c.ratio is None for row in result.rows for c in row.properties.values()):
+        lines.append("FAIL (raised): no error was measured: the kernel raised or broke the output contract")
     for row in result.rows:
         if row.description is not None:
             lines.append(f"{row.version}: {_description(row.description)}")
