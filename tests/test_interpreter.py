@@ -84,3 +84,24 @@ def test_only_range_loops_become_int32_loops():
         and getattr(loop.iter.func, "id", "") == interpreter._LOOP
     ]
     assert wrapped == ["i", "j"]
+
+
+def test_widening_rounds_outputs_back_only_when_q_was_bfloat16():
+    """A bfloat16 optional argument (``initial_state``) beside float32 inputs is widened like any
+    bfloat16 tensor, but ``o`` keeps the inputs' float32: rounding it would add a bfloat16 error the
+    kernel never made (``optional_dtypes`` under the interpreter, FLA 0.6.0, 2026-12-05)."""
+    import torch
+
+    seen = {}
+
+    def kernel(q, initial_state=None):
+        seen["state"] = initial_state.dtype
+        return q * (1 + 2**-12), initial_state.clone()
+
+    wide = interpreter.widen_bfloat16(kernel)
+    q, state = torch.ones(4), torch.ones(2, dtype=torch.bfloat16)
+    o, final = wide(q=q, initial_state=state)
+    assert seen["state"] == torch.float32  # the kernel saw the widened state
+    assert o.dtype == torch.float32 and o[0].item() == 1 + 2**-12  # not rounded to bfloat16 (1.0 there)
+    o, _ = wide(q=q.to(torch.bfloat16), initial_state=state)
+    assert o.dtype == torch.bfloat16  # a bfloat16 call's output is the caller's dtype

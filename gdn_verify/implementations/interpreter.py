@@ -225,10 +225,12 @@ class _GlobalsView:
 def widen_bfloat16(fn: Callable[..., Any], rounded: int = 1) -> Callable[..., Any]:
     """``fn`` with its bfloat16 torch tensors handed over as float32 copies (workaround 4).
 
-    When the call had a bfloat16 input, the first ``rounded`` outputs (``o``; the gradients
-    before ``dh0`` for a backward) come back rounded to bfloat16 (to nearest), the rest (the
-    float32 final state, ``dh0``) as they are; a widened argument the kernel wrote into (an
-    ``output=`` buffer) is copied back into the caller's tensor.
+    When the call's ``q`` (the first positional argument or the keyword) was bfloat16, the first
+    ``rounded`` outputs (``o``; the gradients before ``dh0`` for a backward) come back rounded to
+    bfloat16 (to nearest), the rest (the float32 final state, ``dh0``) as they are: the outputs'
+    dtype follows the inputs', never an optional argument's (a bfloat16 ``initial_state`` beside
+    float32 inputs leaves ``o`` float32). A widened argument the kernel wrote into (an ``output=``
+    buffer) is copied back into the caller's tensor.
     """
 
     @functools.wraps(fn)  # keeps the signature: the harness reads which keywords fn takes
@@ -243,11 +245,12 @@ def widen_bfloat16(fn: Callable[..., Any], rounded: int = 1) -> Callable[..., An
                 return widened[-1][1]
             return x
 
+        q = kwargs.get("q", args[0] if args else None)
         out = fn(*[widen(a) for a in args], **{k: widen(v) for k, v in kwargs.items()})
-        if not widened:
-            return out
         for original, wide in widened:
             original.copy_(wide)
+        if not (isinstance(q, torch.Tensor) and q.dtype == torch.bfloat16):
+            return out
 
         def narrow(x: Any) -> Any:
             return x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Bugs that hide from a default run, on one H100/H200: every autotuner config of FLA's chunked
+# forward and backward (`check --all-configs`, the backward on the backend FLA picks there), and the
+# process and batch-mix properties with the backend recorded on every adapter that this call carries
+# (FLA 0.6.0, vLLM 0.34.0's ops, our CuPy kernels, FlashQLA; FlashInfer where its site is installed
+# in /tmp/site by earlier calls, in a process of its own: its tvm-ffi cannot share one with TileLang's).
+# Detached, so that the work outlives one device call while the machine stays warm. Run from a copy
+# outside the synced checkout:
+#   rm -rf /tmp/gdns && cp -a . /tmp/gdns && cd /tmp/gdns && bash scripts/gpu-machine/gpu_sweeps.sh --background
+#   cd /tmp/gdns && bash scripts/gpu-machine/gpu_sweeps.sh --collect SECONDS
+# Carried: .whl/releases/fla-0.6.0 and .whl/releases/vllm-0.34.0 (release sites unpacked here:
+# gdn_verify.runners.releases.site), .whl/fqla (TileLang and FlashQLA: FLA 0.6.0 refuses its
+# chunked backward on Hopper under Triton < 3.7.1 without TileLang; pack_carried.sh fqla).
+# Knobs: CONFIG_EXAMPLES (examples per property and config, 8), JOB_TIMEOUT (s per check, 900),
+# MIX_IMPLS (space list), STEPS (configs mix, both by default), CHECK_ARGS (extra check flags: a dry
+# run on a CPU under TRITON_INTERPRET=1 with "--dtype float32 --dims 16 --max-examples 2").
+set -u -o pipefail
+OUT=${OUT:-gpu_logs}
+LOGS=${LOGS:-/tmp/gpu_sweeps}
+mkdir -p "$OUT" "$LOGS"
+pack() {
+  grep -hE "^(gdn-verify|all configs|FAILED|[0-9]+ passed|exit|error|  same_across)" "$LOGS"/*.log | cut -c1-400 \
+    > "$OUT/summary.txt"
+  tar -czf "$OUT/sweeps.tar.gz" -C "$LOGS" $(cd "$LOGS" && ls ./*.log ./*.json ./*.txt 2>/dev/null)
+  cat "$OUT/summary.txt"
+}
+. "$(dirname "$0")/detached.sh"
+detached "$@"
+
+FQSITE=/tmp/fqsite
+if [ -d .whl/fqla ]; then
+  [ -f "$FQSITE/.fqla-site-complete" ] || SITE=$FQSITE bash .whl/fqla/install.sh > "$LOGS/fqla-install.txt" 2>&1 || exit 3
+else
+  echo "no .whl/fqla: FLA's backward and flash-qla run without TileLang" > "$LOGS/fqla-install.txt"
+fi
+R=$PWD/.whl/releases
+export PYTHONPATH="$PWD:$R/fla-0.6.0:$FQSITE" PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
+  GDN_VERIFY_VLLM_OPS="$R/vllm-0.34.0/$(cat "$R/vllm-0.34.0/.ops")" CUDA_HOME=/usr/local/cuda \
+  TILELANG_CACHE_DIR=/tmp/tilelang-cache TVM_FFI_CACHE_DIR=/tmp/tvm-ffi-cache TRITON_CACHE_DIR=$LOGS/triton
+{ date -u; git rev-parse --short HEAD 2>/dev/null
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton, numpy, importlib.metadata as m; print('torch', torch.__version__, 'triton', \
+triton.__version__, 'numpy', numpy.__version__, *(p + ' ' + m.version(p) for p in ('flash-qla', 'tilelang')))"
+  python3 -c "import fla; print('fla', fla.__version__, fla.__file__)"; } > "$LOGS/env.txt" 2>&1
+
+check() {  # NAME ARGS...: one check, its log and JSON
+  local name=$1 start=$SECONDS; shift
+  timeout "${JOB_TIMEOUT:-900}" python3 cli.py check --seed 1 --json "$LOGS/$name.json" --cases "$LOGS/cases" "$@" ${CHECK_ARGS:-} \
+    > "$LOGS/$name.log" 2>&1
+  echo "exit $? after $((SECONDS - start)) s" >> "$LOGS/$name.log"
+}
+STEPS=${STEPS:-configs mix}
+N=${CONFIG_EXAMPLES:-8}
+case " $STEPS " in *" configs "*)
+  # every config of each autotuned kernel FLA's chunked form launches, forward and backward; FLA's
+  # recurrent kernel has no autotuner (heuristics only), which the check says in one line (exit 2)
+  check configs-fla-chunk --impl fla-chunk --all-configs --max-examples "$N" --dims 64,128 &
+  check configs-fla-chunk-grad --impl fla-chunk --grad --all-configs --max-examples 4 --dims 64,128 &
+  check configs-fla-recurrent --impl fla-recurrent --all-configs --max-examples "$N" &
+  ;; esac
+case " $STEPS " in *" mix "*)
+  # the process and batch-mix properties, each adapter's backend recorded in its JSON and counts line
+  NATIVE=output_isolation,optional_dtypes,shape_class_return,varlen_equals_separate,guarded_inputs
+  SPEC=spec_batch_mix,spec_guarded_pool,spec_decode_slots,spec_decode_stream
+  for impl in ${MIX_IMPLS:-fla-chunk fla-recurrent vllm-chunk vllm-recurrent vllm-packed-decode \
+      vllm-sigmoid-recurrent vllm-spec vllm-sigmoid-spec cupy cupy-chunk flash-qla}; do
+    case $impl in vllm-spec | vllm-sigmoid-spec) props=$SPEC ;; cupy) props=$NATIVE,$SPEC ;; *) props=$NATIVE ;; esac
+    check "mix-$impl" --impl "$impl" --properties "$props" &
+  done
+  # FlashInfer in a process without TileLang's site (another tvm-ffi)
+  if [ -f /tmp/site/.gdnv-site-complete ]; then
+    for impl in flashinfer-prefill flashinfer-decode flashinfer-decode-kmajor flashinfer-mtp; do
+      case $impl in flashinfer-mtp) props=$SPEC ;; *) props=$NATIVE ;; esac
+      PYTHONPATH="$PWD:/tmp/site" check "mix-$impl" --impl "$impl" --properties "$props" &
+    done
+  fi
+  ;; esac
+wait
+echo "done $(date -u +%T)"
