@@ -170,6 +170,21 @@ def test_a_raise_inside_another_library_or_an_undeclared_one_is_no_refusal(refus
         assert r.failure.message.startswith("raised "), r.failure.message
 
 
+def test_a_librarys_kernel_triton_cannot_compile_is_named_with_the_triton_version(refusing_lib):
+    triton = pytest.importorskip("triton")
+    (r,) = api.check(
+        _declaring(refusing_lib.gdn_not_compiling), properties=["matches_reference"], max_examples=1
+    ).results
+    assert r.status == "error" and r.failure is not None
+    assert r.failure.message == (
+        f"fake_refusing_lib's kernel does not compile with the installed Triton {triton.__version__}: "
+        f"{refusing_lib.COMPILE_MESSAGE}"
+    )
+    # a user's own kernel that does not compile is its own error, said as it came
+    (r,) = api.check(refusing_lib.gdn_not_compiling, properties=["matches_reference"], max_examples=1).results
+    assert r.failure is not None and r.failure.message.startswith("raised CompilationError"), r.failure.message
+
+
 def test_an_adapters_declared_library_counts_its_modules(refusing_lib):
     impl = _declaring(lambda **kw: refusing_lib.gdn(**kw), "somelib", library_modules=("fake_refusing_lib",))
     (r,) = api.check(impl, properties=["matches_reference"], max_examples=1, seed=1).results

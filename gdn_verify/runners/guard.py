@@ -213,10 +213,17 @@ class Guard:
         """ "<library> refused: <message>" when the kernel's exception ``exc`` was raised by the
         implementation's library's own Python code (:func:`library_of`), else None. Decided by where the
         innermost frame of its traceback lies, never by its message: an exception from the library's
-        runtime (Triton, torch, CUDA) or from the adapter is no refusal."""
+        runtime (Triton, torch, CUDA) or from the adapter is no refusal. One exception of Triton's is
+        named too: a library's kernel that Triton cannot compile ("<library>'s kernel does not compile
+        with the installed Triton X: ..."), a release built for another Triton."""
         if exc is not self.kernel_error:
             return None
         library, modules = library_of(impl)
+        if library is not None and _compile_error(exc):
+            # Triton could not compile one of the library's kernels: a release built for another Triton
+            # (vLLM 0.10.2 under Triton 3.6: "N marked as constexpr and listed in do_not_specialize")
+            last = next((line.strip() for line in reversed(str(exc).splitlines()) if line.strip()), "")
+            return f"{library}'s kernel does not compile with the installed Triton {_triton_version()}: {last}"
         module = _innermost_module(exc.__traceback__)
         if library is None or module is None or not any(module == m or module.startswith(m + ".") for m in modules):
             return None
@@ -235,6 +242,20 @@ class Guard:
         lines += traceback.format_list(frames)
         lines += traceback.format_exception_only(type(exc), exc)
         return "".join(lines).rstrip()
+
+
+def _compile_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is Triton's ``CompilationError`` (by its class, without importing Triton)."""
+    return any(c.__name__ == "CompilationError" and c.__module__.startswith("triton") for c in type(exc).__mro__)
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return str(triton.__version__)
+    except ImportError:  # pragma: no cover - a CompilationError came from Triton, so it imports
+        return "?"
 
 
 def library_of(impl: Implementation) -> tuple[str | None, tuple[str, ...]]:

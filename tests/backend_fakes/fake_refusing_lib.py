@@ -22,3 +22,17 @@ def _check_platform() -> None:
 def gdn_numpy_error(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                     use_qk_l2norm_in_kernel=False, cu_seqlens=None):  # fmt: skip
     np.linalg.cholesky(-np.eye(2))  # raises LinAlgError inside NumPy
+
+
+COMPILE_MESSAGE = "N marked as constexpr and listed in do_not_specialize. Remove constexpr designation."
+
+
+def gdn_not_compiling(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                      use_qk_l2norm_in_kernel=False, cu_seqlens=None):  # fmt: skip
+    """Triton cannot compile the library's kernel (a release built for another Triton)."""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    source = "def kernel(q, N: tl.constexpr):\n    pass"
+    raise CompilationError(source, ast.parse(source).body[0], COMPILE_MESSAGE)
