@@ -61,6 +61,7 @@ CASES: dict[str, dict] = {
     "varlen_tail": dict(B=1, lengths=(0, 37, 70, 130), tail=9),
     "varlen_strong": dict(B=1, lengths=(5, 66, 100), tail=3, gates="strong"),
     "no_state_no_dht": dict(h0=None, dht=False, gates="moderate"),
+    "state_no_dht": dict(dht=False, gates="mild"),
     "large_state": dict(h0="large"),
     "short": dict(B=3, T=16),
     "wide_l2norm": dict(B=1, T=128, H=2, HV=2, K=64, V=64, l2norm=True),
@@ -113,6 +114,7 @@ def needs_met(bug: str, spec: dict, dtype: str) -> bool:
     longest = max(s["lengths"]) if s["lengths"] is not None else s["T"]
     needs = {
         "dht": s["dht"],
+        "no_dht": not s["dht"],
         "h0": s["h0"] is not None,
         "l2norm": s["l2norm"],
         "gva": s["HV"] > s["H"],

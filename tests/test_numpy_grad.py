@@ -169,8 +169,11 @@ def test_factories_and_forms():
 
 @functools.cache
 def judged(spec: tuple, dtype: str, seed: int = 0):
-    problem = make(**dict(spec), dtype=dtype, seed=seed)
-    do, dht = cotangents(problem, seed, True)
+    """``spec`` as ``make``'s keywords and ``dht`` (a final-state cotangent given; default True)."""
+    keywords = dict(spec)
+    with_dht = keywords.pop("dht", True)
+    problem = make(**keywords, dtype=dtype, seed=seed)
+    do, dht = cotangents(problem, seed, with_dht)
     reference, tolerance = gtol.grad_reference_and_tolerance(problem, do, dht, seed=seed)
     return problem, do, dht, reference, tolerance
 
@@ -214,6 +217,7 @@ BUG_PROBLEMS = {
     "gva_first_head_only": (dict(H=1, HV=3), "bfloat16"),
     "dk_doubled": (dict(gates="mild"), "bfloat16"),
     "varlen_tail_unwritten": (dict(lengths=(20, 13), tail=4), "bfloat16"),
+    "dh0_unwritten_without_dht": (dict(gates="mild", dht=False), "bfloat16"),
 }
 
 
@@ -221,6 +225,11 @@ BUG_PROBLEMS = {
 def test_planted_bug_outside_tolerance(bug):
     spec, dtype = BUG_PROBLEMS[bug]
     assert worst_ratio(planted_grad.implementation(bug), spec, dtype) >= PLANTED_GOAL
+
+
+def test_dh0_unwritten_without_dht_is_right_when_dht_is_given():
+    impl = planted_grad.implementation("dh0_unwritten_without_dht")
+    assert worst_ratio(impl, dict(gates="mild", dht=True), "bfloat16") <= ALLOWED_GOAL
 
 
 def test_every_bug_has_a_problem_or_is_determinism():

@@ -76,6 +76,7 @@ WRAPPER_BUGS = (
     "varlen_tail_unwritten",
     "nondeterministic_dk",
     "dg_cumsum16",
+    "dh0_unwritten_without_dht",
 )
 KNOWN_BUGS = ENGINE_BUGS + WRAPPER_BUGS
 # Per-token magnitudes the engine can report (``magnitudes=``), each [N, L, HV]: Frobenius norms of

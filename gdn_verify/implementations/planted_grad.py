@@ -32,6 +32,9 @@ edit away from, a production GDN backward:
   twice (``dk.add_(dk2)`` applied to a ``dk`` that already held it);
 - ``varlen_tail_unwritten``: the gradients of the tokens after ``cu_seqlens[-1]`` are left as
   whatever the output buffer held (``torch.empty``; NaN here, the checks' poison);
+- ``dh0_unwritten_without_dht``: asked for ``dh0`` with no ``dht`` given, the backward leaves
+  ``dh0`` as its buffer was allocated (NaN here, the checks' poison): a kernel that writes ``dh0``
+  only on the path that starts the reverse pass from ``dht`` (FlashQLA 596ece2);
 - ``nondeterministic_dk``: ``dk``'s sum over the value heads of a group and over its two halves
   runs in a random order each call (atomics into a float32 buffer): identical calls differ in
   the last bits. Within tolerance by construction; caught by ``grad_determinism``.
@@ -82,6 +85,10 @@ BUGS: dict[str, tuple[str, Callable]] = {
         "gradients of the tokens after cu_seqlens[-1] are left unwritten (the buffer's NaN)",
         _bug("varlen_tail_unwritten"),
     ),
+    "dh0_unwritten_without_dht": (
+        "asked for dh0 with no dht given, dh0 is left unwritten (NaN)",
+        _bug("dh0_unwritten_without_dht"),
+    ),
     "nondeterministic_dk": (
         "dk's sum over value heads and halves runs in a random order each call (float32 atomics)",
         _bug("nondeterministic_dk"),
@@ -94,12 +101,14 @@ BUGS: dict[str, tuple[str, Callable]] = {
 RIGHT_CAUSES: dict[str, tuple[str, ...]] = {name: (name,) for name in BUGS}
 RIGHT_CAUSES["varlen_tail_unwritten"] = ()
 RIGHT_CAUSES["nondeterministic_dk"] = ()
+RIGHT_CAUSES["dh0_unwritten_without_dht"] = ()  # NaN: no model of a rounding or a term reproduces it
 
 # Where each bug shows (what a problem needs for the bug to change the gradients), for tests and
 # the calibration benchmark: "dht" a final-state cotangent, "h0" an initial state, "l2norm" the
 # in-kernel l2norm, "gva" HV > H, "varlen_tail" tokens after cu_seqlens[-1], "long" T > 64,
 # "gated" gates that decay (moderate: exp(g) well below 1), "float32" float32 inputs (a 16-bit
-# rounding is the size of the inputs' own otherwise), "determinism" two identical calls.
+# rounding is the size of the inputs' own otherwise), "determinism" two identical calls, "no_dht"
+# no final-state cotangent given.
 REGIMES: dict[str, tuple[str, ...]] = {
     "dht_ignored": ("dht",),
     "dh0_dropped": ("h0",),
@@ -115,6 +124,7 @@ REGIMES: dict[str, tuple[str, ...]] = {
     "dk_doubled": (),
     "varlen_tail_unwritten": ("varlen_tail",),
     "nondeterministic_dk": ("gva", "determinism"),
+    "dh0_unwritten_without_dht": ("h0", "no_dht"),
 }
 
 
