@@ -43,6 +43,7 @@ from gdn_verify.core.verdict import (
     as64,
     bitwise_equal,
     compare,
+    first_difference,
     oracle_and_tolerance,
     oracles_and_tolerances,
     output_contract_violations,
@@ -260,16 +261,11 @@ def strategy_head_mapping(limits: Limits) -> st.SearchStrategy:
 
 # 7. determinism -------------------------------------------------------------------------------
 def check_determinism(impl: Implementation, problem: Problem, params: dict) -> Measurement:
-    first, second = run_checked(impl, problem), run_checked(impl, problem)
-    for name in ("o", "final_state"):
-        a, b = getattr(first, name), getattr(second, name)
-        if not bitwise_equal(Result(a, None, None, None), Result(b, None, None, None)):
-            diff, nan = float("nan"), False
-            if a is not None and b is not None:
-                a64, b64 = as64(a), as64(b)
-                diff, nan = np.nanmax(np.abs(a64 - b64)), not np.array_equal(np.isnan(a64), np.isnan(b64))
-            what = f"max difference {diff:.3g}" + ("; NaN in one where the other is a number" if nan else "")
-            raise Violation(f"two identical calls returned different {name} ({what})", Measurement(float(diff), 0.0))
+    differs = first_difference(run_checked(impl, problem), run_checked(impl, problem))
+    if differs is not None:
+        name, diff, nan = differs
+        what = f"max difference {diff:.3g}" + ("; NaN in one where the other is a number" if nan else "")
+        raise Violation(f"two identical calls returned different {name} ({what})", Measurement(diff, 0.0))
     return Measurement(0.0, 0.0, "bitwise")
 
 

@@ -29,7 +29,7 @@ from gdn_verify.core import arrays, gating
 from gdn_verify.core.implementation import Implementation, Result
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Measurement, Property, Violation
-from gdn_verify.core.verdict import compare, oracle_and_tolerance, run_checked, state_dtype_of
+from gdn_verify.core.verdict import compare, first_difference, oracle_and_tolerance, run_checked, state_dtype_of
 from gdn_verify.properties import strategies as gs
 from gdn_verify.properties.native import OPTION_CLASSES, _needs, _needs_native, strategy_in_kernel_gate
 from gdn_verify.properties.strategies import Limits
@@ -289,19 +289,15 @@ def check_shape_class_return(impl: Implementation, problem: Problem, params: dic
             raise Violation(f"{where}: {describe_class(p)}): {exc}" + (named if i else ""), exc.measurement) from None
         results.append(result)
         worst = max(worst, m, key=lambda x: x.ratio)
-    for name in ("o", "final_state"):
-        a, b = getattr(results[0], name), getattr(results[2], name)
-        if a is None or b is None:
-            continue
-        differ = np.asarray(a).view(np.uint8) != np.asarray(b).view(np.uint8)
-        if differ.any():
-            diff = float(np.nanmax(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-            raise Violation(
-                f"call 3 of 3 (class X again after class Y: {describe_class(other)}) returned a {name} that differs "
-                f"from call 1's with the same inputs by up to {diff:.3g}, both within tolerance: the path or launch "
-                "configuration depends on the previous call",
-                Measurement(diff, 0.0),
-            )
+    differs = first_difference(results[0], results[2])
+    if differs is not None:
+        name, diff, _ = differs
+        raise Violation(
+            f"call 3 of 3 (class X again after class Y: {describe_class(other)}) returned a {name} that differs "
+            f"from call 1's with the same inputs by up to {diff:.3g}, both within tolerance: the path or launch "
+            "configuration depends on the previous call",
+            Measurement(diff, 0.0),
+        )
     return worst
 
 

@@ -339,6 +339,21 @@ def bitwise_equal(a: Result, b: Result) -> bool:
     )
 
 
+def first_difference(a: Result, b: Result) -> tuple[str, float, bool] | None:
+    """The first of ``o`` and ``final_state`` that is not bitwise identical in two results of the same
+    inputs: its name, the largest difference (NaN where one of them is None) and whether NaN stands in
+    one where the other holds a number; None when both are bitwise identical."""
+    for name in ("o", "final_state"):
+        x, y = getattr(a, name), getattr(b, name)
+        if bitwise_equal(Result(x, None, None, None), Result(y, None, None, None)):
+            continue
+        if x is None or y is None:
+            return name, float("nan"), False
+        x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        return name, float(np.nanmax(np.abs(x64 - y64))), not np.array_equal(np.isnan(x64), np.isnan(y64))
+    return None
+
+
 def sequence_part(r: Result, problem: Problem, n: int) -> Result:
     """The outputs and final state of sequence ``n`` of ``problem`` within the result ``r``."""
     start, end = problem.bounds[n], problem.bounds[n + 1]
