@@ -28,6 +28,7 @@ import pytest
 from gdn_verify import api, console
 from gdn_verify.core.implementation import ConfigurationError
 from gdn_verify.options import SCALE_PREFIX, CheckOptions, flag_name
+from gdn_verify.runners.configs import AGREEMENT
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -137,7 +138,7 @@ def _all_configs_verdict(result: api.CheckResult) -> None:
     kernel's agreement across configs; every failure shown, each naming its kernel and config."""
     if result.failures:
         raise PropertyFailed("\n".join(console.format_failure(r, result.replay_command(r)) for r in result.failures))
-    if all(r.status == "unsupported" for r in result.results if r.config and r.name != "same_across_configs"):
+    if all(r.status == "unsupported" for r in result.results if r.config and r.name != AGREEMENT):
         pytest.skip("; ".join(sorted({r.note for r in result.results if r.note})))
 
 

@@ -99,3 +99,10 @@ def describe(array: str = "numpy") -> dict[str, Any]:
 def triton_interpret() -> bool:
     """Whether Triton's own switch for its CPU interpreter is on (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def triton_version() -> str:
+    """The version of the Triton this process imports (``triton.__version__``; Triton must be installed)."""
+    import triton
+
+    return str(triton.__version__)

@@ -102,12 +102,6 @@ class _LoopRewriter(ast.NodeTransformer):
         return node
 
 
-def _version() -> str:
-    import triton
-
-    return str(triton.__version__)
-
-
 def install() -> None:
     """Apply the workarounds to the imported Triton (once); ConfigurationError if it cannot."""
     global _installed
@@ -119,7 +113,7 @@ def install() -> None:
         import triton.runtime.interpreter as interp
     except ImportError as exc:
         raise ConfigurationError("impl", f"{ENV}=1 needs Triton (pip install triton): {exc}") from None
-    version = _version()
+    version = environment.triton_version()
     if not version.startswith(TESTED) or not all(
         hasattr(x, a)
         for x, a in (
@@ -273,7 +267,7 @@ def adapt(impl: Implementation) -> Implementation:
     rounded = {BACKWARD_FORM: len(GRADIENTS) - 1}
     impl.forms = {name: widen_bfloat16(fn, rounded.get(name, 1)) for name, fn in impl.forms.items()}
     impl.description = f"{impl.description} [{LIMITS}]"
-    impl.extra["interpreter"] = dict(limits=LIMITS, bfloat16=BF16_LABEL, triton=_version())
+    impl.extra["interpreter"] = dict(limits=LIMITS, bfloat16=BF16_LABEL, triton=environment.triton_version())
     # nothing compiles under the interpreter: no shape classes to compile up front
     # (gdn_verify.core.shapes), which took 4 of every 6 minutes of a check there
     impl.extra["compile_classes"] = False

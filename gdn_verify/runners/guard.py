@@ -40,7 +40,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from gdn_verify.core import backends, timing
+from gdn_verify.core import backends, environment, timing
 from gdn_verify.core.implementation import Implementation
 
 DEFAULT_TIMEOUT = 60.0
@@ -223,7 +223,8 @@ class Guard:
             # Triton could not compile one of the library's kernels: a release built for another Triton
             # (vLLM 0.10.2 under Triton 3.6: "N marked as constexpr and listed in do_not_specialize")
             last = next((line.strip() for line in reversed(str(exc).splitlines()) if line.strip()), "")
-            return f"{library}'s kernel does not compile with the installed Triton {_triton_version()}: {last}"
+            triton = environment.triton_version()
+            return f"{library}'s kernel does not compile with the installed Triton {triton}: {last}"
         module = _innermost_module(exc.__traceback__)
         if library is None or module is None or not any(module == m or module.startswith(m + ".") for m in modules):
             return None
@@ -247,15 +248,6 @@ class Guard:
 def _compile_error(exc: BaseException) -> bool:
     """Whether ``exc`` is Triton's ``CompilationError`` (by its class, without importing Triton)."""
     return any(c.__name__ == "CompilationError" and c.__module__.startswith("triton") for c in type(exc).__mro__)
-
-
-def _triton_version() -> str:
-    try:
-        import triton
-
-        return str(triton.__version__)
-    except ImportError:  # pragma: no cover - a CompilationError came from Triton, so it imports
-        return "?"
 
 
 def library_of(impl: Implementation) -> tuple[str | None, tuple[str, ...]]:
