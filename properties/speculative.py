@@ -126,7 +126,7 @@ def spec_cases(draw, limits: Limits, rules: SpecRules = NATIVE_SPEC, mode: str =
         padding = [False] * N
     elif mode == "mix":  # the first speculative row stays live: it is the row the mix is about
         padding = draw(st.lists(st.booleans(), min_size=N, max_size=N))
-        padding[lengths.index(max(lengths))] = False
+        padding[decode] = False  # lengths[decode] is the first of two or more tokens
     else:
         padding = draw(st.lists(st.booleans(), min_size=N, max_size=N).filter(lambda p: not all(p)))
     first = rules.first_live_slot
