@@ -63,7 +63,7 @@ def standin_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None, use_qk_l2no
     """FlashInfer's decode convention (raw gates, k-last state updated in place), by the oracle."""
     B, one, H, K = q.shape
     assert one == 1 and state.shape == (B, v.shape[2], v.shape[3], K)
-    assert A_log.dtype == np.float32 and A_log.shape == (v.shape[2],)
+    assert A_log.shape == dt_bias.shape == (v.shape[2],)  # float32 but where optional_dtypes varies it
     o, new_state = reference.decode_gated_delta_rule(
         q, k, v, state, A_log, a, dt_bias, b, scale=scale, use_qk_l2norm=use_qk_l2norm
     )

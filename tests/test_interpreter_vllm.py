@@ -6,7 +6,8 @@ vLLM's recurrent kernels held the state k-first (``[.., K, V]``) up to 0.15.1 an
 process of its own (``GDN_VERIFY_VLLM_OPS``, ``TRITON_INTERPRET=1``, CPU torch tensors): a
 reduced ``check`` (``matches_reference``, K = V = 32, few short examples) of every adapter the
 release has, in float32 and float16; vLLM's chunk refuses float32, which must come back
-unsupported. A row of the table with its layout flipped must make the same check fail.
+unsupported. A row of the table with its layout flipped must make the same check fail. The
+newest release's raw-gate kernels also take the caller's raw gates in each dtype.
 Skipped without torch/Triton or when the release cannot be fetched.
 """
 
@@ -26,28 +27,30 @@ pytest.importorskip("triton")
 from gdn_verify.runners import releases  # noqa: E402
 
 EXAMPLES = 2
-# The child: run each (impl, dtype) named in argv[1] and print {impl/dtype: status}. argv[2], when
-# given, is a row name of vllm_releases.TABLE whose layouts are flipped first (a corrupted row).
+# The child: argv[1] is {"runs": [[impl, dtype], ...], "properties": [...], "corrupt": row name or
+# null}; it runs each (impl, dtype) on the properties and prints {impl/dtype/property: status}. A
+# "corrupt" row of vllm_releases.TABLE has its layouts flipped first (a corrupted row).
 CHILD = textwrap.dedent(
     """
     import dataclasses, json, sys, tempfile
     from gdn_verify.api import check
     from gdn_verify.implementations import registry, vllm_releases
-    if len(sys.argv) > 2:
+    job = json.loads(sys.argv[1])
+    if job["corrupt"]:
         vllm_releases.TABLE = tuple(
             dataclasses.replace(r, state_v_first=not r.state_v_first, chunk_v_first=not r.chunk_v_first)
-            if r.name == sys.argv[2] else r
+            if r.name == job["corrupt"] else r
             for r in vllm_releases.TABLE
         )
     EXAMPLES = {examples}
     out = {}
     with tempfile.TemporaryDirectory() as cases:
-        for name, dtype in json.loads(sys.argv[1]):
+        for name, dtype in job["runs"]:
             result = check(
-                registry.resolve(name), dtype=dtype, properties=["matches_reference"], seed=0,
+                registry.resolve(name), dtype=dtype, properties=job["properties"], seed=0,
                 max_examples=EXAMPLES, dims=[32], max_tokens=64, cases_dir=cases, plans_dir=None,
             )
-            out[f"{name}/{dtype}"] = result.results[0].status
+            out.update({f"{name}/{dtype}/{r.name}": r.status for r in result.results})
     print("RESULT " + json.dumps(out))
     """
 ).replace("{examples}", str(EXAMPLES))
@@ -60,13 +63,19 @@ def _site(version: str):
         pytest.skip(f"vllm {version} cannot be fetched: {exc}")
 
 
-def run_release(version: str, runs: list[tuple[str, str]], corrupt: str | None = None) -> dict[str, str]:
-    """``{impl/dtype: status}`` of the reduced checks of vLLM ``version``'s ops, in a child process."""
+def run_release(
+    version: str,
+    runs: list[tuple[str, str]],
+    corrupt: str | None = None,
+    properties: tuple[str, ...] = ("matches_reference",),
+) -> dict[str, str]:
+    """``{impl/dtype/property: status}`` of the reduced checks of vLLM ``version``'s ops, in a child process."""
     env = releases.child_env(_site(version))
     env["TRITON_INTERPRET"] = "1"
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    argv = [sys.executable, "-c", CHILD, json.dumps(runs), *([corrupt] if corrupt else [])]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500, cwd=os.getcwd())
+    job = json.dumps({"runs": runs, "properties": list(properties), "corrupt": corrupt})
+    done = subprocess.run([sys.executable, "-c", CHILD, job], env=env, capture_output=True, text=True, timeout=1500,
+                          cwd=os.getcwd())  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("RESULT "))
@@ -86,12 +95,21 @@ RELEASES = {
 def test_a_release_passes_a_reduced_check_in_float32_and_float16(version):
     runs = RELEASES[version]
     statuses = run_release(version, [*runs, ("vllm-chunk", "float32")])
-    assert statuses.pop("vllm-chunk/float32") == "unsupported", "vLLM's chunk refuses float32 inputs"
-    assert statuses == {f"{impl}/{dtype}": "passed" for impl, dtype in runs}
+    assert statuses.pop("vllm-chunk/float32/matches_reference") == "unsupported", "vLLM's chunk refuses float32 inputs"
+    assert statuses == {f"{impl}/{dtype}/matches_reference": "passed" for impl, dtype in runs}
+
+
+@pytest.mark.interpreter
+def test_the_fused_kernels_take_the_callers_raw_gates_in_each_dtype():
+    """The raw-gate kernels handed the caller's ``a``, ``A_log``, ``dt_bias`` (FLA's in-kernel gate
+    options), and ``A_log``, ``dt_bias`` in their two dtypes in turn (``optional_dtypes``)."""
+    properties = ("in_kernel_gate", "optional_dtypes")
+    statuses = run_release("0.34.0", FUSED, properties=properties)
+    assert statuses == {f"{impl}/{dtype}/{p}": "passed" for impl, dtype in FUSED for p in properties}
 
 
 @pytest.mark.interpreter
 def test_a_corrupted_row_fails_its_release():
     """The row that 0.10.2's fingerprint selects, with its layout flipped: the check must fail."""
     statuses = run_release("0.10.2", [("vllm-recurrent", "float32")], corrupt="k-first")
-    assert statuses == {"vllm-recurrent/float32": "failed"}
+    assert statuses == {"vllm-recurrent/float32/matches_reference": "failed"}

@@ -65,7 +65,7 @@ def standin_vllm_recurrent(
     HV = v.shape[2]
     cu = np.arange(B + 1) * T if cu_seqlens is None else np.asarray(cu_seqlens)
     flat_q, flat_k = (x.reshape(B * T, H, K) for x in (q, k))
-    flat_v, flat_g, flat_b = v.reshape(B * T, HV, -1), g.reshape(B * T, HV), beta.reshape(B * T, HV)
+    flat_v, flat_g, flat_b = v.reshape(B * T, HV, v.shape[3]), g.reshape(B * T, HV), beta.reshape(B * T, HV)
     idx = np.asarray(ssm_state_indices)
     width = 1 if idx.ndim == 1 else idx.shape[1]
     flat_idx = idx.reshape(-1)

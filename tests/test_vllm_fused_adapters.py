@@ -9,6 +9,9 @@ translation that hands it the native convention fails. The GPU runs use the real
 
 from __future__ import annotations
 
+import random
+import re
+
 import numpy as np
 import pytest
 
@@ -18,10 +21,12 @@ from gdn_verify.core.conventions import VLLM_SPEC
 from gdn_verify.core.gating import gates_from_raw
 from gdn_verify.core.implementation import SPEC_FORM, Implementation
 from gdn_verify.core.problem import DTYPES
+from gdn_verify.implementations import flashinfer as fi
 from gdn_verify.implementations import vllm
+from gdn_verify.implementations.planted_memory import read_as
 from gdn_verify.properties import NAMES
 from tests.test_flashinfer_adapters import CASES as FLASHINFER_CASES
-from tests.test_flashinfer_adapters import make_problem
+from tests.test_flashinfer_adapters import make_problem, standin_decode
 from tests.test_spec_adapters import standin_vllm_recurrent
 
 SPEC_PROPS = [name for name in NAMES if name.startswith("spec_")]
@@ -31,9 +36,10 @@ def _gates(A_log, a, dt_bias, b, softplus_beta, threshold):
     """The kernels' raw-gate keywords back to ``(g, beta)``, checking what the kernels assume."""
     HV = a.shape[-1]
     assert A_log.shape == dt_bias.shape == (HV,), "A_log and dt_bias are [HV]"
-    assert a.shape == b.shape and a.dtype == b.dtype == dt_bias.dtype, "a, b, dt_bias in the model dtype"
-    assert A_log.dtype == np.float32, "A_log is a float32 parameter"
-    assert a.strides[-1] == b.strides[-1] == a.itemsize and a.strides[0] == 2 * HV * a.itemsize, "halves of [b | a]"
+    assert a.shape == b.shape and a.dtype == b.dtype, "a, b in the model dtype"
+    # A_log, dt_bias: vLLM's own dtypes (float32, the model's) unless optional_dtypes varies them
+    halves = a.strides[-1] == b.strides[-1] == a.itemsize and a.strides[0] == 2 * HV * a.itemsize
+    assert halves or a.size == 0, "halves of [b | a]"  # (an empty array's strides are 0)
     assert softplus_beta == 1.0 and threshold == 20.0, "softplus beta/threshold left at vLLM's defaults"
     return gates_from_raw(A_log, a, dt_bias, b)
 
@@ -247,3 +253,102 @@ def test_the_oracle_sees_the_gates_a_raw_gate_kernel_computes(dtype):
     exact = np.max(np.abs(np.asarray(state, np.float64) - want_state))
     drawn = np.max(np.abs(np.asarray(state, np.float64) - drawn_state))
     assert exact <= 1e-5 * np.max(np.abs(want_state)) < drawn  # both sides of the declaration
+
+
+# FLA's in-kernel gate options through the raw-gate adapters (vLLM's fused kernels, FlashInfer's decode)
+SEED = random.randrange(2**31)  # correct adapters pass under any seed (printed on failure)
+RAW_GATE_ADAPTERS = {
+    "vllm-sigmoid-recurrent": (lambda k: vllm.recurrent_adapter(k, np, raw=True), standin_sigmoid),
+    "vllm-packed-decode": (vllm.packed_decode_adapter, standin_packed_decode),
+    "flashinfer-decode": (lambda k: fi.decode_adapter(k, fi.NumpyOps()), standin_decode),
+}
+DECLARED = {
+    "vllm-sigmoid-recurrent": vllm.RAW_GATE_OPTIONAL_DTYPES,
+    "vllm-packed-decode": vllm.RAW_GATE_OPTIONAL_DTYPES,
+    "flashinfer-decode": fi.DECODE_OPTIONAL_DTYPES,
+}
+OPTION_PROPS = ["in_kernel_gate", "in_kernel_beta_sigmoid", "optional_dtypes"]
+
+
+class CachedWithoutGateDtypes:
+    """A raw-gate kernel compiled on first use and cached by its input shapes and dtype, not by the
+    dtypes of ``A_log`` and ``dt_bias`` (FlashInfer PR #4219): a later call of those shapes reads
+    their bytes as the first call's dtypes."""
+
+    def __init__(self, kernel):
+        self.kernel, self.compiled = kernel, {}
+
+    def __call__(self, **kw):
+        inputs = kw.get("q", kw.get("mixed_qkv"))
+        shapes = (np.shape(inputs), np.asarray(inputs).dtype.str, np.shape(kw.get("initial_state", kw.get("state"))))
+        for name in ("A_log", "dt_bias"):
+            x = np.asarray(kw[name])
+            kw[name] = read_as(x, self.compiled.setdefault((*shapes, name), x.dtype))
+        return self.kernel(**kw)
+
+
+def raw_gate_impl(name: str, wrap=None) -> Implementation:
+    adapter, kernel = RAW_GATE_ADAPTERS[name]
+    return Implementation(
+        name, {"recurrent": adapter(wrap(kernel) if wrap else kernel)},
+        extra={"raw_gates": True, "optional_dtypes": DECLARED[name]},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", RAW_GATE_ADAPTERS)
+def test_the_in_kernel_gate_options_reach_the_raw_gate_kernels(name, dtype, tmp_path):
+    # g as the raw a with the caller's A_log and dt_bias, beta as the logits b: what vLLM's Qwen GDN
+    # layer hands these kernels; the oracle sees g and the logits rounded to the input dtype only
+    result = check(raw_gate_impl(name), dtype=dtype, properties=OPTION_PROPS, max_examples=10, seed=SEED,
+                   cases_dir=tmp_path)  # fmt: skip
+    assert {r.name: r.status for r in result.results} == dict.fromkeys(OPTION_PROPS, "passed"), (
+        f"seed {SEED}: {result.as_dict()}"
+    )
+    beta_sigmoid = result["in_kernel_beta_sigmoid"]
+    assert beta_sigmoid.unsupported and "no allow_neg_eigval" in beta_sigmoid.note  # 2 sigmoid(b): no raw form
+
+
+@pytest.mark.parametrize("name", RAW_GATE_ADAPTERS)
+def test_a_raw_gate_kernel_cached_without_the_dtype_of_its_gate_parameters_is_caught(name, tmp_path):
+    result = check(raw_gate_impl(name, CachedWithoutGateDtypes), dtype="bfloat16", properties=["optional_dtypes"],
+                   max_examples=10, seed=1, cases_dir=tmp_path)["optional_dtypes"]  # fmt: skip
+    assert result.status == "failed"
+    names = "|".join(DECLARED[name])
+    assert re.match(
+        rf"call 2 of 3 \(({names}) in \w+, after a call with it in \w+ that met the oracle", result.failure.message
+    )
+
+
+def test_the_callers_raw_gate_inputs_go_over_as_they_are():
+    problem = make_problem(seed=2, regime="moderate")
+    HV = problem.v.shape[2]
+    a = np.random.default_rng(0).normal(0.0, 2.0, problem.g.shape).astype(np.float32)
+    logits = np.random.default_rng(1).normal(0.0, 2.0, problem.beta.shape).astype(np.float32)
+    A_log, dt_bias = np.linspace(0.0, 2.0, HV, dtype=np.float32), np.linspace(-1.0, 1.0, HV).astype(DTYPES["bfloat16"])
+    seen = {}
+
+    def spy(**kw):
+        seen.update(kw)
+        return standin_sigmoid(**kw)
+
+    call = vllm.recurrent_adapter(spy, np, raw=True)
+    call(**{**problem.kwargs(), "g": a, "beta": logits}, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+         use_beta_sigmoid_in_kernel=True)  # fmt: skip
+    assert np.array_equal(seen["a"], a.reshape(-1, HV)) and np.array_equal(seen["b"], logits.reshape(-1, HV))
+    assert seen["A_log"] is A_log and seen["dt_bias"] is dt_bias
+    with pytest.raises(NotImplementedError, match="allow_neg_eigval"):
+        call(**problem.kwargs(), use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_as_called_rounds_the_callers_raw_inputs_and_encodes_the_rest(dtype):
+    problem = make_problem(seed=4, regime="moderate")
+    problem = problem.replace(**{n: getattr(problem, n).astype(DTYPES[dtype]) for n in ("q", "k", "v", "g", "beta")})
+    impl = Implementation("declared", {}, extra={"raw_gates": True})
+    encoded = impl.as_called(problem)
+    raw_g = impl.as_called(problem, {"A_log": [0.0] * problem.v.shape[2]})
+    assert np.array_equal(raw_g.g, problem.g.astype(np.float32)), "g is the caller's a: only rounded"
+    assert np.array_equal(raw_g.beta, encoded.beta) and not np.array_equal(encoded.g, raw_g.g)
+    raw_beta = impl.as_called(problem, {"beta_logits": True})
+    assert np.array_equal(raw_beta.beta, problem.beta.astype(np.float32)) and np.array_equal(raw_beta.g, encoded.g)

@@ -98,20 +98,30 @@ def options_from_params(params: dict) -> dict:
     return options
 
 
+def raw_decay_input(lib, g):
+    """``a`` with ``-softplus(a) = g``, clamped at :data:`RAW_LIMIT` (``g`` float64, NumPy or torch)."""
+    y = lib.clip(-g, float(np.log1p(np.exp(-RAW_LIMIT))), None)  # -g >= softplus(-RAW_LIMIT)
+    return y + lib.log(-lib.expm1(-y))  # softplus^-1(y), stable for large and tiny y
+
+
+def raw_beta_input(lib, beta):
+    """``b`` with ``sigmoid(b) = beta``, clamped at :data:`RAW_LIMIT` (``beta`` float64, NumPy or torch)."""
+    p = lib.clip(beta, float(1.0 / (1.0 + np.exp(RAW_LIMIT))), 1.0 - 2.0**-53)
+    return lib.clip(lib.log(p) - lib.log1p(-p), -RAW_LIMIT, RAW_LIMIT)
+
+
 def raw_gates(lib, g, beta):
     """``(a, b)`` with ``-softplus(a) = g`` and ``sigmoid(b) = beta``, clamped at :data:`RAW_LIMIT`.
 
     ``g``, ``beta`` float64 arrays of the array module ``lib`` (NumPy or torch), any shape; the
     encoding with ``A_log = 0``, ``dt_bias = 0`` that the raw-gate adapters hand over.
     """
-    y = lib.clip(-g, float(np.log1p(np.exp(-RAW_LIMIT))), None)  # -g >= softplus(-RAW_LIMIT)
-    a = y + lib.log(-lib.expm1(-y))  # softplus^-1(y), stable for large and tiny y
-    p = lib.clip(beta, float(1.0 / (1.0 + np.exp(RAW_LIMIT))), 1.0 - 2.0**-53)
-    b = lib.log(p) - lib.log1p(-p)
-    return a, lib.clip(b, -RAW_LIMIT, RAW_LIMIT)
+    return raw_decay_input(lib, g), raw_beta_input(lib, beta)
 
 
-def through_raw_gates(g, beta, dtype) -> tuple[np.ndarray, np.ndarray]:
+def through_raw_gates(
+    g, beta, dtype, g_is_raw: bool = False, beta_is_raw: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """The gates a kernel computes from ``(g, beta)`` handed over as raw gates in ``dtype``.
 
     :func:`raw_gates` encodes them, ``a`` and ``b`` are rounded to ``dtype`` (the model dtype an
@@ -120,11 +130,15 @@ def through_raw_gates(g, beta, dtype) -> tuple[np.ndarray, np.ndarray]:
     clamp the gate is kept as it was (exactly 0, or beta exactly 0 or 1: a float32 kernel gets
     those exactly). Applied again it returns the same values: the encoded ``a`` of ``g'`` rounds
     back to the same ``dtype`` value.
+
+    ``g_is_raw`` / ``beta_is_raw``: the caller's ``g`` is already the raw ``a`` (FLA's
+    ``use_gate_in_kernel``) / ``beta`` the logits ``b`` (``use_beta_sigmoid_in_kernel``); such an
+    input goes over as it is, only rounded to ``dtype``, and comes back so (float32), not encoded.
     """
     g64, beta64 = np.asarray(g, np.float64), np.asarray(beta, np.float64)
-    a, b = raw_gates(np, g64, beta64)
+    a = g64 if g_is_raw else raw_decay_input(np, g64)
+    b = beta64 if beta_is_raw else raw_beta_input(np, beta64)
     a_in, b_in = (x.astype(dtype).astype(np.float64) for x in (a, b))
-    g_raw, beta_raw = gates_from_raw(0.0, a_in, 0.0, b_in)
-    g_seen = np.where(a_in <= -RAW_LIMIT, g64, g_raw)
-    beta_seen = np.where(np.abs(b_in) >= RAW_LIMIT, beta64, beta_raw)
+    g_seen = a_in if g_is_raw else np.where(a_in <= -RAW_LIMIT, g64, log_decay(0.0, a_in, 0.0))
+    beta_seen = b_in if beta_is_raw else np.where(np.abs(b_in) >= RAW_LIMIT, beta64, sigmoid(b_in))
     return g_seen.astype(np.float32), beta_seen.astype(np.float32)

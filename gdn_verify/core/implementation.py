@@ -204,17 +204,25 @@ class Implementation:
             raise NotImplementedError(f"{self.name} has no forward (FLA-convention) form, only {', '.join(self.forms)}")
         return native[0]
 
-    def as_called(self, problem: Problem) -> Problem:
+    def as_called(self, problem: Problem, params: dict | None = None) -> Problem:
         """``problem`` with the gates this implementation's kernel computes from it.
 
         An implementation whose adapter hands ``(g, beta)`` over as raw gates ``a, b`` in the input
         dtype declares it (``extra["raw_gates"]``); the kernel then computes its gates from the
         rounded ``a, b``, so the oracle must see those (float32, :func:`gating.through_raw_gates`),
-        not the drawn ones, or the rounding would count against the kernel. Otherwise ``problem``.
+        not the drawn ones, or the rounding would count against the kernel. Under FLA's in-kernel
+        gate options of the case (``params``) ``g`` is already ``a`` (``use_gate_in_kernel``) or
+        ``beta`` already ``b`` (``use_beta_sigmoid_in_kernel``): only rounded to the input dtype.
+        Otherwise ``problem``.
         """
         if not self.extra.get("raw_gates"):
             return problem
-        g, beta = gating.through_raw_gates(problem.g, problem.beta, problem.dtype)
+        options = gating.options_from_params(params or {})
+        raw = dict(
+            g_is_raw=bool(options.get("use_gate_in_kernel")),
+            beta_is_raw=bool(options.get("use_beta_sigmoid_in_kernel")),
+        )
+        g, beta = gating.through_raw_gates(problem.g, problem.beta, problem.dtype, **raw)
         return problem.replace(g=g, beta=beta)
 
     def check_signatures(self) -> None:

@@ -243,6 +243,31 @@ def raw_gates(ops, g, beta):
     return gating.raw_gates(ops.lib, ops.float64(g), ops.float64(beta))
 
 
+def raw_gate_inputs(ops, g, beta, like, options: dict | None = None) -> tuple[Any, Any, Any, Any]:
+    """``(a, b, A_log, dt_bias)`` for a raw-gate kernel, ``a`` and ``b`` in ``like``'s dtype.
+
+    ``a``, ``b`` encode ``(g, beta)`` (:func:`raw_gates`) with ``A_log``, ``dt_bias`` None (the
+    adapter's zeros). FLA's in-kernel gate ``options`` (``gating.OPTION_NAMES``) hand the caller's
+    raw inputs over as they are: ``use_gate_in_kernel`` ``g`` as ``a`` with the caller's ``A_log``
+    and ``dt_bias`` (in its dtypes), ``use_beta_sigmoid_in_kernel`` ``beta`` as ``b``; both are
+    then only rounded to ``like``'s dtype (``Implementation.as_called`` models it).
+    ``allow_neg_eigval`` (``beta = 2 sigmoid(b)``) has no raw-gate form: unsupported.
+    """
+    options = options or {}
+    if options.get("allow_neg_eigval"):
+        raise NotImplementedError("the raw-gate kernels compute beta = sigmoid(b): no allow_neg_eigval")
+    A_log, dt_bias = None, None
+    if options.get("use_gate_in_kernel"):
+        A_log, dt_bias = options.get("A_log"), options.get("dt_bias")
+        if A_log is None:
+            raise ValueError("A_log: required when use_gate_in_kernel=True")
+        a = g
+    else:
+        a = gating.raw_decay_input(ops.lib, ops.float64(g))
+    b = beta if options.get("use_beta_sigmoid_in_kernel") else gating.raw_beta_input(ops.lib, ops.float64(beta))
+    return ops.cast_like(a, like), ops.cast_like(b, like), A_log, dt_bias
+
+
 def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype: Any = None) -> Callable:
     """A native-convention callable running FlashInfer's decode ``kernel`` one token per step.
 
@@ -265,12 +290,25 @@ def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype
         use_qk_l2norm_in_kernel=False,
         cu_seqlens=None,
         state_v_first=False,
+        use_gate_in_kernel=False,
+        A_log=None,
+        dt_bias=None,
+        use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False,
     ):
         B, T, H, K, HV, V = _head_shapes(q, v, scale)
         bounds = token_bounds(ops, cu_seqlens, B, T)
         lengths = np.diff(bounds)
         flat = [x.reshape((B * T,) + tuple(x.shape[2:])) for x in (q, k, v)]
-        a, b = (ops.cast_like(x.reshape(B * T, HV), q) for x in raw_gates(ops, g, beta))
+        options = dict(
+            use_gate_in_kernel=use_gate_in_kernel,
+            A_log=A_log,
+            dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval,
+        )
+        a, b, A_log, dt_bias = raw_gate_inputs(ops, g, beta, q, options)
+        a, b = a.reshape(B * T, HV), b.reshape(B * T, HV)
         # the kernel's layout: k-last, or k-first for the k-major kernel
         state = _state_in(ops, initial_state, state_v_first != kmajor)
         if state is None:
@@ -280,8 +318,9 @@ def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype
             state = ops.copy_as(state, state_dtype)  # a new buffer: the caller's state stays intact
         else:
             state = ops.copy(state)  # the kernel updates its state in place; the caller's stays intact
-        A_log = ops.float32(ops.zeros((HV,), like=q))  # FlashInfer takes A_log and dt_bias in float32
-        dt_bias = ops.float32(ops.zeros((HV,), like=q))
+        zeros = ops.float32(ops.zeros((HV,), like=q))  # FlashInfer's A_log and dt_bias: float32 by default
+        A_log = zeros if A_log is None else A_log
+        dt_bias = zeros if dt_bias is None else dt_bias
         o = ops.zeros((B * T, HV, V), like=v)
         for running, tok in token_steps(ops, bounds, like=q):
             seq = ops.from_host(running, like=q)
@@ -452,6 +491,14 @@ def _mtp_limits(kernel: Callable) -> Callable:
     return call
 
 
+# The optional argument the decode adapters pass in either dtype (``optional_dtypes``): FlashInfer
+# documents dt_bias as bfloat16 or float32 (A_log float32 only); a compile cache keyed without such
+# a dtype runs the first call's kernel on the second call's bytes (FlashInfer PR #4219). The
+# initial state is not varied: its dtype selects another kernel family (the bf16-state kernels,
+# another precision contract: flashinfer-decode-bf16), and that adapter copies it to its own.
+DECODE_OPTIONAL_DTYPES = {"dt_bias": ("float32", "bfloat16")}
+
+
 def flashinfer_prefill() -> Implementation:
     kernels = _flashinfer_kernels()
     return Implementation(
@@ -484,7 +531,9 @@ def flashinfer_decode() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
-        extra=jit_compiled(raw_gates=True, backend="flashinfer-decode", library="flashinfer"),
+        extra=jit_compiled(
+            raw_gates=True, optional_dtypes=DECODE_OPTIONAL_DTYPES, backend="flashinfer-decode", library="flashinfer"
+        ),
     )
 
 
@@ -509,7 +558,11 @@ def flashinfer_decode_bf16() -> Implementation:
         "FlashInfer gated_delta_rule_decode_pretranspose with a bfloat16 state (K = V = 128), one token per step",
         "bfloat16",
         extra=jit_compiled(
-            state_dtype="bfloat16", raw_gates=True, backend="flashinfer-decode-bf16", library="flashinfer"
+            state_dtype="bfloat16",
+            raw_gates=True,
+            optional_dtypes=DECODE_OPTIONAL_DTYPES,
+            backend="flashinfer-decode-bf16",
+            library="flashinfer",
         ),
     )
 
@@ -522,7 +575,12 @@ def flashinfer_decode_kmajor() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_decode (k-major state), one token per step",
         "bfloat16",
-        extra={"raw_gates": True, "backend": "flashinfer-decode-kmajor", "library": "flashinfer"},
+        extra={
+            "raw_gates": True,
+            "optional_dtypes": DECODE_OPTIONAL_DTYPES,
+            "backend": "flashinfer-decode-kmajor",
+            "library": "flashinfer",
+        },
     )
 
 

@@ -58,7 +58,7 @@ import numpy as np
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations import vllm_releases
 from gdn_verify.implementations.fla import cuda_library, jit_compiled
-from gdn_verify.implementations.flashinfer import NumpyOps, TorchOps, raw_gates, token_bounds, token_steps
+from gdn_verify.implementations.flashinfer import NumpyOps, TorchOps, raw_gate_inputs, token_bounds, token_steps
 
 ENV = "GDN_VERIFY_VLLM_OPS"
 PRIVATE = "_gdn_verify_vllm_fla"
@@ -323,8 +323,9 @@ def _check_scale(scale) -> None:
         raise NotImplementedError(f"vLLM's fused_recurrent asserts scale > 0 (scale={scale})")
 
 
-# (g, beta, like) -> the kernel's gate keywords; ``like``: an input in the model dtype (q)
-GateKwargs = Callable[[Any, Any, Any], dict[str, Any]]
+# (g, beta, like[, options]) -> the kernel's gate keywords; ``like``: an input in the model dtype
+# (q); ``options``: FLA's in-kernel gate options, for the raw-gate kernels (flashinfer.raw_gate_inputs)
+GateKwargs = Callable[..., dict[str, Any]]
 
 
 def raw_gate_kwargs(ops: Any) -> GateKwargs:
@@ -336,16 +337,23 @@ def raw_gate_kwargs(ops: Any) -> GateKwargs:
     float32 parameter) and ``dt_bias = 0`` in the model dtype (made under the model's default
     dtype). The 16-bit rounding of ``a, b`` is the one vLLM makes; the implementations declare it
     (``extra["raw_gates"]``), so the oracle sees the gates computed from the rounded values.
+    Under FLA's in-kernel gate ``options`` the caller's ``g`` is ``a`` and its ``A_log``,
+    ``dt_bias`` go over in the dtypes it gave (``optional_dtypes`` varies them).
     """
 
-    def gates(g, beta, like=None) -> dict[str, Any]:
+    def gates(g, beta, like=None, options: dict | None = None) -> dict[str, Any]:
         HV = g.shape[-1]
         like = g if like is None else like
         g, beta = g.reshape(-1, HV), beta.reshape(-1, HV)  # [tokens, HV] rows, as the layer has them
-        a, b = raw_gates(ops, g, beta)
-        ba = ops.cat([ops.cast_like(b, like), ops.cast_like(a, like)], axis=-1)
+        a, b, A_log, dt_bias = raw_gate_inputs(ops, g, beta, like, options)
+        ba = ops.cat([b, a], axis=-1)
         zeros = ops.zeros((HV,), like=like)
-        return dict(A_log=ops.float32(zeros), a=ba[..., HV:], b=ba[..., :HV], dt_bias=zeros)
+        return dict(
+            A_log=ops.float32(zeros) if A_log is None else A_log,
+            a=ba[..., HV:],
+            b=ba[..., :HV],
+            dt_bias=zeros if dt_bias is None else dt_bias,
+        )
 
     return gates
 
@@ -375,11 +383,37 @@ def recurrent_adapter(
     """Native convention -> vLLM's ``fused_recurrent_gated_delta_rule`` with a null-slot pool.
 
     ``xp`` is the array module (torch by default; NumPy for the CPU tests). ``raw``: the kernel
-    takes raw gates (``fused_sigmoid_gating_delta_rule_update``), same slots and indices.
-    ``kernel_v_first``, ``beta_float32``: the release's conventions (``vllm_releases.Conventions``).
+    takes raw gates (``fused_sigmoid_gating_delta_rule_update``), same slots and indices, and
+    the adapter takes FLA's in-kernel gate options (:func:`raw_gate_kwargs`); the log-space
+    kernel has no such inputs, so its adapter's signature has none (the properties that pass
+    them report it unsupported). ``kernel_v_first``, ``beta_float32``: the release's conventions
+    (``vllm_releases.Conventions``).
     """
     ops = _array_ops(xp)
     gates: GateKwargs = raw_gate_kwargs(ops) if raw else log_space_gates(ops, beta_float32)
+
+    def run(q, k, v, gate_kwargs, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+            state_v_first):  # fmt: skip
+        _check_scale(scale)
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        host = token_bounds(ops, cu_seqlens, B, T)
+        N, width = len(host) - 1, max(int(np.diff(host).max(initial=0)), 1)
+        pool = _null_slot_pool(ops, (N + 1, HV, K, V), q, initial_state, state_v_first, kernel_v_first)
+        slots = np.repeat(np.arange(1, N + 1, dtype=np.int32)[:, None], width, axis=1)  # every token -> its slot
+        o, _ = kernel(
+            q=q,
+            k=k,
+            v=v,
+            **gate_kwargs,
+            scale=scale,
+            initial_state=pool,
+            inplace_final_state=True,
+            cu_seqlens=cu_seqlens,
+            ssm_state_indices=ops.from_host(slots, like=q),
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )
+        return o, (to_kernel_layout(pool[1:], state_v_first, kernel_v_first) if output_final_state else None)
 
     def call(
         q,
@@ -394,28 +428,40 @@ def recurrent_adapter(
         cu_seqlens=None,
         state_v_first=False,
     ):
-        _check_scale(scale)
-        B, T, H, K = q.shape
-        HV, V = v.shape[2], v.shape[3]
-        host = token_bounds(ops, cu_seqlens, B, T)
-        N, width = len(host) - 1, max(int(np.diff(host).max(initial=0)), 1)
-        pool = _null_slot_pool(ops, (N + 1, HV, K, V), q, initial_state, state_v_first, kernel_v_first)
-        slots = np.repeat(np.arange(1, N + 1, dtype=np.int32)[:, None], width, axis=1)  # every token -> its slot
-        o, _ = kernel(
-            q=q,
-            k=k,
-            v=v,
-            **gates(g, beta, q),
-            scale=scale,
-            initial_state=pool,
-            inplace_final_state=True,
-            cu_seqlens=cu_seqlens,
-            ssm_state_indices=ops.from_host(slots, like=q),
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
-        return o, (to_kernel_layout(pool[1:], state_v_first, kernel_v_first) if output_final_state else None)
+        kw = gates(g, beta, q)
+        return run(q, k, v, kw, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+                   state_v_first)  # fmt: skip
 
-    return call
+    def call_raw(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        state_v_first=False,
+        use_gate_in_kernel=False,
+        A_log=None,
+        dt_bias=None,
+        use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False,
+    ):
+        options = dict(
+            use_gate_in_kernel=use_gate_in_kernel,
+            A_log=A_log,
+            dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval,
+        )
+        kw = gates(g, beta, q, options)
+        return run(q, k, v, kw, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+                   state_v_first)  # fmt: skip
+
+    return call_raw if raw else call
 
 
 def spec_adapter(
@@ -502,9 +548,21 @@ def packed_decode_adapter(kernel: Callable, ops: Any = None, kernel_v_first: boo
         use_qk_l2norm_in_kernel=False,
         cu_seqlens=None,
         state_v_first=False,
+        use_gate_in_kernel=False,
+        A_log=None,
+        dt_bias=None,
+        use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False,
     ):
         B, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
+        options = dict(
+            use_gate_in_kernel=use_gate_in_kernel,
+            A_log=A_log,
+            dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval,
+        )
         if not (str(q.dtype) == str(k.dtype) == str(v.dtype)):
             raise NotImplementedError(
                 f"mixed_qkv is one tensor: q, k, v of one dtype (got {q.dtype}, {k.dtype}, {v.dtype})"
@@ -512,7 +570,7 @@ def packed_decode_adapter(kernel: Callable, ops: Any = None, kernel_v_first: boo
         bounds = token_bounds(ops, cu_seqlens, B, T)
         # token rows [q (H*K) | k (H*K) | v (HV*V)], the layout of the QKV projection vLLM packs
         mixed = ops.cat([q.reshape(B * T, H * K), k.reshape(B * T, H * K), v.reshape(B * T, HV * V)], axis=1)
-        gates = raw_gate_kwargs(ops)(g.reshape(B * T, HV), beta.reshape(B * T, HV), q)
+        gates = raw_gate_kwargs(ops)(g.reshape(B * T, HV), beta.reshape(B * T, HV), q, options)
         pool = _null_slot_pool(ops, (len(bounds), HV, K, V), q, initial_state, state_v_first, kernel_v_first)
         o = ops.zeros((B * T, HV, V), like=v)
         for running, tok in token_steps(ops, bounds, like=q):
@@ -563,6 +621,13 @@ def _ops() -> tuple[types.SimpleNamespace, vllm_releases.Release]:
 def _extra(release: vllm_releases.Release, **extra: Any) -> dict[str, Any]:
     # Its own raise is a refusal: vLLM's ops load as PRIVATE's modules. Its backend is recorded (Triton).
     return {**extra, "vllm_release": release.label(), "library": "vllm", "library_modules": (PRIVATE,)}
+
+
+# The raw-gate kernels' A_log and dt_bias, passed in vLLM's dtypes first (A_log a float32
+# parameter, dt_bias in the model dtype) and then in the other (``optional_dtypes``): Triton
+# specialises on pointer dtypes, so a second dtype compiles a second kernel. The initial state is
+# copied into the float32 pool, its dtype never reaches the kernel: not varied.
+RAW_GATE_OPTIONAL_DTYPES = {"A_log": ("float32", "half"), "dt_bias": ("half", "float32")}
 
 
 def vllm_chunk() -> Implementation:
@@ -644,7 +709,7 @@ def vllm_sigmoid_recurrent() -> Implementation:
         "torch",
         f"vLLM fused_sigmoid_gating_delta_rule_update (raw gates, null slot 0, in place; {release.label()})",
         "bfloat16",
-        extra=_extra(release, raw_gates=True),
+        extra=_extra(release, raw_gates=True, optional_dtypes=RAW_GATE_OPTIONAL_DTYPES),
     )
 
 
@@ -658,7 +723,7 @@ def vllm_packed_decode() -> Implementation:
         "torch",
         f"vLLM fused_recurrent_gated_delta_rule_packed_decode (packed q|k|v, raw gates; {release.label()})",
         "bfloat16",
-        extra=_extra(release, raw_gates=True),
+        extra=_extra(release, raw_gates=True, optional_dtypes=RAW_GATE_OPTIONAL_DTYPES),
     )
 
 

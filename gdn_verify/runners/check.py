@@ -310,7 +310,7 @@ def run_property(
         if run.deadline is not None and result.examples and not failures and time.monotonic() >= run.deadline:
             raise _OutOfTime
         problem, params = case
-        problem = impl.as_called(problem)  # the gates a raw-gate kernel computes (the oracle's too)
+        problem = impl.as_called(problem, params)  # the gates a raw-gate kernel computes (the oracle's too)
         result.examples += 1
         calls_before = len(guard.calls)
         try:
@@ -541,7 +541,7 @@ class Replay:
 def replay(problem: Problem, params: dict, impl: Implementation, prop: Property) -> Replay:
     """Rerun ``prop`` on one saved case; an exception the kernel raised is a failure saying so, as in
     :func:`run_property` (a Ctrl-C still stops)."""
-    problem = impl.as_called(problem)
+    problem = impl.as_called(problem, params)
     try:
         m = prop.check(impl, problem, params)
     except NotImplementedError as exc:
