@@ -119,9 +119,11 @@ def test_every_planted_bug_is_caught_and_named_rightly(bug, tmp_path):
             assert f.case_path.exists()
             right = planted.RIGHT_CAUSES[bug]
             wrong = f"{bug} (seed {SEED}): wrong cause {f.cause_model}: {f.cause}"
-            assert not f.cause_model or f.cause_model in right, wrong
+            # a cause named with its exact look-alikes on this example (scale^2 is V^-0.5 where V = K^2)
+            # is right when one of them is
+            assert not f.named_causes or set(f.named_causes) & set(right), wrong
             if right:  # bugs with a numeric cause to name get it (the exact and spec ones have none)
-                assert f.cause_model in right, f"{bug} (seed {SEED}): no cause named ({f.message})"
+                assert set(f.named_causes) & set(right), f"{bug} (seed {SEED}): no cause named ({f.message})"
             return
     pytest.fail(f"planted bug {bug} not caught (seed {SEED})")
 

@@ -578,7 +578,7 @@ class Finding:
     reproduction: float
     correlation: float | None = None
     nonfinite: int = 0
-    alike: tuple[str, ...] = ()  # other causes that reproduce this example as well
+    alike: tuple[ErrorModel, ...] = ()  # other models that reproduce this example as well
     where: str = ""  # localized: the (sequence, value head) blocks it reproduces; the rest match the oracle
 
     def text(self) -> str:
@@ -599,7 +599,8 @@ class Finding:
                 f"{self.against_model:.3g} against it, {self.against_oracle:.3g} against the exact oracle; "
                 "the other blocks match the oracle)"
             )
-        alike = f"; on this example indistinguishable from: {'; '.join(self.alike)}" if self.alike else ""
+        others = dict.fromkeys(a.cause for a in self.alike if a.cause != m.cause)
+        alike = f"; on this example indistinguishable from: {'; '.join(others)}" if others else ""
         return (
             f"{m.cause} ({m.experiment} reproduces the outputs {how}: {what} error "
             f"{self.against_model:.3g} against it, {self.against_oracle:.3g} against the exact oracle){alike}"
@@ -802,8 +803,7 @@ def _best(findings: list[Finding]) -> Finding | None:
             return None
         # Mistakes that coincide on this example (dropping the intra-chunk diagonal is reading
         # the state before the update when T = 1) are named together, not picked by list order.
-        same = [f.model.cause for f in tied if f is not best]
-        return dataclasses.replace(best, alike=tuple(dict.fromkeys(c for c in same if c != best.model.cause)))
+        return dataclasses.replace(best, alike=tuple(f.model for f in tied if f is not best))
     local = [f for f in findings if f.where]
     if local:
         return min(local, key=lambda f: f.reproduction)
@@ -872,6 +872,7 @@ class Cause:
     model: str = ""
     kind: str = ""
     examples: int = 0
+    alike: tuple[str, ...] = ()  # models that reproduce the example as exactly as ``model`` (named in ``text``)
 
     def __bool__(self) -> bool:
         return bool(self.text)
@@ -1075,5 +1076,5 @@ def _explain(
         best = _best(confirmed)
         if best is not None:
             failing = 1 + sum(e.failing for e in evidence)
-            return Cause(best.text(), best.model.name, best.model.kind, failing)
+            return Cause(best.text(), best.model.name, best.model.kind, failing, tuple(a.name for a in best.alike))
     return Cause(kind=classify(impl, first)) if first is not None else Cause()

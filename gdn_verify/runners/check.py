@@ -65,12 +65,19 @@ class Failure:
     traceback: str | None = None  # the kernel's own traceback (status error)
     cause: str = ""  # likely cause named by gdn_verify.runners.causes ("" when none is identified)
     cause_model: str = ""  # the error model behind ``cause`` (its name in causes.MODELS)
+    cause_alike: tuple[str, ...] = ()  # models as exact as cause_model on this example (``cause`` names them too)
     kind: str = ""  # "logic error" or "precision loss" (a numeric failure against the oracle)
     description: str = ""  # the example in words, where ``problem`` is None
     fallback: bool = False  # ran on another backend than RunSettings.backend (no numeric cause to name)
 
     def describe(self) -> str:
         return self.description if self.problem is None else self.problem.describe()
+
+    @property
+    def named_causes(self) -> tuple[str, ...]:
+        """The error models the named cause stands for: ``cause_model`` and the models that reproduce
+        the example as exactly (``cause_alike``); empty when none is named."""
+        return (self.cause_model, *self.cause_alike) if self.cause_model else ()
 
 
 class _Stop(BaseException):
@@ -202,6 +209,7 @@ class PropertyResult:
                 traceback=self.failure.traceback,
                 cause=self.failure.cause,
                 cause_model=self.failure.cause_model,
+                cause_alike=list(self.failure.cause_alike),
                 kind=self.failure.kind,
             )
         return d
@@ -429,7 +437,7 @@ def run_property(
                 cause = name_cause(
                     impl, prop, f.problem, f.params, f.message, f.measurement, _before_shrinking(failures)
                 )
-            f.cause, f.cause_model, f.kind = cause.text, cause.model, cause.kind
+            f.cause, f.cause_model, f.cause_alike, f.kind = cause.text, cause.model, cause.alike, cause.kind
         result.failure.case_path = save_case(result.failure, prop.name, impl, run.cases_dir)
     else:
         if result.examples and result.unsupported == result.examples:

@@ -68,7 +68,8 @@ class Planted:
         if f is None or not f.cause_model:
             return "none"
         right = planted.RIGHT_CAUSES.get(self.bug, ()) if self.right_causes is None else self.right_causes
-        return "right" if f.cause_model in right else "wrong"
+        # a cause named with its exact look-alikes is right when one of them is
+        return "right" if set(f.named_causes) & set(right) else "wrong"
 
     @property
     def margin(self) -> float | None:
