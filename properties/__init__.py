@@ -1,9 +1,9 @@
 """Hypothesis strategies and the GDN properties, configured by their arguments.
 
-``strategies`` (small composable strategies that take a :class:`Limits`), ``native`` (the 14
+``strategies`` (small composable strategies that take a :class:`Limits`), ``native`` (the 15
 properties of FLA's convention), ``speculative`` (the 6 of the speculative-decoding form) and ``pools``
 (4 on guarded memory and multi-step decode), ``process`` (2 on what one call leaves behind
-for the next: 26 in all), ``gradients`` (the gradient properties)
+for the next: 27 in all), ``gradients`` (the gradient properties)
 and ``suite`` (:func:`catalogue` builds every forward property for one configuration; the
 runners receive the result as objects). This package imports ``gdn_verify.core`` and nothing
 else of the library.

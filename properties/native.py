@@ -19,6 +19,7 @@ of ``gdn_verify.core.tolerance`` unless they state an exact (bitwise) contract.
 12. ``in_kernel_gate``          ``use_gate_in_kernel``: raw ``g`` with ``A_log``/``dt_bias`` (FLA 0.6).
 13. ``in_kernel_beta_sigmoid``  ``use_beta_sigmoid_in_kernel``, with and without ``allow_neg_eigval``.
 14. ``state_layout``            ``state_v_first`` gives the k-first results with the state transposed.
+15. ``inputs_read_exactly``     16-bit inputs: bitwise the exact result on problems no correct path rounds.
 
 12 to 14 exercise FLA 0.6 options; an implementation without them reports them unsupported.
 """
@@ -36,7 +37,7 @@ from gdn_verify.core import tolerance as tol
 from gdn_verify.core.error_stats import growth_exponent
 from gdn_verify.core.implementation import ContractError, Implementation, Result
 from gdn_verify.core.oracle import Oracle, numpy_oracle
-from gdn_verify.core.problem import Problem
+from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Measurement, Property, Violation
 from gdn_verify.core.shapes import OPTION_CLASSES
 from gdn_verify.core.verdict import (
@@ -512,6 +513,87 @@ def strategy_state_layout(draw, limits: Limits):
     return problem.replace(initial_state=state, output_final_state=True), {}
 
 
+# 15. inputs_read_exactly -----------------------------------------------------------------------
+@st.composite
+def strategy_exact(draw, limits: Limits):
+    """A 16-bit problem whose exact result every correct float32-accumulating path computes without
+    one rounding: per (sequence, q/k head) distinct one-hot keys ``k_t = e_{j_t}`` (no more tokens
+    than K), queries ``q_t = e_{j_s}`` reading token ``s`` (mostly ``s <= t``), ``g = 0``,
+    ``beta = 1``, scale 1, no l2norm, a zero initial state where the class has one, and ``v``
+    exact in the input dtype. Then ``u_t = v_t``, the state's row ``j_t`` becomes ``v_t`` and
+    ``o_t = v_s`` (0 for ``s > t``): every product is by 0 or 1 and every sum has one non-zero
+    term, so stored 16-bit intermediates (FLA's ``v_new``, ``h``) are exact too."""
+    dtype = limits.dtype or draw(st.sampled_from(("bfloat16", "float16")))
+    limits = limits.replace(dtype=dtype)
+    pool = gs.pool_classes(limits)
+    classes = None if pool is None else tuple(c for c in pool if not c.l2norm) or (pool[0].replace(l2norm=False),)
+    base = draw(gs.problems(limits, max_len=1, gate_regimes=("none",), classes=classes))
+    s = base.shape
+    H, HV, K = s["H"], s["HV"], s["K"]
+    B, T, cu = draw(gs.layouts(limits.max_batch, limits.max_sequences, min(limits.max_len, K),
+                               varlen=base.cu_seqlens is not None))  # fmt: skip
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    q, k = np.zeros((B, T, H, K)), np.zeros((B, T, H, K))
+    bounds = cu if cu is not None else np.arange(B + 1) * T
+    for n in range(len(bounds) - 1):
+        b, start = (0, int(bounds[n])) if cu is not None else (n, 0)
+        L = int(bounds[n + 1] - bounds[n])
+        for h in range(H):
+            keys = rng.permutation(K)[:L]
+            reads = np.where(rng.random(L) < 0.8, (rng.random(L) * (np.arange(L) + 1)).astype(int),
+                             rng.integers(0, max(L, 1), L))  # fmt: skip
+            k[b, start + np.arange(L), h, keys] = 1.0
+            q[b, start + np.arange(L), h, keys[reads]] = 1.0
+    V = s["V"]
+    v = rng.choice((-1.0, 1.0), (B, T, HV, V)) * rng.uniform(0.5, 2.0, (B, T, HV, V))
+    N = len(bounds) - 1
+    state = None if base.initial_state is None else np.zeros((N, HV, K, V), np.float32)
+    # in base's dtype: a pool's class fixes it
+    problem = Problem(
+        q=q, k=k, v=v, g=np.zeros((B, T, HV)), beta=np.ones((B, T, HV)), scale=1.0, initial_state=state,
+        cu_seqlens=cu, notes=dict(gate_regime="none", exact=True),
+    ).astype(base.dtype)  # fmt: skip
+    return problem, {}
+
+
+def check_inputs_read_exactly(impl: Implementation, problem: Problem, params: dict) -> Measurement:
+    """``o`` and the final state equal the exact result bitwise (see :func:`strategy_exact`)."""
+    if problem.dtype.itemsize != 2:
+        raise NotImplementedError(f"{problem.dtype} inputs: the exact reading is checked for 16-bit inputs")
+    declared = impl.extra.get("state_dtype")  # a 16-bit state exact only where it is the inputs' dtype
+    if declared not in (None, "float32", str(problem.dtype)):
+        raise NotImplementedError(f"a declared {declared} state rounds the exact {problem.dtype} values")
+    result = run_checked(impl, problem)
+    exact = numpy_oracle(problem)
+    # the exact results of v read through bfloat16 (float16 inputs down a bfloat16 path, FlashInfer #4214)
+    as_bf16 = numpy_oracle(problem.replace(v=problem.v.astype(DTYPES["bfloat16"]).astype(np.float32)))
+    for i, name in enumerate(("o", "final state")):
+        got = as64((result.o, result.final_state)[i])
+        wrong = ~(got == exact[i])  # NaN counts as wrong
+        if wrong.any():
+            worst = float(np.nanmax(np.abs(got - exact[i]))) if not np.isnan(got).all() else float("nan")
+            read = "; it is bitwise the exact result of v read as bfloat16" if np.array_equal(got, as_bf16[i]) else ""
+            raise Violation(
+                f"{name} differs from the exact result at {int(wrong.sum())} of {wrong.size} elements (max "
+                f"difference {worst:.3g}){read}. On this problem (one-hot keys, g = 0, beta = 1, scale 1, v exact "
+                f"in {problem.dtype}) every product is by 0 or 1 and every sum has one non-zero term: a kernel that "
+                f"reads its {problem.dtype} inputs as they are returns it exactly",
+                Measurement(worst, 0.0),
+            )
+    return Measurement(0.0, 0.0, "exact")
+
+
+def _needs_16_bits(dtype: str | None) -> Callable[[Implementation], str | None]:
+    """``inputs_read_exactly`` on a check of ``dtype`` inputs (None: drawn, 16-bit ones then)."""
+
+    def reason(impl: Implementation) -> str | None:
+        if dtype is not None and DTYPES[dtype].itemsize != 2:
+            return f"{dtype} inputs: the exact reading is checked for 16-bit inputs"
+        return _needs_native(impl)
+
+    return reason
+
+
 def _needs_forms(impl: Implementation) -> str | None:
     if {"chunk", "recurrent"} <= set(impl.forms):
         return None
@@ -542,7 +624,7 @@ def _needs(*keywords: str):
 
 
 def native_properties(limits: Limits, large: Limits | None = None, oracle: Oracle = numpy_oracle) -> list[Property]:
-    """The 14 properties of the native convention, drawing within ``limits``.
+    """The 15 properties of the native convention, drawing within ``limits``.
 
     ``large`` (with a float64 ``oracle`` able to check such sizes, e.g. the GPU recurrence): the
     sizes ``matches_reference`` and ``gate_extremes`` draw instead, for long fuzz campaigns.
@@ -664,5 +746,13 @@ def native_properties(limits: Limits, large: Limits | None = None, oracle: Oracl
             check_state_layout,
             30,
             _needs("state_v_first"),
+        ),
+        prop(
+            "inputs_read_exactly",
+            "16-bit inputs read as they are: exact results where no step rounds",
+            lambda lim, _: strategy_exact(lim),
+            check_inputs_read_exactly,
+            20,
+            _needs_16_bits(limits.dtype),
         ),
     ]

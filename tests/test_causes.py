@@ -237,12 +237,26 @@ def noisy(**kw):
 
 
 def bf16_operands(**kw):
-    """The chunked algorithm on q, k, v rounded to bfloat16: a real precision loss no model describes."""
+    """The chunked algorithm on q, k, v rounded to bfloat16 (error model ``inputs_bf16``)."""
     rounded = {n: np.asarray(kw[n], np.float32).astype(ml_dtypes.bfloat16).astype(np.float32) for n in "qkv"}
     return numpy_impl.chunk_fla_gated_delta_rule(**{**kw, **rounded})
 
 
-@pytest.mark.parametrize("fn", [noisy, bf16_operands])
+def bf16_keys(**kw):
+    """The chunked algorithm on k alone rounded to bfloat16: a real precision loss no model describes."""
+    k = np.asarray(kw["k"], np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    return numpy_impl.chunk_fla_gated_delta_rule(**{**kw, "k": k})
+
+
+def test_inputs_read_as_bfloat16_are_named_so(tmp_path):
+    result = check(bf16_operands, dtype="float32", properties=["matches_reference"], max_examples=20, seed=5,
+                   cases_dir=tmp_path)  # fmt: skip
+    r = result["matches_reference"]
+    assert r.status == "failed" and r.failure.cause_model == "inputs_bf16", r.failure.cause
+    assert r.failure.kind == "precision loss"
+
+
+@pytest.mark.parametrize("fn", [noisy, bf16_keys])
 def test_a_failure_unlike_every_model_gets_no_cause(fn, tmp_path):
     result = check(fn, dtype="float32", properties=["matches_reference"], max_examples=20, seed=5, cases_dir=tmp_path)
     r = result["matches_reference"]

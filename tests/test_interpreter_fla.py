@@ -108,10 +108,11 @@ def statuses(result: dict) -> dict[str, dict[str, str]]:
 
 
 def test_fla_0_6_0_passes_a_reduced_check_in_float32_and_float16(tmp_path):
-    # GVA is a convention, not a precision: head_mapping (HV up to 4 H, the slowest) in float16 only
+    # GVA is a convention, not a precision: head_mapping (HV up to 4 H, the slowest) in float16 only;
+    # inputs_read_exactly holds 16-bit inputs to the exact result
     expected = {
         "float32": ["matches_reference", "state_layout"],
-        "float16": ["matches_reference", "state_layout", "head_mapping"],
+        "float16": ["matches_reference", "state_layout", "head_mapping", "inputs_read_exactly"],
     }
     checks = [[name, dtype, props] for name in ("fla-chunk", "fla-recurrent") for dtype, props in expected.items()]
     result, text, seconds = run_release("0.6.0", {"checks": checks, "refusals": []}, tmp_path)

@@ -200,7 +200,7 @@ def test_the_reference_under_other_rules_passes(rules, tmp_path):
 
 
 def test_the_new_properties_are_in_the_catalogue():
-    assert set(NEW) <= set(NAMES) and len(NAMES) == 26
+    assert set(NEW) <= set(NAMES) and len(NAMES) == 27
 
 
 # output_isolation ---------------------------------------------------------------------------------

@@ -45,7 +45,25 @@ def test_correct_implementations_pass(impl_name, prop, tmp_path):
     if prop == "output_contract" and impl_name == "oracle":  # float64 outputs whatever the input dtype
         assert result.status == "failed" and "dtype" in result.failure.message
         return
+    if prop == "inputs_read_exactly":  # 16-bit inputs only: below
+        assert result.status == "unsupported" and "16-bit inputs" in result.note
+        return
     assert result.status == "passed", f"seed {SEED}: {result.failure and result.failure.message}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("impl_name", ["numpy", "numpy-chunk16", "numpy-recurrent", "oracle"])
+def test_correct_implementations_read_16_bit_inputs_exactly(impl_name, dtype, tmp_path):
+    result = check(impl_name, dtype=dtype, properties=["inputs_read_exactly"], seed=SEED, cases_dir=tmp_path)
+    status = result["inputs_read_exactly"]
+    assert status.status == "passed" and status.examples == 20, f"seed {SEED}: {status.as_dict()}"
+
+
+def test_a_kernel_reading_float16_as_bfloat16_fails_the_exact_contract_at_any_seed(tmp_path):
+    result = check("planted:inputs_read_as_bf16", dtype="float16", properties=["inputs_read_exactly"], seed=SEED,
+                   cases_dir=tmp_path)["inputs_read_exactly"]  # fmt: skip
+    assert result.status == "failed", f"seed {SEED}"
+    assert "it is bitwise the exact result of v read as bfloat16" in result.failure.message, f"seed {SEED}"
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

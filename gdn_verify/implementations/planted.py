@@ -570,7 +570,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "initial_state_ignored_varlen": ("initial_state_ignored",),
     "empty_sequence_state_zeroed": ("empty_sequence_state_zeroed",),
     "empty_sequence_shifts_outputs": (),  # no error model reproduces it: named by its failing examples
-    "inputs_read_as_bf16": (),  # a rounding of the inputs: "precision loss", no error model
+    "inputs_read_as_bf16": ("inputs_bf16",),
     "ragged_gate_from_padding": ("ragged_gate_from_padding_c16",),
     "key_dim_tail_truncated": ("key_dim_tail_truncated",),
     "wy_decay_on_u": ("wy_decay_on_u_c16",),
