@@ -12,7 +12,7 @@
 # gdn_verify.runners.releases.site), .whl/fqla (TileLang and FlashQLA: FLA 0.6.0 refuses its
 # chunked backward on Hopper under Triton < 3.7.1 without TileLang; pack_carried.sh fqla).
 # Knobs: CONFIG_EXAMPLES (examples per property and config, 8), JOB_TIMEOUT (s per check, 900),
-# MIX_IMPLS (space list), STEPS (configs mix, both by default), CHECK_ARGS (extra check flags: a dry
+# MIX_IMPLS, EXACT_IMPLS (space lists), STEPS (configs mix exact, all by default), CHECK_ARGS (extra check flags: a dry
 # run on a CPU under TRITON_INTERPRET=1 with "--dtype float32 --dims 16 --max-examples 2").
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
@@ -49,7 +49,7 @@ check() {  # NAME ARGS...: one check, its log and JSON
     > "$LOGS/$name.log" 2>&1
   echo "exit $? after $((SECONDS - start)) s" >> "$LOGS/$name.log"
 }
-STEPS=${STEPS:-configs mix}
+STEPS=${STEPS:-configs mix exact}
 N=${CONFIG_EXAMPLES:-8}
 case " $STEPS " in *" configs "*)
   # every config of each autotuned kernel FLA's chunked form launches, forward and backward; FLA's
@@ -60,7 +60,8 @@ case " $STEPS " in *" configs "*)
   ;; esac
 case " $STEPS " in *" mix "*)
   # the process and batch-mix properties, each adapter's backend recorded in its JSON and counts line
-  NATIVE=output_isolation,optional_dtypes,shape_class_return,varlen_equals_separate,guarded_inputs
+  NATIVE=output_isolation,optional_dtypes,shape_class_return,varlen_equals_separate,guarded_inputs,in_kernel_gate
+  NATIVE=$NATIVE,inputs_read_exactly
   SPEC=spec_batch_mix,spec_guarded_pool,spec_decode_slots,spec_decode_stream
   for impl in ${MIX_IMPLS:-fla-chunk fla-recurrent vllm-chunk vllm-recurrent vllm-packed-decode \
       vllm-sigmoid-recurrent vllm-spec vllm-sigmoid-spec cupy cupy-chunk flash-qla}; do
@@ -72,6 +73,17 @@ case " $STEPS " in *" mix "*)
     for impl in flashinfer-prefill flashinfer-decode flashinfer-decode-kmajor flashinfer-mtp; do
       case $impl in flashinfer-mtp) props=$SPEC ;; *) props=$NATIVE ;; esac
       PYTHONPATH="$PWD:/tmp/site" check "mix-$impl" --impl "$impl" --properties "$props" &
+    done
+  fi
+  ;; esac
+case " $STEPS " in *" exact "*)
+  # float16 inputs held to the exact result (FlashInfer #4214: float16 down a bfloat16 path)
+  for impl in ${EXACT_IMPLS:-fla-chunk vllm-packed-decode cupy cupy-chunk}; do
+    check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
+  done
+  if [ -f /tmp/site/.gdnv-site-complete ]; then
+    for impl in flashinfer-prefill flashinfer-decode; do
+      PYTHONPATH="$PWD:/tmp/site" check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
     done
   fi
   ;; esac
