@@ -531,3 +531,45 @@ def test_a_gate_ignoring_kernel_is_a_logic_error_on_every_failing_property(tmp_p
         obs = next(o for pr in causes.probes(p, params, prop) if (o := causes.observe(impl, pr)) and o.failing)
         assert not any(causes.judge(m, obs) for m in without_model if m.kind == "precision loss")
         assert causes.classify(impl, obs) == "logic error"
+
+
+# An empty sequence corrupting the ones after it ----------------------------------------------------
+def garbage_after_empty(**kw):
+    """Planted ``empty_sequence_shifts_outputs`` with the unwritten rows holding garbage, as a GPU's
+    uninitialised memory does (vLLM's chunk: values up to 1e34): no pointwise model reproduces it."""
+    o, state = planted.empty_sequence_shifts_outputs(**kw)
+    if kw.get("cu_seqlens") is None:
+        return o, state
+    bounds = np.asarray(kw["cu_seqlens"])
+    lengths = np.diff(bounds)
+    o = np.array(o)
+    for n in range(int((lengths > 0).sum()), len(lengths)):
+        o[:, bounds[n] : bounds[n + 1]] = 3e4 * np.arange(1, lengths[n] + 1)[None, :, None, None]
+    return o, state
+
+
+@pytest.mark.parametrize("cu", [[0, 0, 20, 40], [0, 15, 15, 30, 40], [0, 0, 0, 25, 40]])
+def test_an_empty_sequence_leaving_later_outputs_unwritten_is_named_from_its_rows(cu):
+    text = explain(plugin(garbage_after_empty), problem(T=40, cu=cu))
+    assert text.startswith("an empty sequence in cu_seqlens corrupting the sequences after it (lengths "), text
+    assert "what a kernel numbering the sequences over the non-empty ones leaves unwritten" in text
+    assert "the same call without its empty sequences passes" in text
+
+
+def test_a_mistake_that_an_empty_sequence_does_not_cause_is_not_named_so():
+    # wrong in the sequences after the empty one, and still wrong without it: not the empty sequence
+    def late_sequences_wrong(**kw):
+        o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+        o = np.array(o)
+        o[:, 20:] *= 2.0
+        return o, state
+
+    assert explain(plugin(late_sequences_wrong), problem(T=40, cu=[0, 0, 20, 40])) == ""
+
+
+def test_the_planted_bug_is_named_by_its_model_and_its_rows_alike(tmp_path):
+    for fn in ("planted:empty_sequence_shifts_outputs", garbage_after_empty):
+        r = check(fn, dtype="float32", properties=["matches_reference"], seed=1, cases_dir=tmp_path)[
+            "matches_reference"
+        ]
+        assert r.status == "failed" and r.failure.cause_model == "empty_sequence_shifts_outputs", r.failure.cause

@@ -569,7 +569,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "log_of_log_gate": ("log_of_log_gate",),
     "initial_state_ignored_varlen": ("initial_state_ignored",),
     "empty_sequence_state_zeroed": ("empty_sequence_state_zeroed",),
-    "empty_sequence_shifts_outputs": (),  # no error model reproduces it: named by its failing examples
+    "empty_sequence_shifts_outputs": ("empty_sequence_shifts_outputs",),
     "inputs_read_as_bf16": ("inputs_bf16",),
     "ragged_gate_from_padding": ("ragged_gate_from_padding_c16",),
     "key_dim_tail_truncated": ("key_dim_tail_truncated",),

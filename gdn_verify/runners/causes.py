@@ -381,6 +381,13 @@ MODELS: tuple[ErrorModel, ...] = (
         _bug("empty_sequence_state_zeroed"),
     ),
     ErrorModel(
+        "empty_sequence_shifts_outputs",
+        "an empty sequence in cu_seqlens corrupting the sequences after it",
+        "the outputs of the last sequences (one for each empty sequence before them) left unwritten, as when "
+        "the sequences are numbered over the non-empty ones",
+        _bug("empty_sequence_shifts_outputs"),
+    ),
+    ErrorModel(
         "l2norm_without_eps",
         "the l2norm epsilon missing (x / max(||x||, 1e-12) instead of x / sqrt(||x||^2 + 1e-6))",
         "q and k normalised like torch's F.normalize",
@@ -1035,15 +1042,83 @@ def explain(
     which a missing ``exp`` and any lost state coincide, cannot pick a model that only coincides there.
     """
     contract = form == "native" and message.startswith("output contract")
-    if not contract and (not applies(message, measurement, form) or problem.lengths.sum() > MAX_TOKENS):
+    if form != "native" or message.startswith("raised ") or problem.lengths.sum() > MAX_TOKENS:
         return Cause()
     try:
         if contract:
             return _layout_cause(impl, problem, params, prop)
         with np.errstate(all="ignore"):  # models overflow by design (exp(exp(g)), a state without decay)
-            return _explain(impl, problem, params, prop, others)
+            cause = _explain(impl, problem, params, prop, others) if applies(message, measurement) else Cause()
+            # an exact contract's failure too: the detector holds the rows to the oracle itself
+            return cause if cause.model else (_unwritten_after_empty(impl, problem, params) or cause)
     except Exception:  # noqa: BLE001 - see the docstring
         return Cause()
+
+
+def _wrong_sequences(impl: Implementation, problem: Problem) -> set[int] | None:
+    """The sequences whose outputs or final state miss the oracle (relative RMS over the bound's, or
+    non-finite); None when the call raises."""
+    ref, bound = _reference(problem)
+    try:
+        result = impl.run(problem)
+    except Exception:  # noqa: BLE001 - a raising call shows nothing about which rows are wrong
+        return None
+
+    def misses(got, want, limit: float) -> bool:
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        rms = float(np.sqrt(np.mean((got - want) ** 2))) / (float(np.sqrt(np.mean(want**2))) or 1.0)
+        return not np.isfinite(rms) or rms > limit
+
+    o = np.asarray(result.o, np.float64)
+    flat, want = o.reshape((-1,) + o.shape[2:]), np.asarray(ref[0], np.float64).reshape((-1,) + o.shape[2:])
+    state = _k_first(result.final_state, problem) if problem.output_final_state else None
+    wrong = set()
+    for n, (start, end) in enumerate(zip(problem.bounds[:-1], problem.bounds[1:])):
+        if end > start and misses(flat[start:end], want[start:end], bound.output_rms):
+            wrong.add(n)
+        if state is not None and misses(state[n], _k_first(ref[1], problem)[n], bound.state):
+            wrong.add(n)
+    return wrong
+
+
+def _unwritten_after_empty(impl: Implementation, problem: Problem, params: dict) -> Cause:
+    """A varlen failure in sequences after an empty one only, gone without the empty sequences:
+    a kernel that mishandles a length-0 sequence in ``cu_seqlens`` (FLA <= 0.4.2's and vLLM's
+    ``chunk_gated_delta_rule``, the release matrix of 2026-12-05), whose unwritten or misplaced
+    rows (garbage or zeros) no pointwise model reproduces. When the wrong ones are exactly the last
+    sequences, one for each empty sequence before them, the text says so: the outputs a kernel
+    numbering the sequences over the non-empty ones leaves unwritten."""
+    lengths = problem.lengths
+    empty = np.flatnonzero(lengths == 0)
+    if problem.cu_seqlens is None or gating.options_from_params(params) or not empty.size:
+        return Cause()
+    wrong = _wrong_sequences(impl, problem)
+    if not wrong or min(wrong) <= empty[0]:
+        return Cause()
+    keep = lengths > 0
+    compact = problem.replace(
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64),
+        initial_state=None if problem.initial_state is None else problem.initial_state[keep],
+    )
+    if _wrong_sequences(impl, compact) != set():
+        return Cause()
+    model = next(m for m in MODELS if m.name == "empty_sequence_shifts_outputs")
+    M = int(keep.sum())
+    last = {n for n in range(M, len(lengths)) if lengths[n] > 0}
+    which = ", ".join(str(n) for n in sorted(wrong))
+    many = len(wrong) > 1
+    how = (
+        f"the last {'ones' if many else 'one'}, one for each empty sequence before them: what a kernel "
+        "numbering the sequences over the non-empty ones leaves unwritten"
+        if wrong == last
+        else f"{'each' if many else 'it'} after an empty one"
+    )
+    text = (
+        f"{model.cause} (lengths {lengths.tolist()}: sequence{'s' if many else ''} {which} "
+        f"{'miss' if many else 'misses'} the oracle, {how}; every other sequence matches it, and the same call "
+        "without its empty sequences passes)"
+    )
+    return Cause(text, model.name, model.kind, 2)
 
 
 def _layout_cause(impl: Implementation, problem: Problem, params: dict, prop: str) -> Cause:
