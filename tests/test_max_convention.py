@@ -246,7 +246,7 @@ def test_each_planted_max_bug_is_caught_by_the_first_property(bug, tmp_path):
         "matches_reference"
     ]
     assert result.status == "failed"
-    want = {"decay_as_log_rate": "", "slot_read_off_by_one": "initial_state_ignored"}[bug]
+    want = {"decay_as_log_rate": "decay_as_log_rate", "slot_read_off_by_one": "initial_state_ignored"}[bug]
     assert result.failure.cause_model == want
 
 

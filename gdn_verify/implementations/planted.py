@@ -559,7 +559,7 @@ RIGHT_CAUSES: dict[str, tuple[str, ...]] = {
     "spec_gates_not_regathered": (),
     # exp(-exp(g)) is no error model's decay; the row after an item's slot is a spare zero row
     # (max_convention's layout), so the state read is zero: the initial state ignored.
-    "max_decay_as_log_rate": (),
+    "max_decay_as_log_rate": ("decay_as_log_rate",),
     "max_slot_read_off_by_one": ("initial_state_ignored",),
     "l2norm_eps_outside_sqrt": ("l2norm_eps_outside_sqrt", "l2norm_without_eps"),
     "l2norm_as_rmsnorm": ("l2norm_as_rmsnorm",),

@@ -90,10 +90,14 @@ class ErrorModel:
     run: Callable[..., tuple]
     options: bool = False
     kind: str = LOGIC  # or PRECISION: a forbidden rounding (or TF32)
-    # Named only where it reproduces the outputs pointwise: a rounding of the inputs is the same
-    # whatever the algorithm after it, so a mere likeness of pattern (what a partial rounding, of
-    # k alone, also shows) is no evidence for it.
+    # Named only where it reproduces the outputs pointwise: a mistake that does not depend on the
+    # algorithm around it (a rounding of the inputs, a decay read another way) reproduces that way,
+    # so a mere likeness of pattern (a partial rounding of k alone; a state that forgets at once
+    # against one that forgets fast) is no evidence for it.
     pointwise: bool = False
+    # How closely it must reproduce a failure pointwise (verdict): a model whose likeness to another
+    # mistake is loose (a decay that forgets fast looks like no memory at all) asks for more.
+    reproduces: float = REPRODUCES
 
 
 def _loop(bug: str) -> Callable[..., tuple]:
@@ -292,6 +296,14 @@ MODELS: tuple[ErrorModel, ...] = (
     ),
     ErrorModel(
         "alpha_as_g", "exp applied to a linear decay (alpha used as g)", "decay exp(exp(g))", _loop("alpha_as_g")
+    ),
+    ErrorModel(
+        "decay_as_log_rate",
+        "a linear decay read as a log-space rate (the state times exp(-alpha), alpha = exp(g))",
+        "decay exp(-exp(g))",
+        _float32(g=lambda kw: -np.exp(np.asarray(kw["g"], np.float64)).astype(np.float32)),
+        pointwise=True,
+        reproduces=0.02,
     ),
     ErrorModel(
         "log_of_log_gate",
@@ -635,12 +647,14 @@ class Finding:
         )
 
 
-def verdict(against_model: tol.Errors, against_oracle: tol.Errors, bound: tol.Tolerance) -> float | None:
+def verdict(
+    against_model: tol.Errors, against_oracle: tol.Errors, bound: tol.Tolerance, reproduces: float = REPRODUCES
+) -> float | None:
     """The reproduction ratio when a model reproduces a failure pointwise, else None.
 
     ``against_model``, ``against_oracle``: the implementation's errors against the model's and the
     oracle's outputs; ``bound``: the tolerance of the problem. Explained: on every metric over
-    its bound against the oracle, the error against the model is at most ``REPRODUCES`` of it, or
+    its bound against the oracle, the error against the model is at most ``reproduces`` of it, or
     at most ``WITHIN_REPRODUCES`` of it with every metric within the bound against the model.
     """
     failing = [name for name in tol.METRICS if getattr(against_oracle, name) > getattr(bound, name)]
@@ -649,7 +663,7 @@ def verdict(against_model: tol.Errors, against_oracle: tol.Errors, bound: tol.To
         return None
     ratio = max(getattr(against_model, name) / getattr(against_oracle, name) for name in failing)
     within = all(v <= getattr(bound, name) for v, name in zip(values, tol.METRICS))
-    return ratio if ratio <= REPRODUCES or (within and ratio <= WITHIN_REPRODUCES) else None
+    return ratio if ratio <= reproduces or (within and ratio <= min(reproduces, WITHIN_REPRODUCES)) else None
 
 
 def pattern(impl_error: np.ndarray, model_error: np.ndarray) -> tuple[float, float] | None:
@@ -774,7 +788,7 @@ def judge(model: ErrorModel, obs: Observation) -> Finding | None:
     ratios = [getattr(against_oracle, n) / getattr(bound, n) if getattr(bound, n) else np.inf for n in tol.METRICS]
     metric = tol.METRICS[int(np.argmax(ratios))]
     against_model = _errors(result.o, result.final_state, (as64(out[0]), out[1]), native, bound.scales)
-    ratio = verdict(against_model, against_oracle, bound)
+    ratio = verdict(against_model, against_oracle, bound, model.reproduces)
     if ratio is not None:
         return Finding(model, metric, getattr(against_model, metric), getattr(against_oracle, metric), ratio)
     on_state = metric == "state"  # what the worst-failing metric compares: the outputs or the final state
