@@ -39,7 +39,7 @@ from gdn_verify.core.implementation import Implementation, Result
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Measurement
-from gdn_verify.core.verdict import as64, output_contract_violations
+from gdn_verify.core.verdict import as64, output_contract_violations, sequence_part
 from gdn_verify.implementations import numpy_impl, planted, precision
 
 # A model explains a failure when the error left against it is at most REPRODUCES of the
@@ -1070,27 +1070,17 @@ def explain(
 
 
 def _wrong_sequences(impl: Implementation, problem: Problem) -> set[int] | None:
-    """The sequences whose outputs or final state miss the oracle (relative RMS over the bound's, or
-    non-finite); None when the call raises."""
-    ref, bound = _reference(problem)
+    """The sequences whose outputs or final state miss the oracle, each held to the tolerance of its
+    own call (NaN misses it); None when the call raises."""
     try:
         result = impl.run(problem)
     except Exception:  # noqa: BLE001 - a raising call shows nothing about which rows are wrong
         return None
-
-    def misses(got, want, limit: float) -> bool:
-        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-        rms = float(np.sqrt(np.mean((got - want) ** 2))) / (float(np.sqrt(np.mean(want**2))) or 1.0)
-        return not np.isfinite(rms) or rms > limit
-
-    o = np.asarray(result.o, np.float64)
-    flat, want = o.reshape((-1,) + o.shape[2:]), np.asarray(ref[0], np.float64).reshape((-1,) + o.shape[2:])
-    state = _k_first(result.final_state, problem) if problem.output_final_state else None
     wrong = set()
-    for n, (start, end) in enumerate(zip(problem.bounds[:-1], problem.bounds[1:])):
-        if end > start and misses(flat[start:end], want[start:end], bound.output_rms):
-            wrong.add(n)
-        if state is not None and misses(state[n], _k_first(ref[1], problem)[n], bound.state):
+    for n in range(problem.num_sequences):
+        alone, part = problem.sequence(n), sequence_part(result, problem, n)
+        ref, bound = _reference(alone)
+        if bound.violations(_errors(part.o, part.final_state, ref, alone, bound.scales)):
             wrong.add(n)
     return wrong
 
