@@ -254,6 +254,9 @@ def raw_gate_inputs(ops, g, beta, like, options: dict | None = None) -> tuple[An
     ``allow_neg_eigval`` (``beta = 2 sigmoid(b)``) has no raw-gate form: unsupported.
     """
     options = options or {}
+    for name in options:
+        if name not in gating.OPTION_NAMES:
+            raise NotImplementedError(f"needs {name}= (not an input of the raw-gate kernels)")
     if options.get("allow_neg_eigval"):
         raise NotImplementedError("the raw-gate kernels compute beta = sigmoid(b): no allow_neg_eigval")
     A_log, dt_bias = None, None
@@ -290,23 +293,12 @@ def decode_adapter(kernel: Callable, ops=None, kmajor: bool = False, state_dtype
         use_qk_l2norm_in_kernel=False,
         cu_seqlens=None,
         state_v_first=False,
-        use_gate_in_kernel=False,
-        A_log=None,
-        dt_bias=None,
-        use_beta_sigmoid_in_kernel=False,
-        allow_neg_eigval=False,
+        **options,  # FLA's in-kernel gate options (raw_gate_inputs)
     ):
         B, T, H, K, HV, V = _head_shapes(q, v, scale)
         bounds = token_bounds(ops, cu_seqlens, B, T)
         lengths = np.diff(bounds)
         flat = [x.reshape((B * T,) + tuple(x.shape[2:])) for x in (q, k, v)]
-        options = dict(
-            use_gate_in_kernel=use_gate_in_kernel,
-            A_log=A_log,
-            dt_bias=dt_bias,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-            allow_neg_eigval=allow_neg_eigval,
-        )
         a, b, A_log, dt_bias = raw_gate_inputs(ops, g, beta, q, options)
         a, b = a.reshape(B * T, HV), b.reshape(B * T, HV)
         # the kernel's layout: k-last, or k-first for the k-major kernel

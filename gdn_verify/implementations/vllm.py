@@ -46,6 +46,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import types
@@ -392,29 +393,6 @@ def recurrent_adapter(
     ops = _array_ops(xp)
     gates: GateKwargs = raw_gate_kwargs(ops) if raw else log_space_gates(ops, beta_float32)
 
-    def run(q, k, v, gate_kwargs, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-            state_v_first):  # fmt: skip
-        _check_scale(scale)
-        B, T, H, K = q.shape
-        HV, V = v.shape[2], v.shape[3]
-        host = token_bounds(ops, cu_seqlens, B, T)
-        N, width = len(host) - 1, max(int(np.diff(host).max(initial=0)), 1)
-        pool = _null_slot_pool(ops, (N + 1, HV, K, V), q, initial_state, state_v_first, kernel_v_first)
-        slots = np.repeat(np.arange(1, N + 1, dtype=np.int32)[:, None], width, axis=1)  # every token -> its slot
-        o, _ = kernel(
-            q=q,
-            k=k,
-            v=v,
-            **gate_kwargs,
-            scale=scale,
-            initial_state=pool,
-            inplace_final_state=True,
-            cu_seqlens=cu_seqlens,
-            ssm_state_indices=ops.from_host(slots, like=q),
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
-        return o, (to_kernel_layout(pool[1:], state_v_first, kernel_v_first) if output_final_state else None)
-
     def call(
         q,
         k,
@@ -427,41 +405,36 @@ def recurrent_adapter(
         use_qk_l2norm_in_kernel=False,
         cu_seqlens=None,
         state_v_first=False,
+        **options,  # FLA's in-kernel gate options: the raw-gate kernel's (raw_gate_kwargs)
     ):
-        kw = gates(g, beta, q)
-        return run(q, k, v, kw, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-                   state_v_first)  # fmt: skip
-
-    def call_raw(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=None,
-        initial_state=None,
-        output_final_state=False,
-        use_qk_l2norm_in_kernel=False,
-        cu_seqlens=None,
-        state_v_first=False,
-        use_gate_in_kernel=False,
-        A_log=None,
-        dt_bias=None,
-        use_beta_sigmoid_in_kernel=False,
-        allow_neg_eigval=False,
-    ):
-        options = dict(
-            use_gate_in_kernel=use_gate_in_kernel,
-            A_log=A_log,
-            dt_bias=dt_bias,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-            allow_neg_eigval=allow_neg_eigval,
+        if options and not raw:
+            raise NotImplementedError(f"needs {next(iter(options))}= (vLLM's fused_recurrent takes log-space gates)")
+        _check_scale(scale)
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        host = token_bounds(ops, cu_seqlens, B, T)
+        N, width = len(host) - 1, max(int(np.diff(host).max(initial=0)), 1)
+        pool = _null_slot_pool(ops, (N + 1, HV, K, V), q, initial_state, state_v_first, kernel_v_first)
+        slots = np.repeat(np.arange(1, N + 1, dtype=np.int32)[:, None], width, axis=1)  # every token -> its slot
+        o, _ = kernel(
+            q=q,
+            k=k,
+            v=v,
+            **(gates(g, beta, q, options) if raw else gates(g, beta, q)),
+            scale=scale,
+            initial_state=pool,
+            inplace_final_state=True,
+            cu_seqlens=cu_seqlens,
+            ssm_state_indices=ops.from_host(slots, like=q),
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         )
-        kw = gates(g, beta, q, options)
-        return run(q, k, v, kw, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-                   state_v_first)  # fmt: skip
+        return o, (to_kernel_layout(pool[1:], state_v_first, kernel_v_first) if output_final_state else None)
 
-    return call_raw if raw else call
+    if not raw:  # the log-space kernel takes no in-kernel gate options, and its signature says so
+        signature = inspect.signature(call)
+        kept = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        call.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
+    return call
 
 
 def spec_adapter(
@@ -548,21 +521,10 @@ def packed_decode_adapter(kernel: Callable, ops: Any = None, kernel_v_first: boo
         use_qk_l2norm_in_kernel=False,
         cu_seqlens=None,
         state_v_first=False,
-        use_gate_in_kernel=False,
-        A_log=None,
-        dt_bias=None,
-        use_beta_sigmoid_in_kernel=False,
-        allow_neg_eigval=False,
+        **options,  # FLA's in-kernel gate options (raw_gate_kwargs)
     ):
         B, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
-        options = dict(
-            use_gate_in_kernel=use_gate_in_kernel,
-            A_log=A_log,
-            dt_bias=dt_bias,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-            allow_neg_eigval=allow_neg_eigval,
-        )
         if not (str(q.dtype) == str(k.dtype) == str(v.dtype)):
             raise NotImplementedError(
                 f"mixed_qkv is one tensor: q, k, v of one dtype (got {q.dtype}, {k.dtype}, {v.dtype})"
