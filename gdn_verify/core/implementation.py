@@ -218,11 +218,13 @@ class Implementation:
         if not self.extra.get("raw_gates"):
             return problem
         options = gating.options_from_params(params or {})
-        raw = dict(
+        g, beta = gating.through_raw_gates(
+            problem.g,
+            problem.beta,
+            problem.dtype,
             g_is_raw=bool(options.get("use_gate_in_kernel")),
             beta_is_raw=bool(options.get("use_beta_sigmoid_in_kernel")),
         )
-        g, beta = gating.through_raw_gates(problem.g, problem.beta, problem.dtype, **raw)
         return problem.replace(g=g, beta=beta)
 
     def check_signatures(self) -> None:
