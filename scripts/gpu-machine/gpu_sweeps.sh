@@ -37,6 +37,7 @@ R=$PWD/.whl/releases
 export PYTHONPATH="$PWD:$R/fla-0.6.0:$FQSITE" PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
   GDN_VERIFY_VLLM_OPS="$R/vllm-0.34.0/$(cat "$R/vllm-0.34.0/.ops")" CUDA_HOME=/usr/local/cuda \
   TILELANG_CACHE_DIR=/tmp/tilelang-cache TVM_FFI_CACHE_DIR=/tmp/tvm-ffi-cache TRITON_CACHE_DIR=$LOGS/triton
+FI_PATH="$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"  # FlashInfer's site: --target runs no .pth
 { date -u; git rev-parse --short HEAD 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, numpy, importlib.metadata as m; print('torch', torch.__version__, 'triton', \
@@ -72,7 +73,7 @@ case " $STEPS " in *" mix "*)
   if [ -f /tmp/site/.gdnv-site-complete ]; then
     for impl in flashinfer-prefill flashinfer-decode flashinfer-decode-kmajor flashinfer-mtp; do
       case $impl in flashinfer-mtp) props=$SPEC ;; *) props=$NATIVE ;; esac
-      PYTHONPATH="$PWD:/tmp/site" check "mix-$impl" --impl "$impl" --properties "$props" &
+      PYTHONPATH="$FI_PATH" check "mix-$impl" --impl "$impl" --properties "$props" &
     done
   fi
   ;; esac
@@ -83,7 +84,7 @@ case " $STEPS " in *" exact "*)
   done
   if [ -f /tmp/site/.gdnv-site-complete ]; then
     for impl in flashinfer-prefill flashinfer-decode; do
-      PYTHONPATH="$PWD:/tmp/site" check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
+      PYTHONPATH="$FI_PATH" check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
     done
   fi
   ;; esac
