@@ -7,7 +7,8 @@ Each DIR holds ``check --json`` documents named ``GROUP-....json`` (``scripts/gp
 ``memcheck-IMPL.json``); a later DIR's run of the same group, implementation, dtype and seed replaces
 an earlier one's (a rerun on newer code), unless it did not finish and the earlier one did. Writes
 ``checks.json`` (one row per run: verdict, totals, per property the status, worst error / bound,
-failure message, kind and named cause, and the environment) and ``checks.md``.
+failure message, kind, named cause and ``--all-configs`` config, the backend tally, the
+``all_configs`` summary and the environment) and ``checks.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def row(path: Path, label: str) -> dict | None:
                 message=failure.get("message", ""),
                 kind=failure.get("kind", ""),
                 cause=failure.get("cause", ""),
+                config=r.get("config"),
             )
         )
     return dict(
@@ -51,6 +53,8 @@ def row(path: Path, label: str) -> dict | None:
         passed=doc["status"] == "complete"
         and doc["totals"].get("failed", 0) + doc["totals"].get("error", 0) + doc["totals"].get("timeout", 0) == 0,
         seconds=doc.get("seconds"),
+        backend=doc.get("backend"),
+        all_configs=doc.get("all_configs"),
         environment=doc.get("environment"),
         properties=props,
     )
@@ -76,7 +80,17 @@ def main() -> None:
     ordered = [rows[k] for k in sorted(rows)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "checks.json").write_text(json.dumps(dict(runs=ordered), indent=1) + "\n")
-    columns = ("group", "impl", "dtype", "seed", "verdict", "passed / failed / unsupported", "failures", "run")
+    columns = (
+        "group",
+        "impl",
+        "dtype",
+        "seed",
+        "verdict",
+        "passed / failed / unsupported",
+        "failures",
+        "backend",
+        "run",
+    )
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for r in ordered:
         t = r["totals"]
@@ -90,7 +104,8 @@ def main() -> None:
         )
         verdict = "incomplete" if r["status"] != "complete" else ("pass" if r["passed"] else "FAIL")
         counts = f"{t.get('passed', 0)} / {t.get('failed', 0)} / {t.get('unsupported', 0)}"
-        cells = (r["group"], r["impl"], r["dtype"], r["seed"], verdict, counts, what, r["run"])
+        ran_on = ", ".join(f"{name} {n}" for name, n in ((r["backend"] or {}).get("calls") or {}).items())
+        cells = (r["group"], r["impl"], r["dtype"], r["seed"], verdict, counts, what, ran_on or "-", r["run"])
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     (args.out / "checks.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
