@@ -27,7 +27,8 @@
 // counts) is validated by the warps that use it: bad values are reported in Params::err and never
 // used as an address. Gates, slot tables and scalars are runtime-typed, so the launcher instantiates (via
 // name_expressions) only what it uses. Decode variants (see RECURRENT_NOTES.md): "wide" is
-// (LC 4, BR 16) k-first / (LC 8, AC 4, BR 4) v-first, 64 floats per lane; "-cs" sets CS. (The
+// (LC 4, BR 16) k-first / (LC 8, AC 4, BR 4) v-first, 64 floats per lane; "-cs" sets CS; "rows-cs"
+// is (LC 32, AC 1, BR 4) v-first, 16 floats per lane under MINB 6, and wide-cs k-first. (The
 // "narrow" tilings and the persistent kernel measured slower and live in experimental/.)
 
 namespace gdn {
@@ -547,6 +548,7 @@ GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_DECODE, false, 0)  // decode 
 GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_DECODE, true, 0)   // "wide-cs"
 GDN_INSTANTIATE(BF16, float, true, 8, 4, 4, MODE_DECODE, false, 0)
 GDN_INSTANTIATE(BF16, float, true, 8, 4, 4, MODE_DECODE, true, 0)
+GDN_INSTANTIATE(BF16, float, true, 32, 1, 4, MODE_DECODE, true, 6)    // "rows-cs", v-first
 GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_PREFILL, false, 0)
 GDN_INSTANTIATE(BF16, float, false, 4, 1, 16, MODE_SPEC, false, 0)
 GDN_INSTANTIATE(F32, double, false, 2, 1, 8, MODE_PREFILL, false, 0)

@@ -77,12 +77,16 @@ class DecodeVariant:
 
     streaming: bool
     min_blocks: int
+    rows: bool = False  # v-first float state: K over all 32 lanes, a warp per few value rows (tiling())
 
 
 # Decode kernel variants, timed side by side by gdn_verify/bench/decode.py. "wide" is the original kernel.
 VARIANTS = {
     "wide": DecodeVariant(False, 0),
     "wide-cs": DecodeVariant(True, 0),
+    # v-first: 16 state floats a lane, 80 registers, no spill under MINB 6 (24 warps per SM; ptxas
+    # sm_90a, nvcc 13, 2026-12-05), the tiling of FlashInfer's V-major decode; k-first: as wide-cs
+    "rows-cs": DecodeVariant(True, 6, rows=True),
 }
 # wide-cs: fastest at B >= 64 on an H100, within 1 us below
 # (2026-11-22; reports/2026-11-23-decode-validation/README.md).
@@ -139,14 +143,22 @@ def _pow2(x: int) -> int:
 
 
 @functools.cache
-def tiling(K: int, V: int, v_first: bool, double: bool) -> tuple[int, int, int, int]:
+def tiling(K: int, V: int, v_first: bool, double: bool, rows: bool = False) -> tuple[int, int, int, int]:
     """Lane tiling ``(LC, AC, BR, WV)`` for head sizes ``K, V`` (see the comment atop recurrent.cu).
 
     A lane holds ``BR * AC * VW`` state values (VW = 4 floats or 2 doubles per 16 bytes): at most
     64 floats / 32 doubles, which keeps the decode kernel near 168 registers without spills.
-    ``WV`` is the number of value columns one warp owns.
+    ``WV`` is the number of value columns one warp owns. ``rows`` (v-first float state only): K
+    spread over up to 32 lanes (a 512-byte row segment at K = 128) and at most 16 floats a lane,
+    so that sums over K are whole-warp butterflies and many more warps fit on an SM.
     """
     vw = 2 if double else 4
+    if rows and v_first and not double:
+        lc = min(32, _pow2(-(-K // vw)))
+        ac = _pow2(-(-K // (lc * vw)))
+        lr = 32 // lc
+        br = max(1, min(16 // (ac * vw), _pow2(-(-V // lr))))
+        return lc, ac, br, lr * br
     budget = 32 if double else 64
     if not v_first:
         # vectors run along V; 4 lanes x 4 floats = 64-byte row segments per warp for K <= 128
@@ -214,8 +226,10 @@ def _select_plan(
     dtype: int, double: bool, v_first: bool, mode: int, variant_name: str, N: int, HV: int, K: int, V: int, sms: int
 ) -> Selection:
     var = variant(variant_name) if mode == MODE_DECODE else _NOT_DECODE
-    lc, ac, br, wv = tiling(K, V, v_first, double)
-    kernel = KernelMode(dtype, double, v_first, lc, ac, br, mode, var.streaming, var.min_blocks)
+    rows = var.rows and v_first and not double  # elsewhere a rows variant is the wide tile, uncapped
+    lc, ac, br, wv = tiling(K, V, v_first, double, rows)
+    minb = var.min_blocks if rows or not var.rows else 0
+    kernel = KernelMode(dtype, double, v_first, lc, ac, br, mode, var.streaming, minb)
     vtiles = -(-V // wv)
     total_warps = N * HV * vtiles
     w = _warps_per_cta(total_warps, sms)

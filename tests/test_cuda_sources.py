@@ -96,3 +96,15 @@ def test_kernel_sources_exist_and_stay_small():
     assert (KERNELS / "chunk_common.cuh").is_file()
     sizes = {s.name: len(s.read_text().splitlines()) for s in SOURCES}
     assert max(sizes.values()) <= 1200, sizes
+
+
+@needs_nvcc
+def test_recurrent_kernels_do_not_spill(tmp_path):
+    """Every form of the recurrent kernel the launcher picks keeps its state in registers: a
+    register cap (``rows-cs``'s MINB 6: 80 registers) or a change that adds registers would
+    otherwise turn the state tile into local-memory traffic, unseen by any correctness test."""
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-c", str(KERNELS / "recurrent.cu")]
+    result = subprocess.run(cmd + ["-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    spills = re.findall(r"(\d+) bytes spill stores", result.stderr)
+    assert spills and all(n == "0" for n in spills), result.stderr

@@ -407,6 +407,24 @@ def test_recurrent_select_plan():
         rk.select_plan(2, False, False, rk.MODE_DECODE, "narrow-cs", 1, 1, 128, 128, 132)
 
 
+def test_rows_variant_spreads_k_over_the_warp_only_for_a_v_first_float_state():
+    """rows-cs: v-first, K over all 32 lanes (16 state floats a lane) under its register cap, so 8
+    CTAs of 4 warps per head at K = V = 128; k-first or a double state, the wide tile uncapped
+    (a cap of 80 registers would spill its 64 floats)."""
+    from cupy_kernels import recurrent_kernel as rk
+
+    sel = rk.select_plan(2, False, True, rk.MODE_DECODE, "rows-cs", 64, 32, 128, 128, 132)
+    assert sel.kernel == rk.KernelMode(2, False, True, 32, 1, 4, rk.MODE_DECODE, True, 6)
+    assert (sel.vtiles, sel.blocks, sel.threads) == (32, 64 * 32 * 32 // 4, 128)
+    for K, V in ((256, 64), (60, 100), (16, 16), (128, 1)):
+        lc, ac, br, wv = rk.tiling(K, V, True, False, rows=True)
+        assert lc * ac * 4 >= K and ac * 4 * br <= 16 and wv == (32 // lc) * br  # all of K, <= 16 floats
+    wide = rk.select_plan(2, False, False, rk.MODE_DECODE, "wide-cs", 64, 32, 128, 128, 132)
+    assert rk.select_plan(2, False, False, rk.MODE_DECODE, "rows-cs", 64, 32, 128, 128, 132) == wide
+    oracle = rk.select_plan(3, True, True, rk.MODE_DECODE, "rows-cs", 1, 1, 128, 128, 132).kernel
+    assert oracle.lc == rk.tiling(128, 128, True, True)[0] and oracle.min_blocks == 0
+
+
 def test_recurrent_select_plan_follows_the_default_variant(monkeypatch):
     """``None`` means DEFAULT_VARIANT as it is now, not as it was when the cache first saw the key
     (the GPU variant tests and sanitize_decode.py switch it and drop ``_PLANS``)."""
@@ -419,10 +437,11 @@ def test_recurrent_select_plan_follows_the_default_variant(monkeypatch):
 
 
 def test_decode_variants_are_the_measured_ones():
-    """The variants that measured slower (narrow, persistent) left for cupy_kernels/experimental/."""
+    """The variants that measured slower (narrow, persistent) left for cupy_kernels/experimental/;
+    rows-cs awaits its H200 measurement beside FlashInfer's V-major decode (RECURRENT_NOTES.md)."""
     from cupy_kernels import decode, recurrent_kernel
 
-    assert set(recurrent_kernel.VARIANTS) == {"wide", "wide-cs"} == set(decode.DECODE_VARIANTS)
+    assert set(recurrent_kernel.VARIANTS) == {"wide", "wide-cs", "rows-cs"} == set(decode.DECODE_VARIANTS)
     assert recurrent_kernel.DEFAULT_VARIANT == "wide-cs"
     for name in ("narrow", "narrow-cs", "narrow-cs-pf", "wide-cs-pf"):
         with pytest.raises(ValueError, match="^decode_variant:"):

@@ -444,7 +444,9 @@ def format_table(rows: list[dict]) -> str:
 # Qwen3.5's tensor-parallel head layouts (q-k heads, value heads), as the prefill peer bench.
 LAYOUTS = ((2, 8), (4, 8), (8, 16), (16, 32), (16, 64))
 PEER_BATCHES = (1, 8, 64, 256, 1024)
-DECODE_PEERS = ("ours", "ours-step", "fla", "flashinfer", "flashinfer-bf16-state")
+# ours-vf-*: DecodeStep with the state v-first [.., V, K], FlashInfer's layout, under the default
+# variant and under rows-cs (its v-first tiling)
+DECODE_PEERS = ("ours", "ours-step", "ours-vf-step", "ours-vf-rows", "fla", "flashinfer", "flashinfer-bf16-state")
 
 
 def _flashinfer_decoders() -> tuple[dict[str, Callable | None], str | None]:
@@ -492,7 +494,8 @@ def decode_peers_bench(
     progress: Callable[[str], object] | None = print,
 ) -> list[dict]:
     """Decode (T = 1, l2norm in kernel, bf16 q/k/v) per head layout and batch size, side by side in
-    one process: ours (the general function, and ``DecodeStep``'s default variant, state in place),
+    one process: ours (the general function, and ``DecodeStep``'s default variant, state in place;
+    ``DecodeStep`` with the state v-first under the default variant and under ``rows-cs``),
     FLA's ``fused_recurrent_gated_delta_rule``, FlashInfer's pretranspose decode with a float32 and
     with a bfloat16 state, and the copy ceiling of the float32 state bytes (the faster of the
     framework copy and the SM copy kernel). Times from CUDA graphs over rotating input sets, as
@@ -547,6 +550,15 @@ def decode_peers_bench(
                 step = DecodeStep(**args, state=d["initial_state"], use_qk_l2norm_in_kernel=True)
                 steps.append(lambda s=step, a=args, d=d: on_torch_stream(lambda: s(**a, state=d["initial_state"])))
             calls["ours-step"] = steps
+            v_first = [d["initial_state"].transpose(-1, -2).contiguous() for d in data]
+            for name, variant in (("ours-vf-step", None), ("ours-vf-rows", "rows-cs")):
+                calls[name] = []
+                for d, state in zip(data, v_first):
+                    args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
+                    step = DecodeStep(
+                        **args, state=state, use_qk_l2norm_in_kernel=True, state_v_first=True, decode_variant=variant
+                    )
+                    calls[name].append(lambda s=step, a=args, st=state: on_torch_stream(lambda: s(**a, state=st)))
             if fla is not None:
                 calls["fla"] = [
                     lambda d=d: fla(**d, output_final_state=True, use_qk_l2norm_in_kernel=True) for d in data
@@ -611,7 +623,7 @@ def decode_peers_bench(
             )
             rows.append(row)
             say(format_peers_row(row))
-            del data, dst, calls, steps
+            del data, dst, calls, steps, v_first
     return rows
 
 
