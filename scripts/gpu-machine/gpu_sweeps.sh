@@ -4,8 +4,9 @@
 # process and batch-mix properties with the backend recorded on every adapter that this call carries
 # (FLA 0.6.0, vLLM 0.34.0's ops, our CuPy kernels, FlashQLA; FlashInfer where its site is installed
 # in /tmp/site by earlier calls, in a process of its own: its tvm-ffi cannot share one with TileLang's).
-# Detached, so that the work outlives one device call while the machine stays warm. Run from a copy
-# outside the synced checkout:
+# Detached, so that the work outlives one device call while the machine stays warm. On one warm
+# machine, the FlashInfer site first (two calls: `bash scripts/gpu-machine/gpu_session.sh site_part1`
+# carrying .whl/gpu1, then `site_part2` carrying .whl/gpu2), then from a copy outside the synced checkout:
 #   rm -rf /tmp/gdns && cp -a . /tmp/gdns && cd /tmp/gdns && bash scripts/gpu-machine/gpu_sweeps.sh --background
 #   cd /tmp/gdns && bash scripts/gpu-machine/gpu_sweeps.sh --collect SECONDS
 # Carried: .whl/releases/fla-0.6.0 and .whl/releases/vllm-0.34.0 (release sites unpacked here:
