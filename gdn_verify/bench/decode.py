@@ -544,19 +544,22 @@ def decode_peers_bench(
                     for d in data
                 ],
             }
-            steps = []
-            for d in data:
-                args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
-                step = DecodeStep(**args, state=d["initial_state"], use_qk_l2norm_in_kernel=True)
-                steps.append(lambda s=step, a=args, d=d: on_torch_stream(lambda: s(**a, state=d["initial_state"])))
-            calls["ours-step"] = steps
-            v_first = [d["initial_state"].transpose(-1, -2).contiguous() for d in data]
-            for name, variant in (("ours-vf-step", None), ("ours-vf-rows", "rows-cs")):
+            k_first = [d["initial_state"] for d in data]
+            v_first = [state.transpose(-1, -2).contiguous() for state in k_first]
+            for name, variant, states in (
+                ("ours-step", None, k_first),
+                ("ours-vf-step", None, v_first),
+                ("ours-vf-rows", "rows-cs", v_first),
+            ):
                 calls[name] = []
-                for d, state in zip(data, v_first):
+                for d, state in zip(data, states):
                     args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
                     step = DecodeStep(
-                        **args, state=state, use_qk_l2norm_in_kernel=True, state_v_first=True, decode_variant=variant
+                        **args,
+                        state=state,
+                        use_qk_l2norm_in_kernel=True,
+                        state_v_first=states is v_first,
+                        decode_variant=variant,
                     )
                     calls[name].append(lambda s=step, a=args, st=state: on_torch_stream(lambda: s(**a, state=st)))
             if fla is not None:
@@ -623,7 +626,7 @@ def decode_peers_bench(
             )
             rows.append(row)
             say(format_peers_row(row))
-            del data, dst, calls, steps, v_first
+            del data, dst, calls, k_first, v_first
     return rows
 
 
