@@ -42,6 +42,7 @@ try:
     import random
     import signal
     import textwrap
+    from collections.abc import Sequence
     from pathlib import Path
 
     import gdn_verify
@@ -58,6 +59,7 @@ try:
         SelftestCommand,
         comma_dims,
         comma_list,
+        declared_head_dims,
         flag_name,
         writable,
     )
@@ -142,6 +144,14 @@ def cmd_sanitized(args: argparse.Namespace) -> int:
     return done.returncode
 
 
+def head_sizes_note(asked: Sequence[int] | None, declared: Sequence[int] | None, name: str) -> str:
+    """The header's words on head sizes: those asked for (``--dims``), narrowed to those ``name`` declares."""
+    if declared is None:
+        return "" if asked is None else f", head sizes {','.join(map(str, asked))} only"
+    kept = [d for d in declared if asked is None or d in asked]
+    return f", head sizes {','.join(map(str, kept))} only (the sizes {name} declares)"
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     # Every flag checked and the implementation loaded, in one place: misuse is one line, before the header.
     command = CheckCommand.from_flags(vars(args))
@@ -161,7 +171,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
         f"dtype={run.dtype}, seed={run.seed}"
-        + ("" if options.dims is None else f", head sizes {','.join(map(str, options.dims))} only")
+        + head_sizes_note(options.dims, declared_head_dims(impl), impl.name)
         + (", gradients (the backward)" if run.grad else ""),
         flush=True,
     )

@@ -41,6 +41,7 @@ from gdn_verify.core.problem import DTYPES
 from gdn_verify.core.property import Property
 from gdn_verify.implementations import CONVENTIONS
 from gdn_verify.properties import Limits, catalogue
+from gdn_verify.properties.strategies import supported
 from gdn_verify.runners import configs as configs_runner
 from gdn_verify.runners import fuzz as fuzz_runner
 from gdn_verify.runners import scale as scale_runner
@@ -431,7 +432,23 @@ def suite_limits(impl: Implementation, dtype: str, dims: Sequence[int] | None, m
     default_tokens = 2048 if impl.array == "numpy" else 65536
     limits = Limits(dtype=dtype, max_tokens=valid_max_tokens(max_tokens) or default_tokens)
     head_dims = valid_dims(dims)
-    return limits if head_dims is None else limits.replace(head_dims=head_dims)
+    declared = declared_head_dims(impl)
+    if head_dims is not None and declared is not None and not set(head_dims) & set(declared):
+        raise ConfigurationError(
+            "dims",
+            f"{impl.name} has kernels for head sizes {','.join(map(str, declared))} only; "
+            f"got {','.join(map(str, head_dims))}",
+        )
+    limits = limits if head_dims is None else limits.replace(head_dims=head_dims)
+    # what the implementation declares (no GVA, its head sizes), once for every property, shape pool
+    # and configs probe: no example drawn only to be refused
+    return supported(limits, impl)
+
+
+def declared_head_dims(impl: Implementation) -> tuple[int, ...] | None:
+    """The head sizes ``impl`` declares it has kernels for (``extra["head_dims"]``; None: any)."""
+    dims = (impl.extra or {}).get("head_dims")
+    return tuple(sorted(int(d) for d in dims)) if dims else None
 
 
 def grad_catalogue(limits: Limits) -> dict[str, Property]:

@@ -3,8 +3,13 @@ example is drawn only to be refused, and a property that needs what is missing s
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
+import pytest
+
 from gdn_verify import api
-from gdn_verify.core.implementation import Implementation
+from gdn_verify.core.implementation import ConfigurationError, Implementation
 from gdn_verify.implementations import numpy_impl
 from gdn_verify.properties import Limits
 from gdn_verify.properties.strategies import supported
@@ -51,3 +56,47 @@ def test_declared_head_sizes_narrow_the_draws(tmp_path):
     assert limits.head_dims == (4,)
     assert supported(Limits(head_dims=(2, 100)), declared).head_dims == (4, 8)  # none in common: the declared
     assert supported(Limits(), Implementation("plain", {"chunk": refusing()})) == Limits()
+
+
+def test_declared_head_sizes_reach_the_shape_pool_and_the_process_properties(tmp_path):
+    """``check`` narrows once for every property (``options.suite_limits``): a JIT-compiled kernel's
+    shape pool and the process properties draw only the declared sizes. Before, the pool's classes
+    (K = 128, V = 100; K = 60, V = 32) left FlashInfer's and FlashQLA's process properties with
+    nothing but unsupported examples (H100, 2026-12-05)."""
+    extra = {"head_dims": (4,), "compile_classes": True}
+    impl = Implementation("dims-jit", {"chunk": refusing(dims=(4,))}, "numpy", extra=extra)
+    names = ["output_isolation", "shape_class_return", "varlen_equals_separate", "matches_reference"]
+    result = api.check(impl, properties=names, max_examples=4, seed=1, plans_dir=None, cases_dir=tmp_path)
+    for r in result.results:
+        assert (r.status, r.unsupported) == ("passed", 0), (r.name, r.note)
+    # asked for sizes the kernel declares none of: one ConfigurationError naming the argument
+    with pytest.raises(ConfigurationError, match="dims-jit has kernels for head sizes 4 only; got 64"):
+        api.check(impl, properties=names, dims=[64], plans_dir=None)
+
+
+def test_the_header_names_the_head_sizes_an_adapter_declares():
+    from gdn_verify._cli import head_sizes_note
+
+    assert head_sizes_note(None, None, "x") == ""
+    assert head_sizes_note([64, 128], None, "x") == ", head sizes 64,128 only"
+    assert head_sizes_note(None, (128,), "flashinfer-decode") == (
+        ", head sizes 128 only (the sizes flashinfer-decode declares)"
+    )
+    assert head_sizes_note([64, 128], (128,), "x") == ", head sizes 128 only (the sizes x declares)"
+
+
+def test_flashinfer_and_flashqla_adapters_declare_their_head_sizes():
+    """Read from the adapters' source file, not loaded (their libraries need a GPU)."""
+    from gdn_verify.implementations import flashinfer, flashqla
+
+    assert flashinfer.HEAD_DIMS == (128,)
+    text = Path(flashinfer.__file__).read_text()
+    builders = {
+        node.name: ast.get_source_segment(text, node) or ""
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("flashinfer_")
+    }
+    assert set(builders) >= {f"flashinfer_{n}" for n in ("prefill", "prefill_cp", "decode", "decode_bf16", "mtp")}
+    for name, body in builders.items():
+        assert "head_dims" in body, name
+    assert '"head_dims": (128,)' in Path(flashqla.__file__).read_text()

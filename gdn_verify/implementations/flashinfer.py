@@ -491,6 +491,14 @@ def _mtp_limits(kernel: Callable) -> Callable:
 DECODE_OPTIONAL_DTYPES = {"dt_bias": ("float32", "bfloat16")}
 
 
+# Head sizes declared for every FlashInfer GDN adapter (``extra["head_dims"]``, narrowing what
+# properties draw): the prefill takes one head_size for K and V, its Cake backend 128 only; the
+# float32-state decode K, V >= 128 with V % 8 (k-major: % 32); the MTP kernel K, V >= 128. Of the
+# sizes the strategies draw, 128 is the one all of them take. The call-time limits above still
+# refuse other sizes passed through the API.
+HEAD_DIMS = (128,)
+
+
 def flashinfer_prefill() -> Implementation:
     kernels = _flashinfer_kernels()
     return Implementation(
@@ -499,7 +507,8 @@ def flashinfer_prefill() -> Implementation:
         "torch",
         "FlashInfer chunk_gated_delta_rule (alpha gate, k-last state, packed tokens)",
         "bfloat16",
-        extra=jit_compiled(backend="flashinfer", library="flashinfer"),  # use_cp=False: never the CP kernel
+        # use_cp=False: never the CP kernel
+        extra=jit_compiled(backend="flashinfer", library="flashinfer", head_dims=HEAD_DIMS),
     )
 
 
@@ -511,7 +520,8 @@ def flashinfer_prefill_cp() -> Implementation:
         "torch",
         "FlashInfer chunk_gated_delta_rule(use_cp=True): context-parallel prefill, exact max_seqlen hint",
         "bfloat16",
-        extra=jit_compiled(backend="flashinfer-cp", library="flashinfer"),  # use_cp=True raises, never falls back
+        # use_cp=True raises, never falls back
+        extra=jit_compiled(backend="flashinfer-cp", library="flashinfer", head_dims=HEAD_DIMS),
     )
 
 
@@ -524,7 +534,11 @@ def flashinfer_decode() -> Implementation:
         "FlashInfer gated_delta_rule_decode_pretranspose, one token per step",
         "bfloat16",
         extra=jit_compiled(
-            raw_gates=True, optional_dtypes=DECODE_OPTIONAL_DTYPES, backend="flashinfer-decode", library="flashinfer"
+            raw_gates=True,
+            optional_dtypes=DECODE_OPTIONAL_DTYPES,
+            backend="flashinfer-decode",
+            library="flashinfer",
+            head_dims=HEAD_DIMS,
         ),
     )
 
@@ -555,6 +569,7 @@ def flashinfer_decode_bf16() -> Implementation:
             optional_dtypes=DECODE_OPTIONAL_DTYPES,
             backend="flashinfer-decode-bf16",
             library="flashinfer",
+            head_dims=HEAD_DIMS,
         ),
     )
 
@@ -572,6 +587,7 @@ def flashinfer_decode_kmajor() -> Implementation:
             "optional_dtypes": DECODE_OPTIONAL_DTYPES,
             "backend": "flashinfer-decode-kmajor",
             "library": "flashinfer",
+            "head_dims": HEAD_DIMS,
         },
     )
 
@@ -584,5 +600,11 @@ def flashinfer_mtp() -> Implementation:
         "torch",
         "FlashInfer gated_delta_rule_mtp (speculative verify, per-token pool scatter)",
         "bfloat16",
-        extra={"spec_rules": FLASHINFER_SPEC, "raw_gates": True, "backend": "flashinfer-mtp", "library": "flashinfer"},
+        extra={
+            "spec_rules": FLASHINFER_SPEC,
+            "raw_gates": True,
+            "backend": "flashinfer-mtp",
+            "library": "flashinfer",
+            "head_dims": HEAD_DIMS,
+        },
     )

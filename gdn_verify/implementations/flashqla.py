@@ -156,5 +156,7 @@ def flash_qla() -> Implementation:
         "torch",
         "FlashQLA chunk_gated_delta_rule (TileLang, auto intra-card context parallelism)",
         "bfloat16",
-        extra=declarations(),
+        # FlashQLA 0.1.3 asserts K = V = 128 (FLA dispatches to it only then); the NumPy twin of
+        # tests/jit_like.QlaLike runs at any size, so this is the real kernel's declaration alone
+        extra={**declarations(), "head_dims": (128,)},
     )
