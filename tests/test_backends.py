@@ -43,6 +43,22 @@ def test_what_the_adapter_notes_wins_over_its_declaration():
     backends.note("triton")  # outside a recording: ignored, no error
 
 
+def test_a_token_step_call_without_tokens_ran_no_kernel_and_is_no_fallback():
+    """vLLM's packed decode and FlashInfer's decode adapters launch once per token: a call with no
+    token launches nothing, which was "unknown" in the H100 sweeps of 2026-12-05 (6 of 20 calls)."""
+    import numpy as np
+
+    from gdn_verify.implementations.flashinfer import NumpyOps, token_steps
+
+    with backends.recording() as record:
+        assert list(token_steps(NumpyOps(), np.array([0, 0, 0]), like=np.zeros(1))) == []
+    ran = record.ran("flashinfer-decode")
+    assert ran is not None and ran.names == (backends.NO_KERNEL,) and ran.ran_on("triton")
+    with backends.recording() as record:
+        steps = list(token_steps(NumpyOps(), np.array([0, 2, 3]), like=np.zeros(1)))
+    assert len(steps) == 2 and record.ran("flashinfer-decode").names == ("flashinfer-decode",)
+
+
 def test_a_hook_that_cannot_be_installed_leaves_the_call_running_and_says_why(monkeypatch):
     class Frozen(type):
         def __setattr__(cls, name, value):

@@ -54,6 +54,9 @@ BACKENDS = {
     "flashinfer-mtp": "FlashInfer's speculative-verify (MTP) kernels",
 }
 UNKNOWN = "unknown"
+# What a call without tokens that an adapter answers without the kernel ran on (a token-per-step
+# adapter has no step to launch); not a fallback, whatever ``--backend`` asks for.
+NO_KERNEL = "no-kernel"
 # The FLA module holding its dispatch registry, and the class whose methods are hooked.
 FLA_DISPATCH = ("fla.backends", "BaseBackend")
 # Triton's launchers: (module, class) whose ``run`` launches one kernel.
@@ -86,7 +89,9 @@ class Ran:
         return "+".join(self.names)
 
     def ran_on(self, name: str) -> bool:
-        return name in self.names
+        """Whether the call ran on ``name``; a call that launched nothing (:data:`NO_KERNEL`) ran on none
+        other either, so it counts as no fallback."""
+        return name in self.names or self.names == (NO_KERNEL,)
 
     def mismatch(self, name: str) -> str:
         """Why this call is not a run on ``name``: "ran on triton, not flash_qla (fallback; ...)"."""

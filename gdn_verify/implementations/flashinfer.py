@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_verify.core import gating
+from gdn_verify.core import backends, gating
 from gdn_verify.core.conventions import FLASHINFER_SPEC
 from gdn_verify.core.implementation import SPEC_FORM, ConfigurationError, Implementation
 from gdn_verify.implementations.fla import cuda_library, jit_compiled
@@ -155,6 +155,8 @@ def token_steps(ops, bounds: np.ndarray, like):
     """``(running, tok)`` for step ``t`` of a token-per-step call: the sequences still running
     (host indices) and the packed rows of their ``t``-th tokens (on ``like``'s device)."""
     lengths = np.diff(bounds)
+    if not lengths.any():
+        backends.note(backends.NO_KERNEL)  # no token, no step: the kernel is never launched
     for t in range(int(lengths.max(initial=0))):
         running = np.flatnonzero(lengths > t)
         yield running, ops.from_host(bounds[running] + t, like=like)
