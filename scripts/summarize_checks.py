@@ -2,13 +2,14 @@
 
     python scripts/summarize_checks.py DIR [DIR ...] --out reports/DATE-TOPIC [--label NAME=TEXT]
 
-Each DIR holds ``check --json`` documents named ``GROUP-....json`` (``scripts/gpu-machine/gpu_checks.sh`` writes
-``check-IMPL-DTYPE-SEED.json``, ``scripts/gpu-machine/gpu_scale.sh`` ``scale-IMPL.json``, ``guard-IMPL.json`` and
-``memcheck-IMPL.json``); a later DIR's run of the same group, implementation, dtype and seed replaces
-an earlier one's (a rerun on newer code), unless it did not finish and the earlier one did. Writes
-``checks.json`` (one row per run: verdict, totals, per property the status, worst error / bound,
-failure message, kind, named cause and ``--all-configs`` config, the backend tally, the
-``all_configs`` summary and the environment) and ``checks.md``.
+Each DIR holds ``check --json`` documents named ``GROUP-....json`` (``scripts/gpu-machine/gpu_checks.sh``
+writes ``check-IMPL-DTYPE-SEED.json``, ``scripts/gpu-machine/gpu_scale.sh`` ``scale-IMPL.json``,
+``guard-IMPL.json`` and ``memcheck-IMPL.json``); a later DIR's run of the same group,
+implementation, pass (forward or backward), dtype and seed replaces an earlier one's (a rerun on
+newer code), unless it did not finish and the earlier one did. Writes ``checks.json`` (one row per
+run: pass, verdict, totals, per property the status, worst error / bound, failure message, kind,
+named cause and ``--all-configs`` config, the backend tally, the ``all_configs`` summary and the
+environment) and ``checks.md``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def row(path: Path, label: str) -> dict | None:
         impl=doc["impl"],
         dtype=doc["dtype"],
         seed=doc["seed"],
+        grad=bool(doc.get("grad")),
         run=label,
         status=doc["status"],
         totals=doc["totals"],
@@ -73,7 +75,7 @@ def main() -> None:
             r = row(path, labels.get(str(d), str(d)))
             if r is None:
                 continue
-            key = (r["group"], r["impl"], r["dtype"], r["seed"])
+            key = (r["group"], r["impl"], r["grad"], r["dtype"], r["seed"])  # a backward run is a run of its own
             old = rows.get(key)
             if old is None or r["status"] == "complete" or old["status"] != "complete":
                 rows[key] = r  # an unfinished rerun keeps a finished run
@@ -83,6 +85,7 @@ def main() -> None:
     columns = (
         "group",
         "impl",
+        "pass",
         "dtype",
         "seed",
         "verdict",
@@ -105,7 +108,8 @@ def main() -> None:
         verdict = "incomplete" if r["status"] != "complete" else ("pass" if r["passed"] else "FAIL")
         counts = f"{t.get('passed', 0)} / {t.get('failed', 0)} / {t.get('unsupported', 0)}"
         ran_on = ", ".join(f"{name} {n}" for name, n in ((r["backend"] or {}).get("calls") or {}).items())
-        cells = (r["group"], r["impl"], r["dtype"], r["seed"], verdict, counts, what, ran_on or "-", r["run"])
+        mode = "backward" if r["grad"] else "forward"
+        cells = (r["group"], r["impl"], mode, r["dtype"], r["seed"], verdict, counts, what, ran_on or "-", r["run"])
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     (args.out / "checks.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

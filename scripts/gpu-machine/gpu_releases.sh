@@ -18,7 +18,7 @@ OUT=${OUT:-gpu_logs}
 LOGS=${LOGS:-/tmp/gpu_releases}
 mkdir -p "$OUT" "$LOGS"
 pack() {
-  python3 scripts/summarize_releases.py "$LOGS" --out "$OUT" > "$OUT/summary.txt" 2>&1
+  PYTHONPATH=$PWD python3 scripts/summarize_releases.py "$LOGS" --out "$OUT" > "$OUT/summary.txt" 2>&1
   tar -czf "$OUT/releases.tar.gz" -C "$LOGS" $(cd "$LOGS" && ls ./*.log ./*.json ./*.txt 2>/dev/null)
   cat "$OUT/summary.txt"
 }

@@ -13,7 +13,8 @@
 # gdn_verify.runners.releases.site), .whl/fqla (TileLang and FlashQLA: FLA 0.6.0 refuses its
 # chunked backward on Hopper under Triton < 3.7.1 without TileLang; pack_carried.sh fqla).
 # Knobs: CONFIG_EXAMPLES (examples per property and config, 8), JOB_TIMEOUT (s per check, 900),
-# MIX_IMPLS, EXACT_IMPLS (space lists), STEPS (configs mix exact, all by default), CHECK_ARGS (extra check flags: a dry
+# MIX_IMPLS, EXACT_IMPLS, FI_MIX_IMPLS, FI_EXACT_IMPLS (space lists; FlashInfer's where its site is), STEPS
+# (configs grad-configs mix exact, all by default), CHECK_ARGS (extra check flags: a dry
 # run on a CPU under TRITON_INTERPRET=1 with "--dtype float32 --dims 16 --max-examples 2").
 set -u -o pipefail
 OUT=${OUT:-gpu_logs}
@@ -51,14 +52,18 @@ check() {  # NAME ARGS...: one check, its log and JSON
     > "$LOGS/$name.log" 2>&1
   echo "exit $? after $((SECONDS - start)) s" >> "$LOGS/$name.log"
 }
-STEPS=${STEPS:-configs mix exact}
+STEPS=${STEPS:-configs grad-configs mix exact}
 N=${CONFIG_EXAMPLES:-8}
 case " $STEPS " in *" configs "*)
   # every config of each autotuned kernel FLA's chunked form launches, forward and backward; FLA's
   # recurrent kernel has no autotuner (heuristics only), which the check says in one line (exit 2)
   check configs-fla-chunk --impl fla-chunk --all-configs --max-examples "$N" --dims 64,128 &
-  check configs-fla-chunk-grad --impl fla-chunk --grad --all-configs --max-examples 4 --dims 64,128 &
   check configs-fla-recurrent --impl fla-recurrent --all-configs --max-examples "$N" &
+  ;; esac
+case " $STEPS " in *" grad-configs "*)
+  # the backward's 58 (kernel, config) pairs: 12 minutes of compiling beside 23 other checks on an
+  # H100 (2026-12-05) left it 4 runs; alone it gets the machine
+  check configs-fla-chunk-grad --impl fla-chunk --grad --all-configs --max-examples 4 --dims 64,128 &
   ;; esac
 case " $STEPS " in *" mix "*)
   # the process and batch-mix properties, each adapter's backend recorded in its JSON and counts line
@@ -72,7 +77,7 @@ case " $STEPS " in *" mix "*)
   done
   # FlashInfer in a process without TileLang's site (another tvm-ffi)
   if [ -f /tmp/site/.gdnv-site-complete ]; then
-    for impl in flashinfer-prefill flashinfer-decode flashinfer-decode-kmajor flashinfer-mtp; do
+    for impl in ${FI_MIX_IMPLS-flashinfer-prefill flashinfer-decode flashinfer-decode-kmajor flashinfer-mtp}; do
       case $impl in flashinfer-mtp) props=$SPEC ;; *) props=$NATIVE ;; esac
       PYTHONPATH="$FI_PATH" check "mix-$impl" --impl "$impl" --properties "$props" &
     done
@@ -84,7 +89,7 @@ case " $STEPS " in *" exact "*)
     check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
   done
   if [ -f /tmp/site/.gdnv-site-complete ]; then
-    for impl in flashinfer-prefill flashinfer-decode; do
+    for impl in ${FI_EXACT_IMPLS-flashinfer-prefill flashinfer-decode}; do
       PYTHONPATH="$FI_PATH" check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
     done
   fi
