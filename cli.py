@@ -654,6 +654,12 @@ def add_check(sub: argparse._SubParsersAction) -> None:
         "autotuner, one at a time; a failure names the kernel and the config. Costs configs x properties; "
         "not with --scale",
     )
+    check.add_argument(
+        "--config-kernels",
+        metavar="NAMES",
+        help="with --all-configs: sweep only these autotuned kernels (comma-separated, as the plan lists them); "
+        "the others keep their autotuner's choice",
+    )
     _compile_option(check)
     check.add_argument(
         "--backend",

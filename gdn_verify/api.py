@@ -322,6 +322,7 @@ def check(
     scale_limits: scale_runner.ScaleLimits | None = None,
     grad: bool = False,
     all_configs: bool = False,
+    config_kernels: Sequence[str] | None = None,
     backend: str | None = None,
 ) -> CheckResult:
     """Run the property suite against ``impl``; ``CheckResult.passed`` is the verdict.
@@ -359,7 +360,10 @@ def check(
     time, each result labelled with the kernel and config (``PropertyResult.config``), then one
     ``same_across_configs`` result per kernel (``gdn_verify.runners.configs`` says what is promised);
     torch implementations with Triton kernels only, not with ``scale``. The cost, known before the
-    run: ``CheckOptions(all_configs=True).resolve(impl).configs.describe()``.
+    run: ``CheckOptions(all_configs=True).resolve(impl).configs.describe()``. ``config_kernels``
+    (with ``all_configs``): sweep only these kernels, by the names that plan lists; the others
+    keep their autotuner's choice (a kernel author iterating on one kernel; a backward whose
+    forward kernels were swept already).
     ``backend``: every call must run on this backend (``gdn_verify.core.backends.BACKENDS``: ``triton``,
     ``flash_qla``, ``cupy-fused``, ...); a call that ran elsewhere fails its property ("ran on triton,
     not flash_qla (fallback)"). Without it the backends are recorded (``CheckResult.backends()``).
@@ -387,6 +391,7 @@ def check(
         scale_limits=scale_limits,
         grad=grad,
         all_configs=all_configs,
+        config_kernels=config_kernels,
         backend=backend,
     )
     return check_resolved(options.resolve(impl), progress=progress, on_result=on_result, on_compile=on_compile)

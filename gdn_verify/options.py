@@ -80,6 +80,8 @@ class _Settings:
             value = values.get(prefix + flag_name(field.name))
             if field.name == "properties" and isinstance(value, str):
                 value = comma_list(value)
+            elif field.name == "config_kernels" and isinstance(value, str):
+                value = comma_list(value)
             elif field.name == "dims" and isinstance(value, str):
                 value = comma_dims(value)
             if value is not None:
@@ -132,6 +134,9 @@ class CheckOptions(_Settings):
     scale_limits: ScaleLimits | None = None
     grad: bool = False
     all_configs: bool = False
+    # With all_configs: sweep only these autotuned kernels (names as the plan lists them); the
+    # others keep their autotuner's choice. None: every kernel.
+    config_kernels: Sequence[str] | None = None
     # Every call must run on this backend (gdn_verify.core.backends.BACKENDS); a call that ran
     # elsewhere fails its property. None: any backend, recorded.
     backend: str | None = None
@@ -141,6 +146,12 @@ class CheckOptions(_Settings):
         valid_max_examples(self.max_examples)
         if self.all_configs and self.scale:
             raise ConfigurationError(ALL_CONFIGS, SCALE_REFUSED)
+        if self.config_kernels is not None:
+            object.__setattr__(self, "config_kernels", tuple(self.config_kernels))
+            if not self.config_kernels:
+                raise ConfigurationError("config_kernels", "no kernel named")
+            if not self.all_configs:
+                raise ConfigurationError("config_kernels", "picks the kernels all_configs sweeps; give all_configs too")
         if self.backend is not None:
             valid_choice("backend", self.backend, backends.BACKENDS)
 
@@ -400,7 +411,10 @@ def all_configs_plan(
         ) from None
     if not tuned:
         raise ConfigurationError(ALL_CONFIGS, configs_runner.no_kernel_message(impl))
-    return configs_runner.Plan(tuned, list(properties), interpreter.requested(), problems[0])
+    left: tuple[str, ...] = ()
+    if options.config_kernels is not None:
+        tuned, left = configs_runner.only(tuned, options.config_kernels)
+    return configs_runner.Plan(tuned, list(properties), interpreter.requested(), problems[0], left)
 
 
 # The implementation and the property suite it is checked with -------------------------------

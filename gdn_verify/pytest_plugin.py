@@ -3,16 +3,17 @@
 ``pytest --gdn-impl MODULE:FUNCTION [--gdn-array numpy|torch|cupy] [--gdn-dtype D]
 [--gdn-properties a,b] [--gdn-seed S] [--gdn-max-examples N] [--gdn-dims 64,128]
 [--gdn-convention native|spec|backward|max] [--gdn-timeout SECONDS] [--gdn-scale] [--gdn-grad]
-[--gdn-all-configs] [--gdn-backend NAME]`` adds one test item per property (``gdn-verify::NAME``), in
-any folder (``--gdn-grad``: the gradient properties, against the implementation's backward, as
-``check --grad``; ``--gdn-all-configs``: each item runs its property under every autotuner config, as
-``check --all-configs``; ``--gdn-backend``: every call must run on that backend, as ``check
---backend``; each item records the backends its calls ran on as the user property ``backend``); an
-item that fails, times out or on which the kernel
-raised shows the minimal example (the kernel's traceback too) and the replay command, an
-unsupported one is skipped with the reason. A kernel that cannot take the arguments is a usage
-error before any item runs. For tests of one's own, the ``gdn_check`` fixture calls
-:func:`gdn_verify.check` with those options as defaults::
+[--gdn-all-configs [--gdn-config-kernels NAMES]] [--gdn-backend NAME]`` adds one test item per
+property (``gdn-verify::NAME``), in any folder (``--gdn-grad``: the gradient properties, against
+the implementation's backward, as ``check --grad``; ``--gdn-all-configs``: each item runs its
+property under every autotuner config, as ``check --all-configs``, of the kernels
+``--gdn-config-kernels`` names if given; ``--gdn-backend``: every call must run on that backend,
+as ``check --backend``; each item records the backends its calls ran on as the user property
+``backend``); an item that fails, times out or on which the kernel raised shows the minimal
+example (the kernel's traceback too) and the replay command, an unsupported one is skipped with
+the reason. A kernel that cannot take the arguments is a usage error before any item runs. For
+tests of one's own, the ``gdn_check`` fixture calls :func:`gdn_verify.check` with those options as
+defaults::
 
     def test_my_kernel(gdn_check):
         gdn_check(my_kernel, array="torch", properties=["matches_reference"]).assert_passed()
@@ -67,6 +68,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run each property under every config of each autotuned Triton kernel, one at a time (as check "
         "--all-configs; default properties: matches_reference, varlen_equals_separate, determinism)",
+    )
+    group.addoption(
+        "--gdn-config-kernels",
+        metavar="NAMES",
+        help="with --gdn-all-configs: sweep only these autotuned kernels (comma-separated); the others keep "
+        "their autotuner's choice",
     )
     group.addoption(
         "--gdn-backend",
@@ -154,6 +161,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     header = f"gdn-verify: impl={impl.name}, arrays={impl.array}, dtype={options.dtype}, seed={options.seed}"
     header += ", gradients (the backward)" if options.grad else ""
     header += ", every autotuner config" if options.all_configs else ""
+    header += f" of {', '.join(options.config_kernels)}" if options.config_kernels else ""
     return header + (f", backend {options.backend} required" if options.backend else "")
 
 

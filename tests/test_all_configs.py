@@ -260,3 +260,43 @@ def test_the_default_check_discovers_nothing_and_labels_nothing(monkeypatch):
     doc = result.as_dict()
     assert "all_configs" not in doc and [row["name"] for row in doc["results"]] == ["determinism"]
     assert "config" not in doc["results"][0]
+
+
+def test_config_kernels_sweeps_only_the_kernels_named(monkeypatch):
+    """``config_kernels``: the plan keeps the kernels named (launch order), lists the others as not
+    swept; a name no kernel has is one ConfigurationError listing those launched."""
+
+    def tuned(name: str, widths: tuple[int, ...]) -> configs.Tuned:
+        return configs.Tuned(name, None, tuple(triton.Config({"BV": w}, num_warps=4) for w in widths))
+
+    launched = [tuned("fwd_kernel", (16, 32)), tuned("bwd_kernel", (16, 32, 64))]
+    monkeypatch.setattr(configs, "discover", lambda *args, **kw: launched)
+    options = dict(all_configs=True, array="torch", dims=[16], properties=["matches_reference"])
+    plan = CheckOptions(**options, config_kernels=["bwd_kernel"]).resolve(_plain_torch).configs
+    assert plan is not None and [t.kernel for t in plan.kernels] == ["bwd_kernel"] and plan.pairs == 3
+    assert plan.describe().startswith("1 autotuned kernel, 3 (kernel, config) pairs x 1 properties = 3 property runs")
+    assert "not swept, under their autotuner's choice: fwd_kernel" in plan.describe()
+    assert plan.as_dict()["not_swept"] == ["fwd_kernel"]
+    every = CheckOptions(**options).resolve(_plain_torch).configs
+    assert every is not None and every.pairs == 5 and "not_swept" not in every.as_dict()
+    with pytest.raises(ConfigurationError, match="no autotuned kernel bwd was launched; these were: fwd_kernel, bwd"):
+        CheckOptions(**options, config_kernels=["bwd"]).resolve(_plain_torch)
+    with pytest.raises(ConfigurationError, match="give all_configs too") as exc:
+        CheckOptions(config_kernels=["bwd_kernel"])
+    assert exc.value.field == "config_kernels"
+
+
+def test_the_cli_takes_config_kernels_as_a_comma_list():
+    from gdn_verify.options import CheckOptions as Options
+
+    given = Options.from_flags({"all_configs": True, "config_kernels": "a_kernel,b_kernel"})
+    assert given.config_kernels == ("a_kernel", "b_kernel")
+    done = subprocess.run(
+        [sys.executable, "-m", "gdn_verify", "check", "--impl", "numpy", "--config-kernels", "x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "--config-kernels" in done.stderr and "give all_configs too" in done.stderr

@@ -164,6 +164,18 @@ def discover(impl: Implementation, problems: Sequence[Problem], grad: bool = Fal
     return found
 
 
+def only(tuned: Sequence[Tuned], names: Sequence[str]) -> tuple[list[Tuned], tuple[str, ...]]:
+    """(the kernels of ``tuned`` named in ``names``, in launch order; the names of the others), or
+    :class:`ConfigurationError` naming ``config_kernels`` for a name no kernel has."""
+    found = [t.kernel for t in tuned]
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise ConfigurationError(
+            "config_kernels", f"no autotuned kernel {', '.join(unknown)} was launched; these were: {', '.join(found)}"
+        )
+    return [t for t in tuned if t.kernel in names], tuple(n for n in found if n not in names)
+
+
 def default_properties(available: dict[str, Property], grad: bool = False) -> list[str]:
     """The properties run under each config unless named: :data:`DEFAULT_PROPERTIES` (or
     :data:`DEFAULT_GRAD_PROPERTIES`) among ``available``."""
@@ -240,6 +252,7 @@ class Plan:
     properties: list[str]
     interpreted: bool = False
     problem: Problem | None = None  # the fixed problem compared across configs
+    left: tuple[str, ...] = ()  # autotuned kernels launched but not swept (config_kernels): their own choice
 
     @property
     def pairs(self) -> int:
@@ -256,11 +269,14 @@ class Plan:
             f"{len(self.kernels)} autotuned kernel{'s' * (len(self.kernels) != 1)}, {self.pairs} (kernel, config) "
             f"pairs x {len(self.properties)} properties = {self.runs} property runs"
         )
+        if self.left:
+            text += f"; not swept, under their autotuner's choice: {', '.join(self.left)}"
         return text + (f"; {INTERPRETER_NOTE}" if self.interpreted else "")
 
     def as_dict(self) -> dict[str, Any]:
         return dict(
             kernels=[t.as_dict() for t in self.kernels],
+            **({"not_swept": list(self.left)} if self.left else {}),
             pairs=self.pairs,
             properties=list(self.properties),
             property_runs=self.runs,

@@ -13,6 +13,7 @@
 # gdn_verify.runners.releases.site), .whl/fqla (TileLang and FlashQLA: FLA 0.6.0 refuses its
 # chunked backward on Hopper under Triton < 3.7.1 without TileLang; pack_carried.sh fqla).
 # Knobs: CONFIG_EXAMPLES (examples per property and config, 8), JOB_TIMEOUT (s per check, 900),
+# GRAD_CONFIG_KERNELS (the backward kernels swept; "" for every kernel the backward launches),
 # MIX_IMPLS, EXACT_IMPLS, FI_MIX_IMPLS, FI_EXACT_IMPLS (space lists; FlashInfer's where its site is), STEPS
 # (configs grad-configs mix exact, all by default), CHECK_ARGS (extra check flags: a dry
 # run on a CPU under TRITON_INTERPRET=1 with "--dtype float32 --dims 16 --max-examples 2").
@@ -61,9 +62,12 @@ case " $STEPS " in *" configs "*)
   check configs-fla-recurrent --impl fla-recurrent --all-configs --max-examples "$N" &
   ;; esac
 case " $STEPS " in *" grad-configs "*)
-  # the backward's 58 (kernel, config) pairs: 12 minutes of compiling beside 23 other checks on an
-  # H100 (2026-12-05) left it 4 runs; alone it gets the machine
-  check configs-fla-chunk-grad --impl fla-chunk --grad --all-configs --max-examples 4 --dims 64,128 &
+  # the backward's own kernels (24 of its 58 (kernel, config) pairs; the 34 forward pairs, which the
+  # backward launches too, are the forward sweep's): all 58 beside 23 other checks on an H100
+  # (2026-12-05) ran 4 property runs in 900 s, most of it compiling. GRAD_CONFIG_KERNELS="": all.
+  KERNELS=${GRAD_CONFIG_KERNELS-chunk_bwd_kernel_dv_local,chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64,prepare_wy_repr_bwd_kernel}
+  check configs-fla-chunk-grad --impl fla-chunk --grad --all-configs ${KERNELS:+--config-kernels "$KERNELS"} \
+    --max-examples 4 --dims 64,128 &
   ;; esac
 case " $STEPS " in *" mix "*)
   # the process and batch-mix properties, each adapter's backend recorded in its JSON and counts line
