@@ -499,6 +499,11 @@ DECODE_OPTIONAL_DTYPES = {"dt_bias": ("float32", "bfloat16")}
 # sizes the strategies draw, 128 is the one all of them take. The call-time limits above still
 # refuse other sizes passed through the API.
 HEAD_DIMS = (128,)
+# FlashInfer's decode kernels (pretranspose, bf16-state, k-major, MTP) compile one CuTe DSL kernel
+# per scale value: ``scale`` is in each one's compile cache key (``gdn_kernels/gdn_decode_*.py`` of
+# 0.7.2.post1), beside T, H, HV, K, V, the dtypes and l2norm. Declared (``extra["compile_scales"]``),
+# check draws None and ``shapes.COMPILED_SCALES`` only: half the compiles of the three explicit scales.
+DECODE_COMPILE = {"compile_scales": True, "head_dims": HEAD_DIMS}
 
 
 def flashinfer_prefill() -> Implementation:
@@ -540,7 +545,7 @@ def flashinfer_decode() -> Implementation:
             optional_dtypes=DECODE_OPTIONAL_DTYPES,
             backend="flashinfer-decode",
             library="flashinfer",
-            head_dims=HEAD_DIMS,
+            **DECODE_COMPILE,
         ),
     )
 
@@ -571,7 +576,7 @@ def flashinfer_decode_bf16() -> Implementation:
             optional_dtypes=DECODE_OPTIONAL_DTYPES,
             backend="flashinfer-decode-bf16",
             library="flashinfer",
-            head_dims=HEAD_DIMS,
+            **DECODE_COMPILE,
         ),
     )
 
@@ -589,7 +594,7 @@ def flashinfer_decode_kmajor() -> Implementation:
             "optional_dtypes": DECODE_OPTIONAL_DTYPES,
             "backend": "flashinfer-decode-kmajor",
             "library": "flashinfer",
-            "head_dims": HEAD_DIMS,
+            **DECODE_COMPILE,
         },
     )
 
@@ -607,6 +612,6 @@ def flashinfer_mtp() -> Implementation:
             "raw_gates": True,
             "backend": "flashinfer-mtp",
             "library": "flashinfer",
-            "head_dims": HEAD_DIMS,
+            **DECODE_COMPILE,
         },
     )

@@ -93,7 +93,7 @@ case " $STEPS " in *" exact "*)
     check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
   done
   if [ -f /tmp/site/.gdnv-site-complete ]; then
-    for impl in ${FI_EXACT_IMPLS-flashinfer-prefill flashinfer-decode}; do
+    for impl in ${FI_EXACT_IMPLS-flashinfer-prefill flashinfer-decode flashinfer-decode-kmajor}; do
       PYTHONPATH="$FI_PATH" check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
     done
   fi
