@@ -60,6 +60,7 @@ from cupy_kernels.chunk_plan import (
     context_parallel_segments,
     resident_ctas,
     select_plan,
+    state_only,
 )
 from cupy_kernels.context_parallel import scan_segment_states, segment_bounds
 from cupy_kernels.recurrent_kernel import options as gate_options
@@ -654,22 +655,26 @@ def _run_context_parallel(
     c: _Call, plan: ChunkPlan, plan_m: ChunkPlan, segments: int, initial_state: Any, final_state: Any
 ) -> None:
     """The fused path over ``c.N = N x segments`` segments (``context_parallel.py``): one prep, the
-    value pass from zero (each segment's B, the output overwritten later), the transition pass (zero
-    values and the identity over K columns: each segment's M), the float64 scan of the start states
-    on the same stream, then the value pass from them, which writes the output. torch inputs only
-    (bf16: the fused paths' inputs)."""
+    value pass from zero (each segment's B), the transition pass (zero values and the identity over
+    K columns: each segment's M), both without output where the state kernel has that form
+    (``chunk_plan.state_only``), the float64 scan of the start states on the same stream, then the
+    value pass from them, which writes the output. torch inputs only (bf16: the fused paths' inputs)."""
     torch = sys.modules["torch"]
     H, HV, K, V = c.heads
     N = c.N // segments
     device = c.like.device
     prep = _prep(c, plan)
+    # The B and M passes' outputs are never read (the last pass writes o): where the state kernel has
+    # a form without output (wgmma), they run it and o is not touched; else they write o (B's, and
+    # M's into scratch where K != V), which the last pass overwrites.
+    plan_b, plan_m = state_only(plan), state_only(plan_m)
     b = _empty(c.like, (c.N, HV, K, V), ts.F32)
-    _state(c._replace(initial_state=0, final_state=ts.pointer(b), state_v_first=0), plan, prep)
+    _state(c._replace(initial_state=0, final_state=ts.pointer(b), state_v_first=0), plan_b, prep)
     m = _empty(c.like, (c.N, HV, K, K), ts.F32)
     zeros = torch.zeros(c.like.shape[:2] + (HV, K), dtype=c.like.dtype, device=device)
     eye = torch.eye(K, dtype=torch.float32, device=device).expand(c.N, HV, K, K).contiguous()
-    # the transition pass's output is never read: the value pass overwrites o after it
-    scratch = None if K == V else _empty(c.like, c.like.shape[:2] + (HV, K), ts.BF16)
+    writes = plan_m.path != "wgmma"  # the M pass writes an output of K columns
+    scratch = None if K == V or not writes else _empty(c.like, c.like.shape[:2] + (HV, K), ts.BF16)
     transition = c._replace(
         v=ts.pointer(zeros),
         heads=(H, HV, K, K),

@@ -9,7 +9,7 @@ Three paths (``chunk.py``'s docstring says when each applies):
 - ``"fused"``: ``gdn_fused_prep`` (``chunk_fused_prep.cu``) then ``gdn_fused_state<W, KS>``
   (``chunk_fused.cu``, mma.sync).
 - ``"wgmma"``: the same prep, then ``gdn_fused_state_sm90_k<K>`` (``chunk_wgmma.cu``, built for
-  sm_90a).
+  sm_90a; :func:`state_only` names its output-free form for the context-parallel B and M passes).
 
 A :class:`ChunkPlan` names each kernel's source, its name expression, its CTA size and dynamic
 shared memory (``layout.py``); the launcher compiles exactly those kernels.
@@ -17,6 +17,7 @@ shared memory (``layout.py``); the launcher compiles exactly those kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -163,6 +164,17 @@ def select_plan(
     state = Kernel(FUSED_SOURCE, f"gdn_fused_state<{warps}, {ks}>", False, 32 * warps * ks,
                    layout.fused_state_smem(K, warps, ks), 16 * warps)  # fmt: skip
     return ChunkPlan("fused", tensor_cores, warps, ks, (prep, state))
+
+
+@functools.lru_cache(maxsize=64)
+def state_only(plan: ChunkPlan) -> ChunkPlan:
+    """``plan`` with its state kernel in the form that writes no output, where there is one (the wgmma
+    path: ``gdn_fused_state_sm90_k<K>_state_only``, no Y_q, output product or q / P' copies); the
+    context-parallel passes that build B and M never read their output. Other paths: ``plan``."""
+    if plan.path != "wgmma":
+        return plan
+    prep, state = plan.kernels
+    return dataclasses.replace(plan, kernels=(prep, dataclasses.replace(state, name=state.name + "_state_only")))
 
 
 # --------------------------------------------------------------------------- context parallelism

@@ -200,7 +200,10 @@ __device__ __forceinline__ void split_product(float (&acc)[CT][4], const unsigne
     }
 }
 
-template <int K>
+// kOut = false: the state-only form for the context-parallel passes that build each segment's B and M
+// (context_parallel.py), whose output is never read: no Y_q, no output product, no q or P copies
+// (28 of a chunk's 72 m64n64k16-equivalents, 32 of its 73 KiB of copies), nothing stored to o.
+template <int K, bool kOut>
 __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                             const bf16* __restrict__ v, const bf16* __restrict__ mats,
                                             const float* __restrict__ vecs, const long long* __restrict__ chunk_start,
@@ -259,14 +262,14 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             if (warp == 4) {
                 const size_t row0 = static_cast<size_t>(t0) * row_stride + static_cast<size_t>(hk) * K;
                 copy_sw<K>(k_stage(s), k + row0, H * K, len);
-                copy_sw<K>(q_stage(s), q + row0, H * K, len);
+                if constexpr (kOut) copy_sw<K>(q_stage(s), q + row0, H * K, len);
 #pragma unroll
                 for (int e = lane; e < kVecs * C / 4; e += 32)
                     cp_async16(vec_stage(s) + 4 * e, vecs + unit * kVecs * C + 4 * e, true);
             } else {
                 const bf16* mg = mats + unit * kMats * C * C;
 #pragma unroll
-                for (int m = 0; m < kMats; ++m) copy_sw<C>(m_stage(s, m), mg + m * C * C, C, C);
+                for (int m = 0; m < (kOut ? kMats : 2); ++m) copy_sw<C>(m_stage(s, m), mg + m * C * C, C, C);  // T, then P
                 copy_plain<BV>(v_stage(s), VP,
                                v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
                                static_cast<size_t>(HV) * V, len);
@@ -319,12 +322,14 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             wgmma_n64<0>(yk, sl[kb], desc_at(dk, sw_offset<K>(0, 16 * kb)));
         }
         wg_commit();
+        if constexpr (kOut) {
 #pragma unroll
-        for (int kb = 0; kb < KB; ++kb) {
-            wgmma_n64<0>(yq, sh[kb], desc_at(dq, sw_offset<K>(0, 16 * kb)));
-            wgmma_n64<0>(yq, sl[kb], desc_at(dq, sw_offset<K>(0, 16 * kb)));
+            for (int kb = 0; kb < KB; ++kb) {
+                wgmma_n64<0>(yq, sh[kb], desc_at(dq, sw_offset<K>(0, 16 * kb)));
+                wgmma_n64<0>(yq, sl[kb], desc_at(dq, sw_offset<K>(0, 16 * kb)));
+            }
+            wg_commit();
         }
-        wg_commit();
         // V^T (ldmatrix.trans, as gdn_fused_state) and a, read while the products run.
         unsigned vt[CT / 2][4];
         float2 av[CT];
@@ -332,7 +337,7 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         for (int tp = 0; tp < CT / 2; ++tp) ldsm_x4_t(vt[tp], at_frag(vs, VP, wc, 16 * tp));
 #pragma unroll
         for (int i = 0; i < CT; ++i) av[i] = *reinterpret_cast<const float2*>(vec + 8 * i + 2 * tq);
-        wg_wait<1>();  // Y_k is in; Y_q may still run
+        wg_wait<kOut ? 1 : 0>();  // Y_k is in; Y_q may still run
         pin(yk);
 
         // X^T = V^T - Y_k diag(a), in place of Y_k.
@@ -383,12 +388,14 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         pin(xl);
 
         // o^T = Y_q diag(d) + v_new^T P'^T and S^T <- exp(G_last) S^T + v_new^T diag(c) K, issued together.
+        if constexpr (kOut) {
 #pragma unroll
-        for (int i = 0; i < CT; ++i) yq[i][0] *= dv[i].x, yq[i][1] *= dv[i].y, yq[i][2] *= dv[i].x, yq[i][3] *= dv[i].y;
+            for (int i = 0; i < CT; ++i) yq[i][0] *= dv[i].x, yq[i][1] *= dv[i].y, yq[i][2] *= dv[i].x, yq[i][3] *= dv[i].y;
+        }
         unsigned ph[CB][4], pl[CB][4], ch[CB][4], cl[CB][4];
 #pragma unroll
         for (int jb = 0; jb < CB; ++jb) {
-            a_from_c(vn[2 * jb], vn[2 * jb + 1], 1.f, 1.f, 1.f, 1.f, ph[jb], pl[jb]);
+            if constexpr (kOut) a_from_c(vn[2 * jb], vn[2 * jb + 1], 1.f, 1.f, 1.f, 1.f, ph[jb], pl[jb]);
             a_from_c(vn[2 * jb], vn[2 * jb + 1], cv[2 * jb].x, cv[2 * jb].y, cv[2 * jb + 1].x, cv[2 * jb + 1].y, ch[jb],
                      cl[jb]);
         }
@@ -408,9 +415,11 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             }
         }
         wg_commit();
-        split_product(yq, ph, pl, k_desc(m_stage(s, 2)), k_desc(m_stage(s, 3)));
-        wg_commit();
-        wg_wait<1>();  // the state update is in; the output product may still run
+        if constexpr (kOut) {
+            split_product(yq, ph, pl, k_desc(m_stage(s, 2)), k_desc(m_stage(s, 3)));
+            wg_commit();
+        }
+        wg_wait<kOut ? 1 : 0>();  // the state update is in; the output product may still run
         pin(st);
         pin(ch);
         pin(cl);
@@ -422,23 +431,25 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         pin(pl);
         if (i + 2 < last - first) bar_arrive(kEmpty + s, kPair);  // stage s is free for chunk + 2
 
-        // o: the warp's columns of the output tile (o^T fragments stored transposed: four 8 x 8 blocks
-        // of token tiles 2 ip, 2 ip + 1 and column halves 0, 1 per stmatrix), then 16-byte rows to
-        // global memory (its own columns only, so a __syncwarp suffices).
+        if constexpr (kOut) {
+            // o: the warp's columns of the output tile (o^T fragments stored transposed: four 8 x 8 blocks
+            // of token tiles 2 ip, 2 ip + 1 and column halves 0, 1 per stmatrix), then 16-byte rows to
+            // global memory (its own columns only, so a __syncwarp suffices).
 #pragma unroll
-        for (int ip = 0; ip < CT / 2; ++ip) {
-            const int j = lane >> 3;  // the block this lane addresses: token tile 2 ip + j / 2, half j % 2
-            stsm_x4_t(os + (16 * ip + 8 * (j >> 1) + (lane & 7)) * VP + wc + 8 * (j & 1),
-                      pack_bf16(yq[2 * ip][0], yq[2 * ip][1]), pack_bf16(yq[2 * ip][2], yq[2 * ip][3]),
-                      pack_bf16(yq[2 * ip + 1][0], yq[2 * ip + 1][1]), pack_bf16(yq[2 * ip + 1][2], yq[2 * ip + 1][3]));
-        }
-        __syncwarp();
+            for (int ip = 0; ip < CT / 2; ++ip) {
+                const int j = lane >> 3;  // the block this lane addresses: token tile 2 ip + j / 2, half j % 2
+                stsm_x4_t(os + (16 * ip + 8 * (j >> 1) + (lane & 7)) * VP + wc + 8 * (j & 1),
+                          pack_bf16(yq[2 * ip][0], yq[2 * ip][1]), pack_bf16(yq[2 * ip][2], yq[2 * ip][3]),
+                          pack_bf16(yq[2 * ip + 1][0], yq[2 * ip + 1][1]), pack_bf16(yq[2 * ip + 1][2], yq[2 * ip + 1][3]));
+            }
+            __syncwarp();
 #pragma unroll
-        for (int ip = 0; ip < CT / 2; ++ip) {
-            const int r = 16 * ip + (lane >> 1), c = wc + 8 * (lane & 1);
-            if (r < len)
-                *reinterpret_cast<uint4*>(o + (static_cast<size_t>(t0 + r) * HV + hv) * V + v0 + c) =
-                    *reinterpret_cast<const uint4*>(os + r * VP + c);
+            for (int ip = 0; ip < CT / 2; ++ip) {
+                const int r = 16 * ip + (lane >> 1), c = wc + 8 * (lane & 1);
+                if (r < len)
+                    *reinterpret_cast<uint4*>(o + (static_cast<size_t>(t0 + r) * HV + hv) * V + v0 + c) =
+                        *reinterpret_cast<const uint4*>(os + r * VP + c);
+            }
         }
     }
     if (!has_final) return;
@@ -465,12 +476,23 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
 extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
     gdn_fused_state_sm90_k128(GDN_FUSED_STATE_SM90_PARAMS) {
     (void)K;
-    gdn_sm90::fused_state<128>(GDN_FUSED_STATE_SM90_ARGS);
+    gdn_sm90::fused_state<128, true>(GDN_FUSED_STATE_SM90_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
     gdn_fused_state_sm90_k64(GDN_FUSED_STATE_SM90_PARAMS) {
     (void)K;
-    gdn_sm90::fused_state<64>(GDN_FUSED_STATE_SM90_ARGS);
+    gdn_sm90::fused_state<64, true>(GDN_FUSED_STATE_SM90_ARGS);
+}
+// The state-only forms (o is not read or written; context-parallel B and M passes).
+extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
+    gdn_fused_state_sm90_k128_state_only(GDN_FUSED_STATE_SM90_PARAMS) {
+    (void)K;
+    gdn_sm90::fused_state<128, false>(GDN_FUSED_STATE_SM90_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
+    gdn_fused_state_sm90_k64_state_only(GDN_FUSED_STATE_SM90_PARAMS) {
+    (void)K;
+    gdn_sm90::fused_state<64, false>(GDN_FUSED_STATE_SM90_ARGS);
 }
 #undef GDN_FUSED_STATE_SM90_PARAMS
 #undef GDN_FUSED_STATE_SM90_ARGS

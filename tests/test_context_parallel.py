@@ -10,6 +10,7 @@ result must equal the oracle on the whole sequences. The GPU launcher itself is 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +20,17 @@ from cupy_kernels.chunk_plan import (
     CP_GAIN,
     CP_MAX_SEGMENTS,
     CP_MIN_SEGMENT_CHUNKS,
+    FUSED_SOURCE,
+    PREP_SOURCE,
+    WGMMA_K,
+    WGMMA_SOURCE,
+    ChunkPlan,
+    Kernel,
     context_parallel_cost,
     context_parallel_segments,
     resident_ctas,
     select_plan,
+    state_only,
 )
 from cupy_kernels.context_parallel import scan_segment_states, segment_bounds
 from gdn_verify.core.reference import chunk_gated_delta_rule as oracle
@@ -241,15 +249,37 @@ def test_a_requested_split_is_honoured():
     assert context_parallel_segments(1024, 16, 132, 16, 132, False) == 1
 
 
+def _plan(path: str, K: int) -> ChunkPlan:
+    """A plan of ``path`` ("wgmma" or "fused") for the stand-in state kernel: only its names matter."""
+    prep = Kernel(PREP_SOURCE, "gdn_fused_prep", False, 256, 0)
+    if path == "wgmma":
+        return ChunkPlan(
+            "wgmma", True, 4, 1, (prep, Kernel(WGMMA_SOURCE, f"gdn_fused_state_sm90_k{K}", True, 192, 0, 64))
+        )
+    return ChunkPlan("fused", True, 4, 1, (prep, Kernel(FUSED_SOURCE, "gdn_fused_state<4, 1>", False, 128, 0, 64)))
+
+
+def test_only_the_wgmma_state_kernel_has_a_form_without_output():
+    wgmma, fused = _plan("wgmma", 128), _plan("fused", 128)
+    assert state_only(wgmma).kernels[1].name == "gdn_fused_state_sm90_k128_state_only"
+    assert state_only(wgmma).kernels[0] == wgmma.kernels[0] and state_only(wgmma).kernels[1].smem == 0
+    assert state_only(fused) == fused
+    source = (Path(__file__).resolve().parents[1] / "cupy_kernels" / WGMMA_SOURCE).read_text()
+    for K in WGMMA_K:  # each entry point the launcher may name exists
+        assert f"gdn_fused_state_sm90_k{K}_state_only(" in source and f"fused_state<{K}, false>" in source
+
+
+@pytest.mark.parametrize("path", ["wgmma", "fused"])
 @pytest.mark.parametrize(
     "K, V, v_first, given, kept",
     [(16, 24, True, True, True), (16, 16, False, False, False)],  # K == V: the transition pass writes o, overwritten
 )
-def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, K, V, v_first, given, kept):
+def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, path, K, V, v_first, given, kept):
     """``chunk._run_context_parallel`` on CPU torch tensors, each state launch replaced by the
     float64 oracle over the segments its tables name: the passes' arguments (zero values and the
     identity over K columns, zero and scanned start states, the v-first layouts), the scan and the
-    final state's copy give the oracle's result on the whole sequences."""
+    final state's copy give the oracle's result on the whole sequences. On the wgmma path the B and
+    M passes run the state-only kernel, which writes no output: the stand-in writes none there."""
     torch = pytest.importorskip("torch", reason="the launcher's context-parallel passes work on torch tensors")
     from cupy_kernels import chunk
     from cupy_kernels import tensors as ts
@@ -270,7 +300,8 @@ def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, K, V, v_
             state_v_first=bool(c.state_v_first),
             cu_seqlens=c.tables[2],
         )
-        c.o.copy_(torch.from_numpy(o))
+        if not plan.kernels[1].name.endswith("_state_only"):
+            c.o.copy_(torch.from_numpy(o))
         if kept:
             c.final_state.copy_(torch.from_numpy(s))
 
@@ -286,7 +317,8 @@ def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, K, V, v_
         state_v_first=int(v_first), N=N * segments, NC=-1, C=C, like=x["q"], stream=0, device=0,
     )  # fmt: skip
     initial = torch.from_numpy(case["initial_state"]).to(torch.float32) if given else None
-    chunk._run_context_parallel(call, "plan", "plan_m", segments, initial, final)
+    plan, plan_m = _plan(path, K), _plan(path, K)
+    chunk._run_context_parallel(call, plan, plan_m, segments, initial, final)
 
     o_ref, s_ref = oracle(
         *(case[n] for n in ("q", "k", "v", "g", "beta")),
@@ -295,7 +327,9 @@ def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, K, V, v_
         state_v_first=v_first,
         cu_seqlens=case["cu_seqlens"],
     )
-    assert launches == [("plan", V, 0, False, True), ("plan_m", K, 0, True, True), ("plan", V, 0, True, False)]
+    plan_b, plan_m = state_only(plan), state_only(plan_m)
+    assert launches == [(plan_b, V, 0, False, True), (plan_m, K, 0, True, True), (plan, V, 0, True, False)]
+    assert (plan_b == plan) == (path == "fused")
     np.testing.assert_allclose(o.double().numpy(), o_ref, rtol=0, atol=1e-5 * np.abs(o_ref).max())
     if kept:
         np.testing.assert_allclose(final.double().numpy(), s_ref, rtol=0, atol=1e-5 * np.abs(s_ref).max())
