@@ -277,6 +277,9 @@ def test_config_kernels_sweeps_only_the_kernels_named(monkeypatch):
     assert plan.describe().startswith("1 autotuned kernel, 3 (kernel, config) pairs x 1 properties = 3 property runs")
     assert "not swept, under their autotuner's choice: fwd_kernel" in plan.describe()
     assert plan.as_dict()["not_swept"] == ["fwd_kernel"]
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / "gdn_verify" / "schema" / "result.schema.json").read_text())
+    jsonschema.validate(plan.as_dict(), schema["properties"]["all_configs"])
     every = CheckOptions(**options).resolve(_plain_torch).configs
     assert every is not None and every.pairs == 5 and "not_swept" not in every.as_dict()
     with pytest.raises(ConfigurationError, match="no autotuned kernel bwd was launched; these were: fwd_kernel, bwd"):
