@@ -147,7 +147,9 @@ class CheckOptions(_Settings):
         if self.all_configs and self.scale:
             raise ConfigurationError(ALL_CONFIGS, SCALE_REFUSED)
         if self.config_kernels is not None:
-            object.__setattr__(self, "config_kernels", tuple(self.config_kernels))
+            given = self.config_kernels
+            names = comma_list(given) or [] if isinstance(given, str) else given  # "a,b" from Python too
+            object.__setattr__(self, "config_kernels", tuple(names))
             if not self.config_kernels:
                 raise ConfigurationError("config_kernels", "no kernel named")
             if not self.all_configs:

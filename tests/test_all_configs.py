@@ -294,6 +294,7 @@ def test_the_cli_takes_config_kernels_as_a_comma_list():
 
     given = Options.from_flags({"all_configs": True, "config_kernels": "a_kernel,b_kernel"})
     assert given.config_kernels == ("a_kernel", "b_kernel")
+    assert Options(all_configs=True, config_kernels="a_kernel,b_kernel").config_kernels == ("a_kernel", "b_kernel")
     done = subprocess.run(
         [sys.executable, "-m", "gdn_verify", "check", "--impl", "numpy", "--config-kernels", "x"],
         cwd=ROOT,
