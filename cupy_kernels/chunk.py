@@ -665,18 +665,19 @@ def _run_context_parallel(
     device = c.like.device
     prep = _prep(c, plan)
     # The B and M passes' outputs are never read (the last pass writes o): where the state kernel has
-    # a form without output (wgmma), they run it and o is not touched; else they write o (B's, and
-    # M's into scratch where K != V), which the last pass overwrites.
-    plan_b, plan_m = state_only(plan), state_only(plan_m)
+    # forms without output (wgmma), they run them, o is not touched and the M pass reads no values;
+    # else they write o (B's, and M's into scratch where K != V), which the last pass overwrites,
+    # and the M pass reads zero values.
+    plan_b, plan_m = state_only(plan), state_only(plan_m, values=False)
     b = _empty(c.like, (c.N, HV, K, V), ts.F32)
     _state(c._replace(initial_state=0, final_state=ts.pointer(b), state_v_first=0), plan_b, prep)
     m = _empty(c.like, (c.N, HV, K, K), ts.F32)
-    zeros = torch.zeros(c.like.shape[:2] + (HV, K), dtype=c.like.dtype, device=device)
     eye = torch.eye(K, dtype=torch.float32, device=device).expand(c.N, HV, K, K).contiguous()
-    writes = plan_m.path != "wgmma"  # the M pass writes an output of K columns
-    scratch = None if K == V or not writes else _empty(c.like, c.like.shape[:2] + (HV, K), ts.BF16)
+    plain = plan_m.path != "wgmma"  # the M pass reads values and writes an output of K columns
+    zeros = torch.zeros(c.like.shape[:2] + (HV, K), dtype=c.like.dtype, device=device) if plain else None
+    scratch = None if K == V or not plain else _empty(c.like, c.like.shape[:2] + (HV, K), ts.BF16)
     transition = c._replace(
-        v=ts.pointer(zeros),
+        v=c.v if zeros is None else ts.pointer(zeros),
         heads=(H, HV, K, K),
         initial_state=ts.pointer(eye),
         o=c.o if scratch is None else ts.pointer(scratch),

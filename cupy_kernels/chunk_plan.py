@@ -167,14 +167,17 @@ def select_plan(
 
 
 @functools.lru_cache(maxsize=64)
-def state_only(plan: ChunkPlan) -> ChunkPlan:
-    """``plan`` with its state kernel in the form that writes no output, where there is one (the wgmma
-    path: ``gdn_fused_state_sm90_k<K>_state_only``, no Y_q, output product or q / P' copies); the
-    context-parallel passes that build B and M never read their output. Other paths: ``plan``."""
+def state_only(plan: ChunkPlan, values: bool = True) -> ChunkPlan:
+    """``plan`` with its state kernel in the form that writes no output, where there is one (the
+    wgmma path: ``gdn_fused_state_sm90_k<K>_state_only``: no Y_q, output product or q / P' copies;
+    with ``values=False`` ``..._transition``, which also reads no v: zero values). The
+    context-parallel passes that build B (values) and M (zero values) never read their output.
+    Other paths: ``plan``, whose kernel writes an output and reads v."""
     if plan.path != "wgmma":
         return plan
     prep, state = plan.kernels
-    return dataclasses.replace(plan, kernels=(prep, dataclasses.replace(state, name=state.name + "_state_only")))
+    name = state.name + ("_state_only" if values else "_transition")
+    return dataclasses.replace(plan, kernels=(prep, dataclasses.replace(state, name=name)))
 
 
 # --------------------------------------------------------------------------- context parallelism

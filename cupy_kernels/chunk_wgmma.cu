@@ -203,7 +203,9 @@ __device__ __forceinline__ void split_product(float (&acc)[CT][4], const unsigne
 // kOut = false: the state-only form for the context-parallel passes that build each segment's B and M
 // (context_parallel.py), whose output is never read: no Y_q, no output product, no q or P copies
 // (28 of a chunk's 72 m64n64k16-equivalents, 32 of its 73 KiB of copies), nothing stored to o.
-template <int K, bool kOut>
+// kValues = false (with kOut = false): the transition pass, whose values are zero: v is not read
+// (the launcher then allocates no zero values, a tensor of v's size).
+template <int K, bool kOut, bool kValues = true>
 __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                             const bf16* __restrict__ v, const bf16* __restrict__ mats,
                                             const float* __restrict__ vecs, const long long* __restrict__ chunk_start,
@@ -270,9 +272,10 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
                 const bf16* mg = mats + unit * kMats * C * C;
 #pragma unroll
                 for (int m = 0; m < (kOut ? kMats : 2); ++m) copy_sw<C>(m_stage(s, m), mg + m * C * C, C, C);  // T, then P
-                copy_plain<BV>(v_stage(s), VP,
-                               v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
-                               static_cast<size_t>(HV) * V, len);
+                if constexpr (kValues)
+                    copy_plain<BV>(v_stage(s), VP,
+                                   v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
+                                   static_cast<size_t>(HV) * V, len);
             }
             cp_async_commit();
             cp_async_wait<0>();
@@ -331,10 +334,12 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
             wg_commit();
         }
         // V^T (ldmatrix.trans, as gdn_fused_state) and a, read while the products run.
-        unsigned vt[CT / 2][4];
+        unsigned vt[CT / 2][4] = {};
         float2 av[CT];
+        if constexpr (kValues) {
 #pragma unroll
-        for (int tp = 0; tp < CT / 2; ++tp) ldsm_x4_t(vt[tp], at_frag(vs, VP, wc, 16 * tp));
+            for (int tp = 0; tp < CT / 2; ++tp) ldsm_x4_t(vt[tp], at_frag(vs, VP, wc, 16 * tp));
+        }
 #pragma unroll
         for (int i = 0; i < CT; ++i) av[i] = *reinterpret_cast<const float2*>(vec + 8 * i + 2 * tq);
         wg_wait<kOut ? 1 : 0>();  // Y_k is in; Y_q may still run
@@ -493,6 +498,17 @@ extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
     gdn_fused_state_sm90_k64_state_only(GDN_FUSED_STATE_SM90_PARAMS) {
     (void)K;
     gdn_sm90::fused_state<64, false>(GDN_FUSED_STATE_SM90_ARGS);
+}
+// The transition forms: state only, zero values (v is not read; the M pass).
+extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
+    gdn_fused_state_sm90_k128_transition(GDN_FUSED_STATE_SM90_PARAMS) {
+    (void)K;
+    gdn_sm90::fused_state<128, false, false>(GDN_FUSED_STATE_SM90_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
+    gdn_fused_state_sm90_k64_transition(GDN_FUSED_STATE_SM90_PARAMS) {
+    (void)K;
+    gdn_sm90::fused_state<64, false, false>(GDN_FUSED_STATE_SM90_ARGS);
 }
 #undef GDN_FUSED_STATE_SM90_PARAMS
 #undef GDN_FUSED_STATE_SM90_ARGS

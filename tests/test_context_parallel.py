@@ -262,11 +262,14 @@ def _plan(path: str, K: int) -> ChunkPlan:
 def test_only_the_wgmma_state_kernel_has_a_form_without_output():
     wgmma, fused = _plan("wgmma", 128), _plan("fused", 128)
     assert state_only(wgmma).kernels[1].name == "gdn_fused_state_sm90_k128_state_only"
+    assert state_only(wgmma, values=False).kernels[1].name == "gdn_fused_state_sm90_k128_transition"
+    assert state_only(fused, values=False) == fused
     assert state_only(wgmma).kernels[0] == wgmma.kernels[0] and state_only(wgmma).kernels[1].smem == 0
     assert state_only(fused) == fused
     source = (Path(__file__).resolve().parents[1] / "cupy_kernels" / WGMMA_SOURCE).read_text()
     for K in WGMMA_K:  # each entry point the launcher may name exists
         assert f"gdn_fused_state_sm90_k{K}_state_only(" in source and f"fused_state<{K}, false>" in source
+        assert f"gdn_fused_state_sm90_k{K}_transition(" in source and f"fused_state<{K}, false, false>" in source
 
 
 @pytest.mark.parametrize("path", ["wgmma", "fused"])
@@ -293,14 +296,17 @@ def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, path, K,
         V, given, kept = c.heads[3], isinstance(c.initial_state, torch.Tensor), isinstance(c.final_state, torch.Tensor)
         launches.append((plan, V, c.state_v_first, given, kept))
         h0 = c.initial_state.double().numpy() if given else None
+        form = plan.kernels[1].name
+        # the transition form reads no v: its values are zero, whatever the pointer passed
+        v = torch.zeros(c.q.shape[:2] + (c.heads[1], V)) if form.endswith("_transition") else c.v
         o, s = oracle(
-            *(t.double().numpy() for t in (c.q, c.k, c.v, c.g, c.beta)),
+            *(t.double().numpy() for t in (c.q, c.k, v, c.g, c.beta)),
             initial_state=h0,
             output_final_state=True,
             state_v_first=bool(c.state_v_first),
             cu_seqlens=c.tables[2],
         )
-        if not plan.kernels[1].name.endswith("_state_only"):
+        if not form.endswith(("_state_only", "_transition")):  # the forms without output write none
             c.o.copy_(torch.from_numpy(o))
         if kept:
             c.final_state.copy_(torch.from_numpy(s))
@@ -327,7 +333,7 @@ def test_the_launchers_passes_with_a_stand_in_state_kernel(monkeypatch, path, K,
         state_v_first=v_first,
         cu_seqlens=case["cu_seqlens"],
     )
-    plan_b, plan_m = state_only(plan), state_only(plan_m)
+    plan_b, plan_m = state_only(plan), state_only(plan_m, values=False)
     assert launches == [(plan_b, V, 0, False, True), (plan_m, K, 0, True, True), (plan, V, 0, True, False)]
     assert (plan_b == plan) == (path == "fused")
     np.testing.assert_allclose(o.double().numpy(), o_ref, rtol=0, atol=1e-5 * np.abs(o_ref).max())
