@@ -270,8 +270,9 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
                     cp_async16(vec_stage(s) + 4 * e, vecs + unit * kVecs * C + 4 * e, true);
             } else {
                 const bf16* mg = mats + unit * kMats * C * C;
+                constexpr int kCopied = kOut ? kMats : 2;  // T' hi / lo, then P' hi / lo (the output's)
 #pragma unroll
-                for (int m = 0; m < (kOut ? kMats : 2); ++m) copy_sw<C>(m_stage(s, m), mg + m * C * C, C, C);  // T, then P
+                for (int m = 0; m < kCopied; ++m) copy_sw<C>(m_stage(s, m), mg + m * C * C, C, C);
                 if constexpr (kValues)
                     copy_plain<BV>(v_stage(s), VP,
                                    v + static_cast<size_t>(t0) * HV * V + static_cast<size_t>(hv) * V + v0,
@@ -395,7 +396,8 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
         // o^T = Y_q diag(d) + v_new^T P'^T and S^T <- exp(G_last) S^T + v_new^T diag(c) K, issued together.
         if constexpr (kOut) {
 #pragma unroll
-            for (int i = 0; i < CT; ++i) yq[i][0] *= dv[i].x, yq[i][1] *= dv[i].y, yq[i][2] *= dv[i].x, yq[i][3] *= dv[i].y;
+            for (int i = 0; i < CT; ++i)
+                yq[i][0] *= dv[i].x, yq[i][1] *= dv[i].y, yq[i][2] *= dv[i].x, yq[i][3] *= dv[i].y;
         }
         unsigned ph[CB][4], pl[CB][4], ch[CB][4], cl[CB][4];
 #pragma unroll
@@ -443,9 +445,10 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
 #pragma unroll
             for (int ip = 0; ip < CT / 2; ++ip) {
                 const int j = lane >> 3;  // the block this lane addresses: token tile 2 ip + j / 2, half j % 2
-                stsm_x4_t(os + (16 * ip + 8 * (j >> 1) + (lane & 7)) * VP + wc + 8 * (j & 1),
-                          pack_bf16(yq[2 * ip][0], yq[2 * ip][1]), pack_bf16(yq[2 * ip][2], yq[2 * ip][3]),
-                          pack_bf16(yq[2 * ip + 1][0], yq[2 * ip + 1][1]), pack_bf16(yq[2 * ip + 1][2], yq[2 * ip + 1][3]));
+                const float* lo = yq[2 * ip];
+                const float* hi = yq[2 * ip + 1];
+                stsm_x4_t(os + (16 * ip + 8 * (j >> 1) + (lane & 7)) * VP + wc + 8 * (j & 1), pack_bf16(lo[0], lo[1]),
+                          pack_bf16(lo[2], lo[3]), pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3]));
             }
             __syncwarp();
 #pragma unroll
@@ -477,38 +480,21 @@ __device__ __forceinline__ void fused_state(const bf16* __restrict__ q, const bf
     q, k, v, mats, vecs, chunk_start, chunk_len, seq_chunk_off, initial_state, has_initial, state_v_first, H, HV, V, \
         o, final_state, has_final
 // The launcher's entry points (unmangled names; K is a template constant for the register arrays,
-// and the argument list is gdn_fused_state's, K included, so one launch call serves both kernels).
-extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
-    gdn_fused_state_sm90_k128(GDN_FUSED_STATE_SM90_PARAMS) {
-    (void)K;
-    gdn_sm90::fused_state<128, true>(GDN_FUSED_STATE_SM90_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
-    gdn_fused_state_sm90_k64(GDN_FUSED_STATE_SM90_PARAMS) {
-    (void)K;
-    gdn_sm90::fused_state<64, true>(GDN_FUSED_STATE_SM90_ARGS);
-}
-// The state-only forms (o is not read or written; context-parallel B and M passes).
-extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
-    gdn_fused_state_sm90_k128_state_only(GDN_FUSED_STATE_SM90_PARAMS) {
-    (void)K;
-    gdn_sm90::fused_state<128, false>(GDN_FUSED_STATE_SM90_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
-    gdn_fused_state_sm90_k64_state_only(GDN_FUSED_STATE_SM90_PARAMS) {
-    (void)K;
-    gdn_sm90::fused_state<64, false>(GDN_FUSED_STATE_SM90_ARGS);
-}
-// The transition forms: state only, zero values (v is not read; the M pass).
-extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
-    gdn_fused_state_sm90_k128_transition(GDN_FUSED_STATE_SM90_PARAMS) {
-    (void)K;
-    gdn_sm90::fused_state<128, false, false>(GDN_FUSED_STATE_SM90_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1)
-    gdn_fused_state_sm90_k64_transition(GDN_FUSED_STATE_SM90_PARAMS) {
-    (void)K;
-    gdn_sm90::fused_state<64, false, false>(GDN_FUSED_STATE_SM90_ARGS);
-}
+// and the argument list is gdn_fused_state's, K included, so one launch call serves every kernel):
+// the output forms, the state-only forms (o neither read nor written: the context-parallel B pass)
+// and the transition forms (state only, zero values, v not read: the M pass).
+#define GDN_FUSED_STATE_SM90_ENTRY(NAME, ...)                                  \
+    extern "C" __global__ void __launch_bounds__(gdn_fused::kWgmmaThreads, 1) \
+        NAME(GDN_FUSED_STATE_SM90_PARAMS) {                                    \
+        (void)K;                                                               \
+        gdn_sm90::fused_state<__VA_ARGS__>(GDN_FUSED_STATE_SM90_ARGS);         \
+    }
+GDN_FUSED_STATE_SM90_ENTRY(gdn_fused_state_sm90_k128, 128, true)
+GDN_FUSED_STATE_SM90_ENTRY(gdn_fused_state_sm90_k64, 64, true)
+GDN_FUSED_STATE_SM90_ENTRY(gdn_fused_state_sm90_k128_state_only, 128, false)
+GDN_FUSED_STATE_SM90_ENTRY(gdn_fused_state_sm90_k64_state_only, 64, false)
+GDN_FUSED_STATE_SM90_ENTRY(gdn_fused_state_sm90_k128_transition, 128, false, false)
+GDN_FUSED_STATE_SM90_ENTRY(gdn_fused_state_sm90_k64_transition, 64, false, false)
+#undef GDN_FUSED_STATE_SM90_ENTRY
 #undef GDN_FUSED_STATE_SM90_PARAMS
 #undef GDN_FUSED_STATE_SM90_ARGS

@@ -268,8 +268,8 @@ def test_only_the_wgmma_state_kernel_has_a_form_without_output():
     assert state_only(fused) == fused
     source = (Path(__file__).resolve().parents[1] / "cupy_kernels" / WGMMA_SOURCE).read_text()
     for K in WGMMA_K:  # each entry point the launcher may name exists
-        assert f"gdn_fused_state_sm90_k{K}_state_only(" in source and f"fused_state<{K}, false>" in source
-        assert f"gdn_fused_state_sm90_k{K}_transition(" in source and f"fused_state<{K}, false, false>" in source
+        assert f"ENTRY(gdn_fused_state_sm90_k{K}_state_only, {K}, false)" in source
+        assert f"ENTRY(gdn_fused_state_sm90_k{K}_transition, {K}, false, false)" in source
 
 
 @pytest.mark.parametrize("path", ["wgmma", "fused"])
