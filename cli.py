@@ -144,12 +144,12 @@ def cmd_sanitized(args: argparse.Namespace) -> int:
     return done.returncode
 
 
-def head_sizes_note(asked: Sequence[int] | None, declared: Sequence[int] | None, name: str) -> str:
-    """The header's words on head sizes: those asked for (``--dims``), narrowed to those ``name`` declares."""
-    if declared is None:
-        return "" if asked is None else f", head sizes {','.join(map(str, asked))} only"
-    kept = [d for d in declared if asked is None or d in asked]
-    return f", head sizes {','.join(map(str, kept))} only (the sizes {name} declares)"
+def head_sizes_note(asked: Sequence[int] | None, drawn: Sequence[int], declarer: str | None) -> str:
+    """The header's words on head sizes: those the properties draw (``ResolvedCheck.limits``), where
+    ``--dims`` asked for some or the implementation ``declarer`` declares its own."""
+    if declarer is not None:
+        return f", head sizes {','.join(map(str, drawn))} only (the sizes {declarer} declares)"
+    return "" if asked is None else f", head sizes {','.join(map(str, drawn))} only"
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -171,7 +171,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"gdn-verify check: impl={impl.name} ({impl.description}), arrays={impl.array}, "
         f"dtype={run.dtype}, seed={run.seed}"
-        + head_sizes_note(options.dims, declared_head_dims(impl), impl.name)
+        + head_sizes_note(options.dims, run.limits.head_dims, impl.name if declared_head_dims(impl) else None)
         + (", gradients (the backward)" if run.grad else ""),
         flush=True,
     )

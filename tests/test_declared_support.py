@@ -75,14 +75,21 @@ def test_declared_head_sizes_reach_the_shape_pool_and_the_process_properties(tmp
 
 
 def test_the_header_names_the_head_sizes_an_adapter_declares():
+    """The header says the sizes the properties draw (``options.suite_limits``), not a second
+    computation of them."""
     from gdn_verify._cli import head_sizes_note
+    from gdn_verify.options import declared_head_dims, suite_limits
 
-    assert head_sizes_note(None, None, "x") == ""
-    assert head_sizes_note([64, 128], None, "x") == ", head sizes 64,128 only"
-    assert head_sizes_note(None, (128,), "flashinfer-decode") == (
-        ", head sizes 128 only (the sizes flashinfer-decode declares)"
-    )
-    assert head_sizes_note([64, 128], (128,), "x") == ", head sizes 128 only (the sizes x declares)"
+    def note(impl: Implementation, asked: list[int] | None) -> str:
+        drawn = suite_limits(impl, "float32", asked, None).head_dims
+        return head_sizes_note(asked, drawn, impl.name if declared_head_dims(impl) else None)
+
+    plain = Implementation("x", {"chunk": refusing()})
+    declaring = Implementation("flashinfer-decode", {"chunk": refusing(dims=(128,))}, extra={"head_dims": (128,)})
+    assert note(plain, None) == ""
+    assert note(plain, [64, 128]) == ", head sizes 64,128 only"
+    assert note(declaring, None) == ", head sizes 128 only (the sizes flashinfer-decode declares)"
+    assert note(declaring, [64, 128]) == ", head sizes 128 only (the sizes flashinfer-decode declares)"
 
 
 def test_flashinfer_and_flashqla_adapters_declare_their_head_sizes():
