@@ -80,8 +80,6 @@ class _Settings:
             value = values.get(prefix + flag_name(field.name))
             if field.name == "properties" and isinstance(value, str):
                 value = comma_list(value)
-            elif field.name == "config_kernels" and isinstance(value, str):
-                value = comma_list(value)
             elif field.name == "dims" and isinstance(value, str):
                 value = comma_dims(value)
             if value is not None:
@@ -148,7 +146,7 @@ class CheckOptions(_Settings):
             raise ConfigurationError(ALL_CONFIGS, SCALE_REFUSED)
         if self.config_kernels is not None:
             given = self.config_kernels
-            names = comma_list(given) or [] if isinstance(given, str) else given  # "a,b" from Python too
+            names = comma_list(given) or [] if isinstance(given, str) else given  # "a,b": a flag, or from Python
             object.__setattr__(self, "config_kernels", tuple(names))
             if not self.config_kernels:
                 raise ConfigurationError("config_kernels", "no kernel named")
