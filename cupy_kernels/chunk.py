@@ -668,12 +668,12 @@ def _run_context_parallel(
     # forms without output (wgmma), they run them, o is not touched and the M pass reads no values;
     # else they write o (B's, and M's into scratch where K != V), which the last pass overwrites,
     # and the M pass reads zero values.
-    plan_b, plan_m = state_only(plan), state_only(plan_m, values=False)
+    plan_b, plan_t = state_only(plan), state_only(plan_m, values=False)
     b = _empty(c.like, (c.N, HV, K, V), ts.F32)
     _state(c._replace(initial_state=0, final_state=ts.pointer(b), state_v_first=0), plan_b, prep)
     m = _empty(c.like, (c.N, HV, K, K), ts.F32)
     eye = torch.eye(K, dtype=torch.float32, device=device).expand(c.N, HV, K, K).contiguous()
-    plain = plan_m.path != "wgmma"  # the M pass reads values and writes an output of K columns
+    plain = plan_t == plan_m  # no transition form: the M pass reads values and writes an output of K columns
     zeros = torch.zeros(c.like.shape[:2] + (HV, K), dtype=c.like.dtype, device=device) if plain else None
     scratch = None if K == V or not plain else _empty(c.like, c.like.shape[:2] + (HV, K), ts.BF16)
     transition = c._replace(
@@ -684,7 +684,7 @@ def _run_context_parallel(
         final_state=ts.pointer(m),
         state_v_first=0,
     )
-    _state(transition, plan_m, prep)
+    _state(transition, plan_t, prep)
 
     if initial_state is None:
         start = torch.zeros((N, HV, K, V), dtype=torch.float64, device=device)
