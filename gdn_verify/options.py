@@ -41,7 +41,7 @@ from gdn_verify.core.problem import DTYPES
 from gdn_verify.core.property import Property
 from gdn_verify.implementations import CONVENTIONS
 from gdn_verify.properties import Limits, catalogue
-from gdn_verify.properties.strategies import supported
+from gdn_verify.properties.strategies import declared_head_dims, supported
 from gdn_verify.runners import configs as configs_runner
 from gdn_verify.runners import fuzz as fuzz_runner
 from gdn_verify.runners import scale as scale_runner
@@ -457,12 +457,6 @@ def suite_limits(impl: Implementation, dtype: str, dims: Sequence[int] | None, m
     # what the implementation declares (no GVA, its head sizes), once for every property, shape pool
     # and configs probe: no example drawn only to be refused
     return supported(limits, impl)
-
-
-def declared_head_dims(impl: Implementation) -> tuple[int, ...] | None:
-    """The head sizes ``impl`` declares it has kernels for (``extra["head_dims"]``; None: any)."""
-    dims = (impl.extra or {}).get("head_dims")
-    return tuple(sorted(int(d) for d in dims)) if dims else None
 
 
 def grad_catalogue(limits: Limits) -> dict[str, Property]:

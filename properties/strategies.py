@@ -68,11 +68,18 @@ def supported(limits: Limits, impl: Any) -> Limits:
         pool = limits.shape_classes
         pool = None if pool is None else tuple(dict.fromkeys(c.replace(H=c.HV) for c in pool))
         limits = limits.replace(head_ratios=(1,), shape_classes=pool)
-    dims = extra.get("head_dims")
+    dims = declared_head_dims(impl)
     if dims:
-        kept = tuple(d for d in limits.head_dims if d in set(dims)) or tuple(sorted(dims))
+        kept = tuple(d for d in limits.head_dims if d in set(dims)) or dims
         limits = limits.replace(head_dims=kept)
     return limits
+
+
+def declared_head_dims(impl: Any) -> tuple[int, ...] | None:
+    """The head sizes ``impl`` (an ``Implementation``) declares it has kernels for
+    (``extra["head_dims"]``, sorted; None: any)."""
+    dims = (getattr(impl, "extra", {}) or {}).get("head_dims")
+    return tuple(sorted(int(d) for d in dims)) if dims else None
 
 
 # Larger problems for fuzz campaigns (matches_reference and gate_extremes only): on a CPU what the
