@@ -14,7 +14,7 @@
 # chunked backward on Hopper under Triton < 3.7.1 without TileLang; pack_carried.sh fqla).
 # Knobs: CONFIG_EXAMPLES (examples per property and config, 8), JOB_TIMEOUT (s per check, 900),
 # GRAD_CONFIG_KERNELS (the backward kernels swept; "" for every kernel the backward launches),
-# MIX_IMPLS, EXACT_IMPLS, FI_MIX_IMPLS, FI_EXACT_IMPLS (space lists; FlashInfer's where its site is), STEPS
+# MIX_IMPLS, EXACT_IMPLS, FI_MIX_IMPLS, FI_EXACT_IMPLS (space lists, "" for none; FlashInfer's where its site is), STEPS
 # (configs grad-configs mix exact, all by default), CHECK_ARGS (extra check flags: a dry
 # run on a CPU under TRITON_INTERPRET=1 with "--dtype float32 --dims 16 --max-examples 2").
 set -u -o pipefail
@@ -74,7 +74,7 @@ case " $STEPS " in *" mix "*)
   NATIVE=output_isolation,optional_dtypes,shape_class_return,varlen_equals_separate,guarded_inputs,in_kernel_gate
   NATIVE=$NATIVE,inputs_read_exactly
   SPEC=spec_batch_mix,spec_guarded_pool,spec_decode_slots,spec_decode_stream
-  for impl in ${MIX_IMPLS:-fla-chunk fla-recurrent vllm-chunk vllm-recurrent vllm-packed-decode \
+  for impl in ${MIX_IMPLS-fla-chunk fla-recurrent vllm-chunk vllm-recurrent vllm-packed-decode \
       vllm-sigmoid-recurrent vllm-spec vllm-sigmoid-spec cupy cupy-chunk flash-qla}; do
     case $impl in vllm-spec | vllm-sigmoid-spec) props=$SPEC ;; cupy) props=$NATIVE,$SPEC ;; *) props=$NATIVE ;; esac
     check "mix-$impl" --impl "$impl" --properties "$props" &
@@ -89,7 +89,7 @@ case " $STEPS " in *" mix "*)
   ;; esac
 case " $STEPS " in *" exact "*)
   # float16 inputs held to the exact result (FlashInfer #4214: float16 down a bfloat16 path)
-  for impl in ${EXACT_IMPLS:-fla-chunk vllm-packed-decode cupy cupy-chunk}; do
+  for impl in ${EXACT_IMPLS-fla-chunk vllm-packed-decode cupy cupy-chunk}; do
     check "exact-$impl" --impl "$impl" --dtype float16 --properties inputs_read_exactly &
   done
   if [ -f /tmp/site/.gdnv-site-complete ]; then

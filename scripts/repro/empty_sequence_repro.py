@@ -10,6 +10,13 @@ l2norm in the kernel, no initial state; the empty sequence first, between and la
 
     PYTHONPATH=<FLA site> python scripts/repro/empty_sequence_repro.py fla
     GDN_VERIFY_VLLM_OPS=<ops folder> python scripts/repro/empty_sequence_repro.py vllm
+    PYTHONPATH=<FlashInfer site> python scripts/repro/empty_sequence_repro.py flashinfer
+
+FlashInfer (``flashinfer.gdn_prefill.chunk_gated_delta_rule``): one head size, so K = V = 128, its
+own conventions (packed ``[T, H, K]`` tokens, a linear gate ``alpha = exp(g)``, float32 gates, a
+k-last state ``[N, HV, V, K]``), no second kernel; before each call a freed block of the final
+state's size is filled with 7 (``sentinel``: a state the kernel never wrote shows it); the cases
+are run with and without an initial state (an empty sequence's final state is its initial state).
 
 Prints a line per case and ends with one JSON line per case (``{"case": ...}``).
 """
@@ -26,13 +33,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: only under T
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
 
 
-def loop64(q, k, v, g, beta, cu, scale):
-    """Float64 gated delta rule per sequence of ``cu`` (l2-normalised q, k): (o, final states [N, HV, K, V])."""
+def loop64(q, k, v, g, beta, cu, scale, h0=None):
+    """Float64 gated delta rule per sequence of ``cu`` (l2-normalised q, k) from ``h0`` [N, HV, K, V]
+    (zeros when None): (o, final states [N, HV, K, V])."""
     q, k = (torch.nn.functional.normalize(x.double(), dim=-1) for x in (q, k))
     v, g, beta = v.double(), g.double(), beta.double()
     N, HV, K, V = len(cu) - 1, v.shape[2], q.shape[3], v.shape[3]
     o = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
-    states = torch.zeros(N, HV, K, V, dtype=torch.float64, device=v.device)
+    states = torch.zeros(N, HV, K, V, dtype=torch.float64, device=v.device) if h0 is None else h0.double().clone()
     group = HV // q.shape[2]
     for n in range(N):
         S = states[n]
@@ -53,6 +61,24 @@ def kernels(library: str):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
         return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, f"FLA {fla.__version__}", torch.long
+    if library == "flashinfer":
+        import flashinfer
+        from flashinfer.gdn_prefill import chunk_gated_delta_rule as fi_chunk
+
+        def chunk(q, k, v, g, beta, cu_seqlens, initial_state=None, **kw):
+            o, s = fi_chunk(
+                q=q[0].contiguous(),
+                k=k[0].contiguous(),
+                v=v[0].contiguous(),
+                g=g[0].exp().float(),
+                beta=beta[0].float(),
+                cu_seqlens=cu_seqlens,
+                initial_state=None if initial_state is None else initial_state.transpose(-1, -2).contiguous(),
+                **kw,
+            )
+            return o[None], s.transpose(-1, -2)  # k-last [N, HV, V, K] -> [N, HV, K, V]
+
+        return chunk, None, f"FlashInfer {flashinfer.__version__}", torch.long
     from gdn_verify.implementations.vllm import load_ops
 
     ops = load_ops()
@@ -70,44 +96,57 @@ def main() -> None:
     print(what, "| torch", torch.__version__, "| device", (torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"))
     torch.manual_seed(0)
     H = HV = 4
-    K, V = 128, 64
+    K, V = (128, 128) if library == "flashinfer" else (128, 64)
     rows = []
-    for cu in ([0, 0, 1], [0, 0, 70], [0, 70, 70, 140], [0, 70, 140, 140], [0, 1, 2]):
-        T = cu[-1]
+    cases = ([0, 0, 1], [0, 0, 70], [0, 70, 70, 140], [0, 70, 140, 140], [0, 1, 2])
+    for cu, with_h0 in [(cu, False) for cu in cases] + [(cu, True) for cu in cases if library == "flashinfer"]:
+        T, N = cu[-1], len(cu) - 1
         q, k = (torch.randn(1, T, H, K, device=DEVICE, dtype=DTYPE) for _ in range(2))
         v = torch.randn(1, T, HV, V, device=DEVICE, dtype=DTYPE)
         g = torch.log(torch.rand(1, T, HV, device=DEVICE) * 0.1 + 0.9)
         beta = torch.rand(1, T, HV, device=DEVICE, dtype=DTYPE)
+        h0 = torch.randn(N, HV, K, V, device=DEVICE) if with_h0 else None
         kw = dict(scale=K**-0.5, output_final_state=True, use_qk_l2norm_in_kernel=True)
         c = torch.tensor(cu, dtype=index_dtype, device=DEVICE)
-        o_c, s_c = chunk(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c, **kw)
-        o_r, s_r = loop64(q, k, v, g, beta, cu, K**-0.5)
-        keep = [n for n in range(len(cu) - 1) if cu[n + 1] > cu[n]]  # the non-empty sequences
+        torch.full((N, HV, K, V), 7.0, device=DEVICE).zero_().fill_(7.0)  # freed: the next block of this size
+        o_c, s_c = chunk(
+            q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c, **kw, **({"initial_state": h0} if with_h0 else {})
+        )
+        o_r, s_r = loop64(q, k, v, g, beta, cu, K**-0.5, h0)
+        keep = [n for n in range(N) if cu[n + 1] > cu[n]]  # the non-empty sequences
         c2 = torch.tensor([0] + [cu[n + 1] for n in keep], dtype=index_dtype, device=DEVICE)
-        o_2, s_2 = chunk(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c2, **kw)
-        try:
-            o_f, _ = recurrent(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c, **kw)
-            second: float | str = float((o_f.double() - o_r).abs().max())
-        except Exception as exc:  # noqa: BLE001 - report why the second path did not run
-            second = f"{type(exc).__name__}: {str(exc).splitlines()[-1][:160]}"
+        h0_2 = {"initial_state": h0[keep].contiguous()} if with_h0 else {}
+        o_2, s_2 = chunk(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c2, **kw, **h0_2)
+        second: float | str = "no second kernel"
+        if recurrent is not None:
+            try:
+                o_f, _ = recurrent(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c, **kw)
+                second = float((o_f.double() - o_r).abs().max())
+            except Exception as exc:  # noqa: BLE001 - report why the second path did not run
+                second = f"{type(exc).__name__}: {str(exc).splitlines()[-1][:160]}"
         err = lambda a, b: float((a.double() - b.double()).abs().max())  # noqa: E731
+        S = k_first(s_c, K, V)
         row = dict(
             case=cu,
+            initial_state=with_h0,
             library=what,
             finite=bool(o_c.isfinite().all()) and bool(s_c.isfinite().all()),
             o_err=err(o_c, o_r),
             o_err_without_empty=err(o_2, o_r),
             o_err_recurrent=second,
             o_scale=float(o_r.abs().max()),
-            state_err=[err(k_first(s_c, K, V)[n], s_r[n]) for n in range(len(cu) - 1)],
+            state_err=[err(S[n], s_r[n]) for n in range(N)],
+            state_sentinel=[float((S[n] == 7.0).double().mean()) for n in range(N)],
             state_err_without_empty=[err(k_first(s_2, K, V)[i], s_r[n]) for i, n in enumerate(keep)],
         )
         rows.append(row)
         print(
-            f"cu_seqlens={cu}: chunk finite {row['finite']}; max|o - o64| {row['o_err']:.3g} "
-            f"(without the empty sequence {row['o_err_without_empty']:.3g}, fused_recurrent {second}; "
+            f"cu_seqlens={cu}{' with h0' if with_h0 else ''}: chunk finite {row['finite']}; max|o - o64| "
+            f"{row['o_err']:.3g} (without the empty sequence {row['o_err_without_empty']:.3g}, second {second}; "
             f"max|o64| {row['o_scale']:.3g}); max|S - S64| per sequence "
             + ", ".join(f"{e:.3g}" for e in row["state_err"])
+            + "; share of 7s per sequence "
+            + ", ".join(f"{e:.3g}" for e in row["state_sentinel"])
         )
     for row in rows:
         print(json.dumps(row))
