@@ -572,3 +572,69 @@ def test_a_check_names_the_garbage_after_an_empty_sequence(tmp_path):
     r = check(garbage_after_empty, dtype="float32", properties=["matches_reference"], seed=1, cases_dir=tmp_path)
     failure = r["matches_reference"].failure
     assert failure is not None and failure.cause_model == "empty_sequence_shifts_outputs", failure
+
+
+# An empty sequence's final state never written -----------------------------------------------------
+def empty_state_unwritten(**kw):
+    """A correct kernel that skips a length-0 sequence without storing its final state, into a buffer
+    holding old values (FlashInfer 0.7.2.post1's SM90 prefill: a torch.empty state, H100, 2026-12-05)."""
+    o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+    if state is None or kw.get("cu_seqlens") is None:
+        return o, state
+    state = np.array(state)
+    state[np.diff(np.asarray(kw["cu_seqlens"])) == 0] = 7.0
+    return o, state
+
+
+@pytest.mark.parametrize("cu", [[0, 0, 20, 40], [0, 20, 20, 40], [0, 20, 40, 40], [0, 0, 0, 40]])
+@pytest.mark.parametrize("state", [True, False])
+def test_an_empty_sequence_state_never_written_is_named_from_its_rows(cu, state):
+    text = explain(plugin(empty_state_unwritten), problem(T=40, cu=cu, state=state))
+    assert text.startswith(causes.EMPTY_STATE_CAUSE + f" (lengths {np.diff(cu).tolist()}: "), text
+    empty = [n for n in range(len(cu) - 1) if cu[n + 1] == cu[n]]
+    assert f"empty sequence{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} miss" in text
+    assert ("its initial state" if state else "zeros (no initial state was given)") in text
+
+
+def test_a_wrong_state_beside_an_empty_sequence_is_not_blamed_on_it():
+    # the empty sequence's state is right; a non-empty one's is wrong: not the empty sequence
+    def other_state_wrong(**kw):
+        o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+        state = np.array(state)
+        state[2] *= 2.0
+        return o, state
+
+    assert explain(plugin(other_state_wrong), problem(T=40, cu=[0, 0, 20, 40])) == ""
+
+
+def test_a_zeroed_empty_state_keeps_its_model():
+    # zeros where an initial state was given: the pointwise model, named before the row detector
+    p = problem(T=40, cu=[0, 0, 20, 40])
+    assert (
+        causes.explain(
+            plugin(planted.empty_sequence_state_zeroed), p, {}, "matches_reference", "error > tolerance", FAILED
+        ).model
+        == "empty_sequence_state_zeroed"
+    )
+
+
+def test_a_check_names_an_empty_sequence_state_never_written(tmp_path):
+    r = check(empty_state_unwritten, dtype="float32", properties=["matches_reference"], seed=1, cases_dir=tmp_path)
+    failure = r["matches_reference"].failure
+    assert failure is not None and failure.cause_model == "empty_sequence_state_unwritten", failure
+    assert failure.kind == "logic error"
+
+
+def test_the_exact_contract_says_which_sequence_and_names_the_unwritten_state(tmp_path):
+    # FlashInfer 0.7.2.post1's SM90 prefill failed inputs_read_exactly so (H100, 2026-12-05), unnamed
+    r = check(empty_state_unwritten, dtype="float16", properties=["inputs_read_exactly"], seed=1, cases_dir=tmp_path)
+    failure = r["inputs_read_exactly"].failure
+    assert failure is not None, r["inputs_read_exactly"]
+    lengths = failure.problem.lengths.tolist()
+    empty = [n for n, length in enumerate(lengths) if length == 0]
+    assert (
+        empty
+        and f"in sequence{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} of lengths {lengths}"
+        in (failure.message)
+    ), failure.message
+    assert failure.cause_model == "empty_sequence_state_unwritten", failure

@@ -12,7 +12,7 @@ from gdn_verify.core import gating, tolerance
 from gdn_verify.core.oracle import numpy_oracle
 from gdn_verify.core.problem import DTYPES, Problem
 from gdn_verify.core.property import Violation
-from gdn_verify.implementations import planted, resolve
+from gdn_verify.implementations import numpy_impl, planted, resolve
 from gdn_verify.properties import NAMES, catalogue
 from gdn_verify.properties.native import check_matches_reference
 from gdn_verify.properties.strategies import Limits, head_dims, problems
@@ -64,6 +64,21 @@ def test_a_kernel_reading_float16_as_bfloat16_fails_the_exact_contract_at_any_se
                    cases_dir=tmp_path)["inputs_read_exactly"]  # fmt: skip
     assert result.status == "failed", f"seed {SEED}"
     assert "it is bitwise the exact result of v read as bfloat16" in result.failure.message, f"seed {SEED}"
+
+
+def test_an_output_stored_through_bfloat16_is_told_from_inputs_read_as_bfloat16(tmp_path):
+    """FlashInfer 0.7.2.post1's k-major decode writes its output in bfloat16 and casts it to float16
+    (H100, 2026-12-05): o is then what v read as bfloat16 would give too, but the state is exact."""
+
+    def output_through_bf16(**kw):
+        o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+        return np.asarray(o, np.float32).astype(DTYPES["bfloat16"]).astype(np.asarray(kw["v"]).dtype), state
+
+    result = check(output_through_bf16, dtype="float16", properties=["inputs_read_exactly"], seed=SEED,
+                   cases_dir=tmp_path)["inputs_read_exactly"]  # fmt: skip
+    assert result.status == "failed", f"seed {SEED}"
+    assert "the output went through bfloat16" in result.failure.message, result.failure.message
+    assert "v read as bfloat16" not in result.failure.message
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -72,6 +72,8 @@ DITHER = 2.0**-6  # four bfloat16 ulps at 1 (2^-8 unit roundoff): every 16-bit r
 REDRAWN = 0.5
 FINER = {"bfloat16": "float32", "float16": "float32", "float32": "float64"}
 LOGIC, PRECISION = "logic error", "precision loss"
+# Named from the rows alone (no model reproduces garbage): see _empty_state_wrong.
+EMPTY_STATE_CAUSE = "an empty sequence's final state not written (it is its initial state)"
 
 
 @dataclass(frozen=True)
@@ -1064,7 +1066,9 @@ def explain(
         with np.errstate(all="ignore"):  # models overflow by design (exp(exp(g)), a state without decay)
             cause = _explain(impl, problem, params, prop, others) if applies(message, measurement) else Cause()
             # an exact contract's failure too: the detector holds the rows to the oracle itself
-            return cause if cause.model else (_unwritten_after_empty(impl, problem, params) or cause)
+            if cause.model:
+                return cause
+            return _unwritten_after_empty(impl, problem, params) or _empty_state_wrong(impl, problem, params) or cause
     except Exception:  # noqa: BLE001 - see the docstring
         return Cause()
 
@@ -1123,6 +1127,30 @@ def _unwritten_after_empty(impl: Implementation, problem: Problem, params: dict)
         "without its empty sequences passes)"
     )
     return Cause(text, model.name, model.kind, 2)
+
+
+def _empty_state_wrong(impl: Implementation, problem: Problem, params: dict) -> Cause:
+    """A varlen failure in the final states of empty sequences only: a length-0 sequence's final
+    state is its initial state (zeros without one), and a kernel that skips such a sequence without
+    storing it hands back whatever its state buffer held (FlashInfer 0.7.2.post1's SM90 prefill:
+    ``torch.empty``, H100, 2026-12-05). Garbage, so no pointwise model reproduces it (zeros where an
+    initial state was given are ``empty_sequence_state_zeroed``'s, named before this runs)."""
+    lengths = problem.lengths
+    empty = {int(n) for n in np.flatnonzero(lengths == 0)}
+    if problem.cu_seqlens is None or not problem.output_final_state or gating.options_from_params(params):
+        return Cause()
+    wrong = _wrong_sequences(impl, problem) if empty else None
+    if not wrong or not wrong <= empty:
+        return Cause()
+    which = ", ".join(str(n) for n in sorted(wrong))
+    many = len(wrong) > 1
+    start = "its initial state" if problem.initial_state is not None else "zeros (no initial state was given)"
+    text = (
+        f"{EMPTY_STATE_CAUSE} (lengths {lengths.tolist()}: the final state of empty sequence{'s' if many else ''} "
+        f"{which} {'miss' if many else 'misses'} {start}, and every other sequence matches the oracle: what a "
+        "kernel that skips an empty sequence without storing its final state returns)"
+    )
+    return Cause(text, "empty_sequence_state_unwritten", LOGIC, 1)
 
 
 def _layout_cause(impl: Implementation, problem: Problem, params: dict, prop: str) -> Cause:
