@@ -212,6 +212,34 @@ def test_a_declared_capability_decides_without_a_call():
     )
 
 
+def test_a_token_step_adapter_runs_only_the_cases_one_launch_crosses():
+    """FlashInfer's decode and vLLM's packed decode are called once per token step with the step's
+    rows copied: only the sequence count and the pool grow within a launch. The other cases crossed
+    nothing there and cost a launch per token (4.2 million for many_chunks; vllm-packed-decode's tier
+    had not finished its first case after 6.5 minutes on an H100, 2026-12-05)."""
+    from gdn_verify.core.implementation import Implementation
+    from gdn_verify.core.oracle import numpy_oracle
+    from tests.scale_plugins import correct
+
+    def never(**kw):
+        raise AssertionError("not called: the case crosses nothing in one launch")
+
+    steps = Implementation("steps", {"chunk": never}, extra={"token_steps": True})
+    plain = Implementation("plain", {"chunk": never})
+    for case in scale.plan(LIMITS):
+        why = scale.per_token_launches(steps, case)
+        assert scale.per_token_launches(plain, case) is None
+        if case.name in scale.TOKEN_STEP_CASES:
+            assert why is None, case.name
+            continue
+        assert why is not None and "launches its kernel once per token step" in why, case.name
+        out = scale.run_case(steps, case, "float32", numpy_oracle)
+        assert out["status"] == "unsupported" and out["message"] == why
+    decode = next(c for c in scale.plan(LIMITS) if c.name == "decode_batch")
+    runs = Implementation("steps", {"chunk": correct}, extra={"token_steps": True})
+    assert scale.run_case(runs, decode, "float32", numpy_oracle)["status"] == "passed"
+
+
 def test_a_kernel_failing_with_and_without_gva_is_not_adapted():
     """GVA is not the reason when H = HV fails as well: the case runs as planned and fails for itself."""
     outcomes = run("returns_none", ["decode_batch"])

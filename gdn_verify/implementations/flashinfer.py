@@ -545,6 +545,7 @@ def flashinfer_decode() -> Implementation:
             optional_dtypes=DECODE_OPTIONAL_DTYPES,
             backend="flashinfer-decode",
             library="flashinfer",
+            token_steps=True,
             **DECODE_COMPILE,
         ),
     )
@@ -576,6 +577,7 @@ def flashinfer_decode_bf16() -> Implementation:
             optional_dtypes=DECODE_OPTIONAL_DTYPES,
             backend="flashinfer-decode-bf16",
             library="flashinfer",
+            token_steps=True,
             **DECODE_COMPILE,
         ),
     )
@@ -594,6 +596,7 @@ def flashinfer_decode_kmajor() -> Implementation:
             "optional_dtypes": DECODE_OPTIONAL_DTYPES,
             "backend": "flashinfer-decode-kmajor",
             "library": "flashinfer",
+            "token_steps": True,
             **DECODE_COMPILE,
         },
     )

@@ -685,7 +685,7 @@ def vllm_packed_decode() -> Implementation:
         "torch",
         f"vLLM fused_recurrent_gated_delta_rule_packed_decode (packed q|k|v, raw gates; {release.label()})",
         "bfloat16",
-        extra=_extra(release, raw_gates=True, optional_dtypes=RAW_GATE_OPTIONAL_DTYPES),
+        extra=_extra(release, raw_gates=True, optional_dtypes=RAW_GATE_OPTIONAL_DTYPES, token_steps=True),
     )
 
 

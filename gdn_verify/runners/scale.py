@@ -438,10 +438,32 @@ def cached_reference(problem: Problem, oracle: Oracle) -> tuple[tuple, Any]:
     return value
 
 
+# The cases one launch of a token-per-step adapter still crosses: a step holds one token of every
+# running sequence, so only the sequence count (the grid) and the state pool (its offsets) grow.
+TOKEN_STEP_CASES = ("decode_batch", "varlen_many_short")
+
+
+def per_token_launches(impl: Implementation, case: ScaleCase) -> str | None:
+    """Why ``case`` crosses nothing in ``impl``'s launches, or None. An adapter declaring
+    ``extra["token_steps"]`` launches its kernel once per token step with that step's rows copied
+    into fresh tensors (FlashInfer's decode, vLLM's packed decode), so a long sequence or a token
+    past 2^31 elements reaches no limit of a launch, and the case would cost a launch per token."""
+    if not impl.extra.get("token_steps") or case.name in TOKEN_STEP_CASES:
+        return None
+    steps = case.T if case.lengths is None else max(case.lengths)
+    return (
+        f'{impl.name} launches its kernel once per token step, each step\'s rows copied (extra["token_steps"]): '
+        f"this case ({case.crosses}) reaches no limit of one launch, and would take {steps} launches"
+    )
+
+
 def run_case(
     impl: Implementation, case: ScaleCase, dtype: str, oracle: Oracle, seed: int = 0, free_bytes: int | None = None
 ) -> dict[str, Any]:
     """Build, call and judge one case in this process; the outcome as a JSON-able dict."""
+    if (why := per_token_launches(impl, case)) is not None:
+        return dict(case=case.name, crosses=case.crosses, describe=case.describe(), seconds={}, status="unsupported",
+                    message=why)  # fmt: skip
     dev = _Device(impl.array, seed)
     call = checked_call(impl.forms[impl.default_form], dev)
     why = missing_gva(impl, case, dtype, dev, call)
