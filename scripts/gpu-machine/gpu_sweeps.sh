@@ -81,7 +81,8 @@ case " $STEPS " in *" mix "*)
   done
   # FlashInfer in a process without TileLang's site (another tvm-ffi)
   if [ -f /tmp/site/.gdnv-site-complete ]; then
-    for impl in ${FI_MIX_IMPLS-flashinfer-prefill flashinfer-decode flashinfer-decode-kmajor flashinfer-mtp}; do
+    for impl in ${FI_MIX_IMPLS-flashinfer-prefill flashinfer-prefill-cp flashinfer-decode flashinfer-decode-bf16 \
+        flashinfer-decode-kmajor flashinfer-mtp}; do
       case $impl in flashinfer-mtp) props=$SPEC ;; *) props=$NATIVE ;; esac
       PYTHONPATH="$FI_PATH" check "mix-$impl" --impl "$impl" --properties "$props" &
     done
