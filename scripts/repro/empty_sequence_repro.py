@@ -10,13 +10,14 @@ l2norm in the kernel, no initial state; the empty sequence first, between and la
 
     PYTHONPATH=<FLA site> python scripts/repro/empty_sequence_repro.py fla
     GDN_VERIFY_VLLM_OPS=<ops folder> python scripts/repro/empty_sequence_repro.py vllm
-    PYTHONPATH=<FlashInfer site> python scripts/repro/empty_sequence_repro.py flashinfer
+    PYTHONPATH=<FlashInfer site> python scripts/repro/empty_sequence_repro.py flashinfer  (or flashinfer-cp)
 
 FlashInfer (``flashinfer.gdn_prefill.chunk_gated_delta_rule``): one head size, so K = V = 128, its
 own conventions (packed ``[T, H, K]`` tokens, a linear gate ``alpha = exp(g)``, float32 gates, a
 k-last state ``[N, HV, V, K]``), no second kernel; before each call a freed block of the final
 state's size is filled with 7 (``sentinel``: a state the kernel never wrote shows it); the cases
 are run with and without an initial state (an empty sequence's final state is its initial state).
+``flashinfer-cp``: the same with ``use_cp=True`` and the longest sequence as ``max_seqlen``.
 
 Prints a line per case and ends with one JSON line per case (``{"case": ...}``).
 """
@@ -61,9 +62,14 @@ def kernels(library: str):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
         return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, f"FLA {fla.__version__}", torch.long
-    if library == "flashinfer":
+    if library in ("flashinfer", "flashinfer-cp"):
         import flashinfer
         from flashinfer.gdn_prefill import chunk_gated_delta_rule as fi_chunk
+
+        def cp(cu_seqlens) -> dict:  # use_cp=True with the longest sequence as the grids' hint
+            if library == "flashinfer":
+                return {}
+            return dict(use_cp=True, max_seqlen=int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
 
         def chunk(q, k, v, g, beta, cu_seqlens, initial_state=None, **kw):
             o, s = fi_chunk(
@@ -75,10 +81,11 @@ def kernels(library: str):
                 cu_seqlens=cu_seqlens,
                 initial_state=None if initial_state is None else initial_state.transpose(-1, -2).contiguous(),
                 **kw,
+                **cp(cu_seqlens),
             )
             return o[None], s.transpose(-1, -2)  # k-last [N, HV, V, K] -> [N, HV, K, V]
 
-        return chunk, None, f"FlashInfer {flashinfer.__version__}", torch.long
+        return chunk, None, f"FlashInfer {flashinfer.__version__} ({library})", torch.long
     from gdn_verify.implementations.vllm import load_ops
 
     ops = load_ops()
@@ -96,10 +103,10 @@ def main() -> None:
     print(what, "| torch", torch.__version__, "| device", (torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"))
     torch.manual_seed(0)
     H = HV = 4
-    K, V = (128, 128) if library == "flashinfer" else (128, 64)
+    K, V = (128, 128) if library.startswith("flashinfer") else (128, 64)
     rows = []
     cases = ([0, 0, 1], [0, 0, 70], [0, 70, 70, 140], [0, 70, 140, 140], [0, 1, 2])
-    for cu, with_h0 in [(cu, False) for cu in cases] + [(cu, True) for cu in cases if library == "flashinfer"]:
+    for cu, with_h0 in [(cu, False) for cu in cases] + [(cu, True) for cu in cases if library.startswith("flashinfer")]:
         T, N = cu[-1], len(cu) - 1
         q, k = (torch.randn(1, T, H, K, device=DEVICE, dtype=DTYPE) for _ in range(2))
         v = torch.randn(1, T, HV, V, device=DEVICE, dtype=DTYPE)
@@ -109,9 +116,14 @@ def main() -> None:
         kw = dict(scale=K**-0.5, output_final_state=True, use_qk_l2norm_in_kernel=True)
         c = torch.tensor(cu, dtype=index_dtype, device=DEVICE)
         torch.full((N, HV, K, V), 7.0, device=DEVICE).zero_().fill_(7.0)  # freed: the next block of this size
-        o_c, s_c = chunk(
-            q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c, **kw, **({"initial_state": h0} if with_h0 else {})
-        )
+        try:
+            o_c, s_c = chunk(
+                q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=c, **kw, **({"initial_state": h0} if with_h0 else {})
+            )
+        except Exception as exc:  # noqa: BLE001 - a refusal (CP's heuristics) is a row of its own
+            rows.append(dict(case=cu, initial_state=with_h0, library=what, error=f"{type(exc).__name__}: {exc}"[:300]))
+            print(f"cu_seqlens={cu}{' with h0' if with_h0 else ''}: {rows[-1]['error']}")
+            continue
         o_r, s_r = loop64(q, k, v, g, beta, cu, K**-0.5, h0)
         keep = [n for n in range(N) if cu[n + 1] > cu[n]]  # the non-empty sequences
         c2 = torch.tensor([0] + [cu[n + 1] for n in keep], dtype=index_dtype, device=DEVICE)
