@@ -57,8 +57,8 @@ from cupy_kernels.chunk_plan import (
     CHUNK_SIZES,
     WGMMA_SOURCE,
     ChunkPlan,
+    context_parallel_passes,
     context_parallel_segments,
-    resident_ctas,
     select_plan,
     state_only,
 )
@@ -527,16 +527,8 @@ def _segments(
     H, HV, K, V = x.heads
     N = x.bounds.size - 1
     plan_m = _plan(x, chunk_size, use_tensor_cores, True, k_split, wgmma, device, K)
-    sms, capability = ts.num_sms(device), ts.compute_capability(device)
-    state, state_m = plan.kernels[-1], plan_m.kernels[-1]
-    return context_parallel_segments(
-        x.longest(chunk_size),
-        N * HV * -(-V // state.columns),
-        resident_ctas(state, sms, capability),
-        N * HV * -(-K // state_m.columns),
-        resident_ctas(state_m, sms, capability),
-        requested,
-    )
+    passes = context_parallel_passes(plan, plan_m, N, HV, K, V, ts.num_sms(device), ts.compute_capability(device))
+    return context_parallel_segments(x.longest(chunk_size), *passes, requested)
 
 
 def _empty(like: Any, shape: tuple, code: int):

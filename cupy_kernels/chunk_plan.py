@@ -223,6 +223,21 @@ def context_parallel_cost(chunks: int, segments: int, passes: tuple[tuple[int, i
     return waves * per_segment + overhead
 
 
+def context_parallel_passes(
+    plan: ChunkPlan, plan_m: ChunkPlan, sequences: int, HV: int, K: int, V: int, sms: int, capability: tuple[int, int]
+) -> tuple[int, int, int, int]:
+    """``(ctas, slots, ctas_m, slots_m)`` of :func:`context_parallel_segments`: the value passes' CTAs
+    per segment (sequences x value heads x column tiles of V) and how many are resident at once, and
+    the transition pass's (column tiles of K); ``plan`` is the call's, ``plan_m`` the K-column one's."""
+    state, state_m = plan.kernels[-1], plan_m.kernels[-1]
+    return (
+        sequences * HV * -(-V // state.columns),
+        resident_ctas(state, sms, capability),
+        sequences * HV * -(-K // state_m.columns),
+        resident_ctas(state_m, sms, capability),
+    )
+
+
 @functools.lru_cache(maxsize=4096)
 def context_parallel_segments(
     chunks: int, ctas: int, slots: int, ctas_m: int, slots_m: int, requested: bool | int | None = None

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,3 +101,54 @@ def test_a_row_times_its_modes_in_alternating_rounds_and_skips_a_refused_j(monke
     assert len(rounds) == prefill.ROUNDS * len(timed)
     for i in range(prefill.ROUNDS):
         assert rounds[i * len(timed) : (i + 1) * len(timed)] == (timed if i % 2 == 0 else timed[::-1])
+
+
+# scripts/fit_context_parallel.py -------------------------------------------------------------------
+def _fit_script() -> ModuleType:
+    path = ROOT / "scripts" / "fit_context_parallel.py"
+    spec = importlib.util.spec_from_file_location("fit_context_parallel_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fit_recovers_the_constants_of_timings_the_model_made():
+    """Times made by the model itself with known (a, b, d, e), over the sweep's layouts and lengths
+    (H100 waves): the fit returns those constants, and its choices are the measured best."""
+    from cupy_kernels.chunk_plan import CP_GAIN
+
+    fit = _fit_script()
+    truth = np.array([2.6e-3, 1.5e-3, 0.3, 0.05])  # ms: a full pass's step, an output-free one's, fixed, per segment
+    rows = []
+    for H, HV in ((2, 8), (8, 16), (16, 32)):
+        for T in (8192, 16384, 32768, 65536, 131072):
+            row = {"H": H, "HV": HV, "T": T}
+            passes = fit.passes_of(row, 132, (9, 0))
+            row["False"] = float(fit.features(row, 1, passes) @ truth)
+            row.update({str(J): float(fit.features(row, J, passes) @ truth) for J in (2, 4, 8, 16, 32)})
+            rows.append(row)
+    all_passes = [fit.passes_of(r, 132, (9, 0)) for r in rows]
+    np.testing.assert_allclose(fit.fit(rows, all_passes, full_passes=False), truth, rtol=1e-9)
+    lines = fit.report(rows, all_passes, truth)
+    assert "worst modelled time 0.0% off the measured" in lines
+    choices = lines[lines.index("| --- | ---: | --- | --- | ---: |") + 1 :]
+    for row, line in zip(rows, choices, strict=True):
+        times = fit.measured(row)
+        gain = times[1] / min(times.values())  # the best split's speed-up over off (1: off is best)
+        assert line.endswith("| 1.00 |") if gain >= CP_GAIN else "| off | 1." in line, (line, gain)
+    assert sum(line.endswith("| 1.00 |") and "| off |" not in line for line in choices) >= 3  # splits chosen
+    held = fit.fit(rows, all_passes, full_passes=True)
+    assert held[0] == held[1] and not np.allclose(held, truth)  # three full passes cannot fit these times
+
+
+def test_the_fit_of_the_committed_sweep_reproduces_the_fixed_cost_in_use():
+    """Three full passes (the model as fitted on 2026-11-27): the fixed cost comes out at the
+    constant in use (105 chunk steps), within 5 %."""
+    from cupy_kernels.chunk_plan import CP_FIXED_STEPS
+
+    fit = _fit_script()
+    rows = fit.rows_of(SWEEP)
+    all_passes = [fit.passes_of(r, 132, (9, 0)) for r in rows]
+    a, _, d, _ = fit.fit(rows, all_passes, full_passes=True)
+    assert abs(d / a / CP_FIXED_STEPS - 1) < 0.05

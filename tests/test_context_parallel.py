@@ -27,6 +27,7 @@ from cupy_kernels.chunk_plan import (
     ChunkPlan,
     Kernel,
     context_parallel_cost,
+    context_parallel_passes,
     context_parallel_segments,
     resident_ctas,
     select_plan,
@@ -189,14 +190,8 @@ def choose(tokens, sequences, HV, K=128, V=128, requested=None, device=H100):
     plan_m = select_plan(
         "bfloat16", C, K, K, sequences, HV, True, None, True, None, None, device["sms"], device["capability"]
     )
-    state, state_m = plan.kernels[-1], plan_m.kernels[-1]
-    args = (
-        -(-tokens // C),
-        sequences * HV * -(-V // state.columns),
-        resident_ctas(state, device["sms"], device["capability"]),
-        sequences * HV * -(-K // state_m.columns),
-        resident_ctas(state_m, device["sms"], device["capability"]),
-    )
+    passes = context_parallel_passes(plan, plan_m, sequences, HV, K, V, device["sms"], device["capability"])
+    args = (-(-tokens // C), *passes)
     return context_parallel_segments(*args, requested), args
 
 
