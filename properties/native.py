@@ -573,7 +573,7 @@ def check_inputs_read_exactly(impl: Implementation, problem: Problem, params: di
         if wrong[i] is None or not wrong[i].any():
             continue
         worst = float(np.nanmax(np.abs(got[i] - exact[i]))) if not np.isnan(got[i]).all() else float("nan")
-        seqs = _wrong_sequences(problem, wrong[i], on_state=i == 1)
+        seqs = _sequences_of(problem, wrong[i], on_state=i == 1)
         where = f" in sequence{'s' if len(seqs) > 1 else ''} {', '.join(map(str, seqs))}"
         where += f" of lengths {problem.lengths.tolist()}"
         raise Violation(
@@ -603,7 +603,7 @@ def _read_how(got: list, exact: tuple, as_bf16: tuple) -> str:
     return ""
 
 
-def _wrong_sequences(problem: Problem, wrong: np.ndarray, on_state: bool) -> list[int]:
+def _sequences_of(problem: Problem, wrong: np.ndarray, on_state: bool) -> list[int]:
     """The sequences holding the elements ``wrong`` marks, of a final state ``[N, ...]`` or of an
     output ``[B, T, ...]`` (its tokens' sequences: ``problem.bounds`` over the flattened ``B * T``)."""
     if on_state:
