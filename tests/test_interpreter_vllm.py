@@ -13,6 +13,7 @@ Skipped without torch/Triton or when the release cannot be fetched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gdn_verify.runners import releases  # noqa: E402
+from tests.scale_plugins import LIMITS  # noqa: E402
 
 EXAMPLES = 2
 # The child: argv[1] is {"runs": [[impl, dtype], ...], "properties": [...], "corrupt": row name or
@@ -43,12 +45,17 @@ CHILD = textwrap.dedent(
             for r in vllm_releases.TABLE
         )
     EXAMPLES = {examples}
+    scale = job.get("scale")  # the scale tier's limits (ScaleLimits' fields), for the scale_* properties
+    if scale:
+        from gdn_verify.runners.scale import ScaleLimits
+        scale = ScaleLimits(**scale)
     out = {}
     with tempfile.TemporaryDirectory() as cases:
         for name, dtype in job["runs"]:
             result = check(
                 registry.resolve(name), dtype=dtype, properties=job["properties"], seed=0,
                 max_examples=EXAMPLES, dims=[32], max_tokens=64, cases_dir=cases, plans_dir=None,
+                **({"scale_limits": scale} if scale else {}),
             )
             out.update({f"{name}/{dtype}/{r.name}": r.status for r in result.results})
     print("RESULT " + json.dumps(out))
@@ -68,12 +75,13 @@ def run_release(
     runs: list[tuple[str, str]],
     corrupt: str | None = None,
     properties: tuple[str, ...] = ("matches_reference",),
+    scale: dict | None = None,
 ) -> dict[str, str]:
     """``{impl/dtype/property: status}`` of the reduced checks of vLLM ``version``'s ops, in a child process."""
     env = releases.child_env(_site(version))
     env["TRITON_INTERPRET"] = "1"
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    job = json.dumps({"runs": runs, "properties": list(properties), "corrupt": corrupt})
+    job = json.dumps({"runs": runs, "properties": list(properties), "corrupt": corrupt, "scale": scale})
     done = subprocess.run([sys.executable, "-c", CHILD, job], env=env, capture_output=True, text=True, timeout=1500,
                           cwd=os.getcwd())  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -113,3 +121,19 @@ def test_a_corrupted_row_fails_its_release():
     """The row that 0.10.2's fingerprint selects, with its layout flipped: the check must fail."""
     statuses = run_release("0.10.2", [("vllm-recurrent", "float32")], corrupt="k-first")
     assert statuses == {"vllm-recurrent/float32/matches_reference": "failed"}
+
+
+@pytest.mark.interpreter
+def test_the_packed_decode_runs_the_scale_cases_one_launch_crosses():
+    """vLLM's packed decode is called once per token step (``extra["token_steps"]``): the scale
+    cases that grow a launch (many sequences) run, the others are unsupported with the reason."""
+    limits = dataclasses.asdict(LIMITS)
+    properties = ("scale_decode_batch", "scale_varlen_many_short", "scale_many_chunks", "scale_long_sequence")
+    statuses = run_release("0.34.0", [("vllm-packed-decode", "float32")], properties=properties, scale=limits)
+    name = "vllm-packed-decode/float32/"
+    assert statuses == {
+        name + "scale_decode_batch": "passed",
+        name + "scale_varlen_many_short": "passed",
+        name + "scale_many_chunks": "unsupported",
+        name + "scale_long_sequence": "unsupported",
+    }
