@@ -607,6 +607,19 @@ def test_a_wrong_state_beside_an_empty_sequence_is_not_blamed_on_it():
     assert explain(plugin(other_state_wrong), problem(T=40, cu=[0, 0, 20, 40])) == ""
 
 
+def test_an_empty_sequence_state_rounded_to_16_bits_is_not_called_unwritten():
+    # a bfloat16 copy of the initial state misses float32's bound but was written: no such cause
+    def rounded_start(**kw):
+        o, state = numpy_impl.chunk_gated_delta_rule(**kw)
+        state = np.array(state)
+        empty = np.diff(np.asarray(kw["cu_seqlens"])) == 0
+        start = np.asarray(kw["initial_state"], np.float32)[empty]
+        state[empty] = start.astype(ml_dtypes.bfloat16).astype(np.float32)
+        return o, state
+
+    assert explain(plugin(rounded_start), problem(T=40, cu=[0, 0, 20, 40])) == ""
+
+
 def test_a_zeroed_empty_state_keeps_its_model():
     # zeros where an initial state was given: the pointwise model, named before the row detector
     p = problem(T=40, cu=[0, 0, 20, 40])
