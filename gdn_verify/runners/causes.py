@@ -1164,8 +1164,10 @@ def _far_from_start(impl: Implementation, problem: Problem, sequences: set[int])
     except Exception:  # noqa: BLE001 - a raising call shows nothing about the states
         return False
     for n in sequences:
-        state = as64(sequence_part(result, problem, n).final_state)
-        start = np.zeros_like(state) if problem.initial_state is None else as64(problem.sequence(n).initial_state)
+        state, given = as64(sequence_part(result, problem, n).final_state), problem.sequence(n).initial_state
+        if state is None:
+            return False
+        start = np.zeros_like(state) if given is None else np.asarray(given, np.float64)
         if not np.all(np.isfinite(state)):
             continue
         scale = float(np.sqrt(np.mean(start**2)))
