@@ -75,7 +75,7 @@ case " $STEPS " in *" mix "*)
   NATIVE=$NATIVE,inputs_read_exactly
   SPEC=spec_batch_mix,spec_guarded_pool,spec_decode_slots,spec_decode_stream
   for impl in ${MIX_IMPLS-fla-chunk fla-recurrent vllm-chunk vllm-recurrent vllm-packed-decode \
-      vllm-sigmoid-recurrent vllm-spec vllm-sigmoid-spec cupy cupy-chunk flash-qla}; do
+      vllm-sigmoid-recurrent vllm-spec vllm-sigmoid-spec cupy cupy-recurrent cupy-chunk flash-qla}; do
     case $impl in vllm-spec | vllm-sigmoid-spec) props=$SPEC ;; cupy) props=$NATIVE,$SPEC ;; *) props=$NATIVE ;; esac
     check "mix-$impl" --impl "$impl" --properties "$props" &
   done
