@@ -15,13 +15,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SWEEP = ROOT / "reports" / "2026-11-27-context-parallel" / "cp_sweep.json"
 
 
-def _script() -> ModuleType:
-    path = ROOT / "scripts" / "bench_context_parallel.py"
-    spec = importlib.util.spec_from_file_location("bench_context_parallel_script", path)
+def _load(name: str) -> ModuleType:
+    """``scripts/NAME.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _script() -> ModuleType:
+    return _load("bench_context_parallel")
 
 
 def test_options_restrict_the_layouts_and_lengths():
@@ -105,12 +109,7 @@ def test_a_row_times_its_modes_in_alternating_rounds_and_skips_a_refused_j(monke
 
 # scripts/fit_context_parallel.py -------------------------------------------------------------------
 def _fit_script() -> ModuleType:
-    path = ROOT / "scripts" / "fit_context_parallel.py"
-    spec = importlib.util.spec_from_file_location("fit_context_parallel_script", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("fit_context_parallel")
 
 
 def test_the_fit_recovers_the_constants_of_timings_the_model_made():
