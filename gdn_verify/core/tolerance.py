@@ -847,13 +847,31 @@ def condition(
     return kappa_of(parts, scales, state_dtype)
 
 
+def subnormal_output_rounding(problem: Problem, scales: Scales | None, out_dtype) -> float:
+    """The output's own rounding below the smallest normal number of ``out_dtype``, relative to the
+    metrics' denominators: there an element is rounded to an absolute ``underflow_unit`` (float16:
+    2^-25), not a relative ``u``, so a token's error norm reaches ``underflow_unit sqrt(V)`` whatever
+    its size. Divided by the smallest block's RMS natural magnitude (``Scales.token``, which each
+    block's denominator is at least); 0 without scales. Seen: float16 queries and keys of norm 4e-5
+    with the l2norm in the kernel, outputs near 5e-5, a correct float32 kernel at 1.9x the bound."""
+    eta = underflow_unit(out_dtype)
+    if scales is None or eta == 0.0:
+        return 0.0
+    bounds, V = problem.bounds, problem.v.shape[-1]
+    rms = [np.sqrt(np.mean(scales.token[a:b] ** 2, axis=0)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    smallest = float(np.min(rms)) if rms else 0.0
+    return eta * np.sqrt(V) / smallest if smallest > 0 else 0.0
+
+
 def tolerance(problem: Problem, kappa: Kappa, output_dtype=None) -> Tolerance:
     """The bound a correct implementation meets on ``problem`` (see the module docstring)."""
     dot_length = max(problem.q.shape[-1], MAX_CHUNK)
     u_in = unit_roundoff(problem.dtype)
-    u_out = unit_roundoff(output_dtype if output_dtype is not None else problem.dtype)
+    out_dtype = output_dtype if output_dtype is not None else problem.dtype
+    u_out = unit_roundoff(out_dtype)
     plain = np.array([kappa.output_rms, kappa.output_token, kappa.state])
-    terms: list[tuple[str, np.ndarray]] = [("output rounding", np.array([u_out, u_out, 0.0]))]
+    rounded = u_out + subnormal_output_rounding(problem, kappa.scales, out_dtype)
+    terms: list[tuple[str, np.ndarray]] = [("output rounding", np.array([rounded, rounded, 0.0]))]
     if kappa.rounding is None:  # too large for the NumPy probes: every rounding answers like the inputs
         responses = {
             name: plain
