@@ -1074,12 +1074,13 @@ def explain(
         return Cause()
 
 
-def _wrong_sequences(impl: Implementation, problem: Problem) -> set[int] | None:
-    """The sequences whose outputs or final state miss the oracle, each held to the tolerance of its
-    own call (NaN misses it); None when the call raises."""
+def _run_rows(impl: Implementation, problem: Problem) -> tuple[Result, set[int]] | None:
+    """The implementation's result on ``problem`` and the sequences whose outputs or final state
+    miss the oracle, each held to the tolerance of its own call (NaN misses it); None when the call
+    raises (it shows nothing about which rows are wrong)."""
     try:
         result = impl.run(problem)
-    except Exception:  # noqa: BLE001 - a raising call shows nothing about which rows are wrong
+    except Exception:  # noqa: BLE001 - see the docstring
         return None
     wrong = set()
     for n in range(problem.num_sequences):
@@ -1087,7 +1088,7 @@ def _wrong_sequences(impl: Implementation, problem: Problem) -> set[int] | None:
         ref, bound = _reference(alone)
         if bound.violations(_errors(part.o, part.final_state, ref, alone, bound.scales)):
             wrong.add(n)
-    return wrong
+    return result, wrong
 
 
 def _unwritten_after_empty(impl: Implementation, problem: Problem, params: dict) -> Cause:
@@ -1101,7 +1102,8 @@ def _unwritten_after_empty(impl: Implementation, problem: Problem, params: dict)
     empty = np.flatnonzero(lengths == 0)
     if problem.cu_seqlens is None or gating.options_from_params(params) or not empty.size:
         return Cause()
-    wrong = _wrong_sequences(impl, problem)
+    run = _run_rows(impl, problem)
+    wrong = None if run is None else run[1]
     if not wrong or min(wrong) <= empty[0]:
         return Cause()
     keep = lengths > 0
@@ -1109,7 +1111,7 @@ def _unwritten_after_empty(impl: Implementation, problem: Problem, params: dict)
         cu_seqlens=np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64),
         initial_state=None if problem.initial_state is None else problem.initial_state[keep],
     )
-    if _wrong_sequences(impl, compact) != set():
+    if (compact_run := _run_rows(impl, compact)) is None or compact_run[1]:
         return Cause()
     model = next(m for m in MODELS if m.name == "empty_sequence_shifts_outputs")
     M = int(keep.sum())
@@ -1138,11 +1140,12 @@ def _empty_state_wrong(impl: Implementation, problem: Problem, params: dict) -> 
     initial state was given are ``empty_sequence_state_zeroed``'s, named before this runs)."""
     lengths = problem.lengths
     empty = {int(n) for n in np.flatnonzero(lengths == 0)}
-    if problem.cu_seqlens is None or not problem.output_final_state or gating.options_from_params(params):
+    if not empty or problem.cu_seqlens is None or not problem.output_final_state or gating.options_from_params(params):
         return Cause()
-    wrong = _wrong_sequences(impl, problem) if empty else None
-    if not wrong or not wrong <= empty or not _far_from_start(impl, problem, wrong):
+    run = _run_rows(impl, problem)
+    if run is None or not run[1] or not run[1] <= empty or not _far_from_start(run[0], problem, run[1]):
         return Cause()
+    wrong = run[1]
     which = ", ".join(str(n) for n in sorted(wrong))
     many = len(wrong) > 1
     start = "its initial state" if problem.initial_state is not None else "zeros (no initial state was given)"
@@ -1154,25 +1157,19 @@ def _empty_state_wrong(impl: Implementation, problem: Problem, params: dict) -> 
     return Cause(text, "empty_sequence_state_unwritten", LOGIC, 1)
 
 
-def _far_from_start(impl: Implementation, problem: Problem, sequences: set[int]) -> bool:
-    """Whether the final states of ``sequences`` (empty ones) are no rounding of their start: not
-    finite, nonzero without an initial state, or off the initial state by more than ``UNWRITTEN``
-    relative RMS (a 16-bit state's rounding is 2^-9; a kernel that stores its state in bfloat16
-    returns a rounded copy, which is written)."""
-    try:
-        result = impl.run(problem)
-    except Exception:  # noqa: BLE001 - a raising call shows nothing about the states
-        return False
+def _far_from_start(result: Result, problem: Problem, sequences: set[int]) -> bool:
+    """Whether the final states ``result`` gives ``sequences`` (empty ones) are no rounding of their
+    start: not finite, nonzero without an initial state, or off the initial state by more than
+    ``UNWRITTEN`` relative RMS (a 16-bit state's rounding is 2^-9; a kernel that stores its state in
+    bfloat16 returns a rounded copy, which is written)."""
     for n in sequences:
         state, given = as64(sequence_part(result, problem, n).final_state), problem.sequence(n).initial_state
         if state is None:
             return False
-        start = np.zeros_like(state) if given is None else np.asarray(given, np.float64)
         if not np.all(np.isfinite(state)):
             continue
-        scale = float(np.sqrt(np.mean(start**2)))
-        error = float(np.sqrt(np.mean((state - start) ** 2)))
-        if error == 0 or (scale > 0 and error <= UNWRITTEN * scale):
+        start = np.zeros_like(state) if given is None else np.asarray(given, np.float64)
+        if np.sqrt(np.mean((state - start) ** 2)) <= UNWRITTEN * np.sqrt(np.mean(start**2)):
             return False
     return True
 
